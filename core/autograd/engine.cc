@@ -1,0 +1,105 @@
+#include <cohort/core/autograd/engine.h>
+
+#include <queue>
+#include <unordered_map>
+
+#include <cohort/core/autograd/grad_mode.h>
+#include <cohort/core/ops/ops.h>
+
+namespace cohort::autograd {
+namespace {
+
+struct ReadyOrder {
+  bool operator()(const Node* a, const Node* b) const { return a->sequenceNr() < b->sequenceNr(); }
+};
+
+void accumulateInto(std::vector<Tensor>& buffer, uint32_t pos, Tensor g) {
+  if (buffer.size() <= pos) buffer.resize(pos + 1);
+  if (!buffer[pos].defined()) buffer[pos] = std::move(g);
+  else buffer[pos] = add(buffer[pos], g);
+}
+
+}  // namespace
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retainGraph) {
+  COHORT_CHECK_EQ(roots.size(), grads.size(), "backward: one gradient per root");
+  // A graph task: the root grads go into a virtual node feeding each root's edge.
+  std::unordered_map<Node*, std::vector<Tensor>> buffers;
+  std::unordered_map<Node*, int> deps;
+  std::vector<std::shared_ptr<Node>> rootNodes;
+
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const Tensor& r = roots[i];
+    if (!r.defined()) throw ValueError("backward: a root tensor is undefined");
+    Edge e = gradientEdge(r);
+    if (!e.valid())
+      throw ValueError(fmt::format("backward: tensor {} of shape {} does not require grad and has no gradFn", i,
+                                   shapeStr(r.sizes())));
+    Tensor g = grads[i];
+    if (!g.defined()) {
+      if (r.numel() != 1)
+        throw ValueError(fmt::format("backward: a gradient can be created implicitly only for one-element outputs; "
+                                     "this output has shape {}: pass a gradient of that shape",
+                                     shapeStr(r.sizes())));
+      g = onesLike(r);
+    } else if (g.sizes() != r.sizes()) {
+      throw ValueError(fmt::format("backward: gradient of shape {} does not match the output's shape {}",
+                                   shapeStr(g.sizes()), shapeStr(r.sizes())));
+    }
+    accumulateInto(buffers[e.fn.get()], e.inputNr, g.detach());
+    rootNodes.push_back(e.fn);
+  }
+
+  // Count, for every reachable node, how many edges lead into it.
+  std::vector<Node*> stack;
+  std::unordered_map<Node*, bool> seen;
+  for (auto& n : rootNodes) {
+    if (!seen[n.get()]) {
+      seen[n.get()] = true;
+      stack.push_back(n.get());
+    }
+  }
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (auto& e : n->nextEdges()) {
+      if (!e.valid()) continue;
+      deps[e.fn.get()]++;
+      if (!seen[e.fn.get()]) {
+        seen[e.fn.get()] = true;
+        stack.push_back(e.fn.get());
+      }
+    }
+  }
+
+  std::priority_queue<Node*, std::vector<Node*>, ReadyOrder> ready;
+  for (auto& n : rootNodes)
+    if (deps[n.get()] == 0) {
+      deps[n.get()] = -1;  // queued
+      ready.push(n.get());
+    }
+
+  NoGradGuard noGrad;
+  while (!ready.empty()) {
+    Node* node = ready.top();
+    ready.pop();
+    std::vector<Tensor> in = std::move(buffers[node]);
+    buffers.erase(node);
+    auto& meta = node->outputMeta();
+    if (in.size() < meta.size()) in.resize(meta.size());
+    for (size_t i = 0; i < in.size(); ++i)
+      if (!in[i].defined() && i < meta.size()) in[i] = zeros(meta[i].sizes, {.dtype = meta[i].dtype});
+    node->runPreHooks(in);
+    std::vector<Tensor> out = node->apply(std::move(in));
+    if (!retainGraph) node->releaseSaved();
+    auto& next = node->nextEdges();
+    for (size_t i = 0; i < next.size(); ++i) {
+      const Edge& e = next[i];
+      if (!e.valid()) continue;
+      if (i < out.size() && out[i].defined()) accumulateInto(buffers[e.fn.get()], e.inputNr, std::move(out[i]));
+      if (--deps[e.fn.get()] == 0) ready.push(e.fn.get());
+    }
+  }
+}
+
+}  // namespace cohort::autograd

@@ -1,0 +1,19 @@
+/*
+ * The backward engine: runs the graph from roots to leaves on the calling thread.
+ * Nodes run when every gradient they will receive has arrived (dependency counting); among
+ * ready nodes the most recently created runs first, so gradients of the last layers reach their
+ * leaves (and DDP's hooks) first. Each node runs with grad mode off.
+ */
+#pragma once
+
+#include <vector>
+
+#include <cohort/core/autograd/node.h>
+
+namespace cohort::autograd {
+
+// Backward from `roots` with the given gradients (same length; undefined = ones for one-element
+// roots). Without retainGraph, saved tensors are freed as nodes run.
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retainGraph = false);
+
+}  // namespace cohort::autograd

@@ -1,0 +1,131 @@
+/*
+ * The autograd graph. A Node is one recorded op: it maps the gradients of its outputs to the
+ * gradients of its inputs. Edges point from a node to the nodes that produced its inputs (or to
+ * AccumulateGrad for leaves). Nodes are owned by the tensors they produced (gradFn) and by the
+ * edges of later nodes; the graph is freed when the last output tensor goes away.
+ *
+ * SavedTensor keeps a detached alias of a tensor an op needs in backward together with its
+ * version at save time; unpacking after an in-place change raises an Error naming the op.
+ * The engine (engine.h) runs nodes on the thread that called backward, in grad-disabled mode.
+ */
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <cohort/core/tensor/tensor.h>
+
+namespace cohort::autograd {
+
+class Node;
+
+struct Edge {
+  std::shared_ptr<Node> fn;
+  uint32_t inputNr = 0;
+  bool valid() const { return fn != nullptr; }
+};
+
+// Shape and dtype of a tensor, to make zero gradients and to check gradient shapes.
+struct TensorMeta {
+  Shape sizes;
+  DType dtype = DType::Float32;
+};
+
+class SavedTensor {
+ public:
+  SavedTensor() = default;
+  explicit SavedTensor(const Tensor& t);
+  // The saved tensor; throws when it was released (backward ran twice without retainGraph) or
+  // modified in place since it was saved.
+  Tensor unpack(const Node& owner) const;
+  void release() { data_ = Tensor(); released_ = true; }
+  bool defined() const { return data_.defined() || released_; }
+
+ private:
+  Tensor data_;
+  uint32_t version_ = 0;
+  bool released_ = false;
+};
+
+class Node : public std::enable_shared_from_this<Node> {
+ public:
+  Node();
+  virtual ~Node() = default;
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  // grads[i] is the gradient of output i (never undefined: the engine fills zeros). Returns one
+  // gradient per input edge (undefined for inputs that need none).
+  virtual std::vector<Tensor> apply(std::vector<Tensor>&& grads) = 0;
+  virtual std::string name() const = 0;
+  // Frees saved tensors after backward when the graph is not retained.
+  virtual void releaseSaved() {}
+
+  uint64_t sequenceNr() const { return seq_; }
+  std::vector<Edge>& nextEdges() { return next_; }
+  const std::vector<Edge>& nextEdges() const { return next_; }
+  std::vector<TensorMeta>& outputMeta() { return outputMeta_; }
+  std::vector<TensorMeta>& inputMeta() { return inputMeta_; }
+
+  // Gradient hooks on output `outputNr` (tensor hooks of non-leaf tensors), run before apply.
+  int addPreHook(uint32_t outputNr, GradHook hook);
+  void removePreHook(int handle);
+  // Outputs whose gradient should be stored in the tensor's .grad (retainGrad).
+  void addRetainGrad(uint32_t outputNr, std::weak_ptr<TensorImpl> t);
+  void runPreHooks(std::vector<Tensor>& grads);
+
+ protected:
+  uint64_t seq_;
+  std::vector<Edge> next_;
+  std::vector<TensorMeta> inputMeta_;   // one per next edge
+  std::vector<TensorMeta> outputMeta_;  // one per output
+  struct PreHook {
+    int handle;
+    uint32_t outputNr;
+    GradHook fn;
+  };
+  std::vector<PreHook> preHooks_;
+  std::vector<std::pair<uint32_t, std::weak_ptr<TensorImpl>>> retainGrad_;
+};
+
+// Accumulates the incoming gradient into a leaf's .grad, then runs its post-accumulate hooks.
+class AccumulateGrad final : public Node {
+ public:
+  explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf);
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override;
+  std::string name() const override { return "AccumulateGrad"; }
+  const std::shared_ptr<TensorImpl>& leaf() const { return leaf_; }
+
+ private:
+  std::shared_ptr<TensorImpl> leaf_;
+};
+
+struct AutogradMeta {
+  bool requiresGrad = false;
+  std::shared_ptr<Node> gradFn;
+  uint32_t outputNr = 0;
+  Tensor grad;
+  std::weak_ptr<AccumulateGrad> accumulator;  // leaves: shared by every edge into this leaf
+  struct Hook {
+    int handle;
+    GradHook fn;
+  };
+  std::vector<Hook> hooks;  // leaves: run in AccumulateGrad before accumulation
+  struct PostHook {
+    int handle;
+    PostAccumulateGradHook fn;
+  };
+  std::vector<PostHook> postAccumulateHooks;
+  int nextHandle = 1;
+};
+
+// The edge a gradient for `t` flows along: its gradFn, its leaf accumulator, or invalid.
+Edge gradientEdge(const Tensor& t);
+AutogradMeta& autogradMeta(const Tensor& t);  // creates it on first use
+
+}  // namespace cohort::autograd

@@ -1,0 +1,80 @@
+/*
+ * Building blocks for elementwise ops (internal to core/ops): allocate the result with the
+ * promoted dtype and broadcast shape, convert inputs to the compute dtype, dispatch on dtype and
+ * run the functor through detail::mapKernel. Functors receive Acc<T> values (float for half
+ * types) and are generic lambdas (`[](auto x, auto y) { return x + y; }`).
+ */
+#pragma once
+
+#include <cohort/core/ops/ops.h>
+#include <cohort/core/tensor/iter.h>
+
+namespace cohort::detail {
+
+DType resultType(const Tensor& a, const Tensor& b);
+// dtype of `tensor op scalar`: a float scalar makes an integer tensor float32.
+DType scalarResultType(const Tensor& a, Scalar s);
+void checkBinary(const Tensor& a, const Tensor& b, const char* op);
+
+template <typename F>
+Tensor binaryOp(const Tensor& a, const Tensor& b, const char* op, F&& f) {
+  checkBinary(a, b, op);
+  DType dt = resultType(a, b);
+  Shape shape = broadcastShapes(a.sizes(), b.sizes(), op);
+  Tensor out = empty(shape, {.dtype = dt, .device = a.device()});
+  Tensor ac = a.dtype() == dt ? a : a.detach().to(dt);
+  Tensor bc = b.dtype() == dt ? b : b.detach().to(dt);
+  COHORT_DISPATCH(dt, op, [&]<typename T>() { mapKernel<T, T, 2>(out, {ac, bc}, f); });
+  return out;
+}
+
+// f(x, y, s) with a scalar s in the compute type.
+template <typename F>
+Tensor binaryOpWithScalar(const Tensor& a, const Tensor& b, Scalar s, const char* op, F&& f) {
+  checkBinary(a, b, op);
+  DType dt = resultType(a, b);
+  if (!isFloating(dt) && !s.isIntegral()) dt = DType::Float32;
+  Shape shape = broadcastShapes(a.sizes(), b.sizes(), op);
+  Tensor out = empty(shape, {.dtype = dt, .device = a.device()});
+  Tensor ac = a.dtype() == dt ? a : a.detach().to(dt);
+  Tensor bc = b.dtype() == dt ? b : b.detach().to(dt);
+  COHORT_DISPATCH(dt, op, [&]<typename T>() {
+    const Acc<T> sv = s.to<Acc<T>>();
+    mapKernel<T, T, 2>(out, {ac, bc}, [&](Acc<T> x, Acc<T> y) { return f(x, y, sv); });
+  });
+  return out;
+}
+
+// f(x, s) with the scalar converted to the compute type.
+template <typename F>
+Tensor scalarOp(const Tensor& a, Scalar s, const char* op, F&& f) {
+  if (!a.defined()) throw ValueError(fmt::format("{}: the input tensor is undefined", op));
+  DType dt = scalarResultType(a, s);
+  Tensor out = empty(a.sizes(), {.dtype = dt, .device = a.device()});
+  Tensor ac = a.dtype() == dt ? a : a.detach().to(dt);
+  COHORT_DISPATCH(dt, op, [&]<typename T>() {
+    const Acc<T> sv = s.to<Acc<T>>();
+    mapKernel<T, T, 1>(out, {ac}, [&](Acc<T> x) { return f(x, sv); });
+  });
+  return out;
+}
+
+template <typename F>
+Tensor unaryOp(const Tensor& a, const char* op, F&& f) {
+  if (!a.defined()) throw ValueError(fmt::format("{}: the input tensor is undefined", op));
+  Tensor out = empty(a.sizes(), {.dtype = a.dtype(), .device = a.device()});
+  COHORT_DISPATCH(a.dtype(), op, [&]<typename T>() { mapKernel<T, T, 1>(out, {a}, f); });
+  return out;
+}
+
+// Floating-only unary op: integer inputs are converted to float32 first (like torch.exp(int)).
+template <typename F>
+Tensor unaryFloatOp(const Tensor& a, const char* op, F&& f) {
+  if (!a.defined()) throw ValueError(fmt::format("{}: the input tensor is undefined", op));
+  Tensor x = isFloating(a.dtype()) ? a : a.detach().to(DType::Float32);
+  Tensor out = empty(x.sizes(), {.dtype = x.dtype(), .device = x.device()});
+  COHORT_DISPATCH_FLOAT(x.dtype(), op, [&]<typename T>() { mapKernel<T, T, 1>(out, {x}, f); });
+  return out;
+}
+
+}  // namespace cohort::detail

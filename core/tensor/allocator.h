@@ -1,0 +1,55 @@
+/*
+ * Allocators and their accounting. Every byte of tensor storage comes from the Allocator
+ * registered for its device; the base class counts bytes live, peak bytes and allocation counts
+ * per device so the profiler, the FSDP memory benchmark and out-of-memory messages can read them.
+ * Thread-safe: any thread may allocate and free.
+ */
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include <cohort/core/tensor/device.h>
+
+namespace cohort {
+
+struct AllocatorStats {
+  int64_t bytesLive = 0;     // bytes currently allocated
+  int64_t peakBytes = 0;     // high-water mark of bytesLive since the last resetPeak()
+  int64_t allocations = 0;   // number of allocate() calls
+  int64_t frees = 0;         // number of deallocate() calls
+  int64_t blocksLive() const { return allocations - frees; }
+};
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  // Returns memory for `nbytes` (64-byte aligned on CPU). nbytes == 0 may return nullptr.
+  // Throws Error with the device and the live/peak figures when the memory cannot be had.
+  void* allocate(size_t nbytes);
+  void deallocate(void* p, size_t nbytes);
+  virtual Device device() const = 0;
+
+  AllocatorStats stats() const;
+  void resetPeak();
+
+ protected:
+  virtual void* rawAllocate(size_t nbytes) = 0;
+  virtual void rawDeallocate(void* p, size_t nbytes) = 0;
+
+ private:
+  std::atomic<int64_t> live_{0}, peak_{0}, allocs_{0}, frees_{0};
+};
+
+// The allocator for a device. Throws NotSupportedError for CUDA in a build without CUDA.
+Allocator* allocatorFor(Device d);
+// Replaces a device's allocator (for tests and custom memory pools); returns the previous one.
+// The caller keeps ownership of both and must keep `a` alive while tensors use it.
+Allocator* setAllocator(Device d, Allocator* a);
+
+// Profiler API: the accounting of the current allocator of `d`.
+AllocatorStats memoryStats(Device d = Device::cpu());
+void resetPeakMemory(Device d = Device::cpu());
+
+}  // namespace cohort

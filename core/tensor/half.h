@@ -1,0 +1,108 @@
+/*
+ * Half-width float storage types: Half (IEEE binary16) and BFloat16. They store 16 bits and
+ * convert to/from float with round-to-nearest-even; kernels load them as float, compute in
+ * float, and round once on store.
+ */
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace cohort {
+
+inline uint32_t floatBits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float bitsFloat(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+struct BFloat16 {
+  uint16_t bits = 0;
+  BFloat16() = default;
+  BFloat16(float f) : bits(fromFloat(f)) {}  // NOLINT(google-explicit-constructor): numeric type
+  operator float() const { return bitsFloat(static_cast<uint32_t>(bits) << 16); }
+  static uint16_t fromFloat(float f) {
+    uint32_t u = floatBits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
+    uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
+    return static_cast<uint16_t>((u + rounding) >> 16);
+  }
+  static BFloat16 fromBits(uint16_t b) {
+    BFloat16 h;
+    h.bits = b;
+    return h;
+  }
+};
+
+struct Half {
+  uint16_t bits = 0;
+  Half() = default;
+  Half(float f) : bits(fromFloat(f)) {}  // NOLINT(google-explicit-constructor): numeric type
+  operator float() const { return toFloat(bits); }
+  static Half fromBits(uint16_t b) {
+    Half h;
+    h.bits = b;
+    return h;
+  }
+
+  static float toFloat(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss_impl(h);
+#else
+    uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    uint32_t out;
+    if (exp == 0) {
+      if (man == 0) {
+        out = sign;
+      } else {  // subnormal: normalise
+        int e = -1;
+        do {
+          ++e;
+          man <<= 1;
+        } while ((man & 0x400u) == 0);
+        out = sign | ((127 - 15 - e) << 23) | ((man & 0x3ffu) << 13);
+      }
+    } else if (exp == 31) {
+      out = sign | 0x7f800000u | (man << 13);
+    } else {
+      out = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    return bitsFloat(out);
+#endif
+  }
+
+  static uint16_t fromFloat(float f) {
+    uint32_t u = floatBits(f);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+    if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf (>= 65520)
+    if (a < 0x38800000u) {  // below the smallest normal half (2^-14): subnormal or zero
+      // Add 0.5 so the float adder's round-to-nearest-even produces the half subnormal bits.
+      float r = bitsFloat(a) + 0.5f;
+      return static_cast<uint16_t>(sign | (floatBits(r) - 0x3f000000u));
+    }
+    uint32_t mantOdd = (a >> 13) & 1u;
+    a += (static_cast<uint32_t>(15 - 127) << 23) + 0xfffu + mantOdd;
+    return static_cast<uint16_t>(sign | (a >> 13));
+  }
+
+ private:
+#if defined(__F16C__)
+  static float _cvtsh_ss_impl(uint16_t h);
+#endif
+};
+
+}  // namespace cohort
+
+#if defined(__F16C__)
+#include <immintrin.h>
+inline float cohort::Half::_cvtsh_ss_impl(uint16_t h) { return _cvtsh_ss(h); }
+#endif

@@ -1,0 +1,153 @@
+/*
+ * Elementwise iteration: the one loop every elementwise kernel, copy and type conversion uses.
+ *
+ * forEachStrided(shape, ptrs, strides, inner) walks a shape with N operands (operand 0 is usually
+ * the output). Strides are in bytes per dim (0 for a broadcast dim). Dims of size 1 are dropped
+ * and dims that are contiguous with each other in every operand are merged, so a contiguous or
+ * simply-broadcast tensor of any rank becomes one flat inner loop. `inner(ptrs, innerStrides, n)`
+ * handles n elements along the innermost dim.
+ *
+ * mapKernel<TOut, TIn>(out, {a, b, ...}, f) applies f elementwise with broadcasting: f takes
+ * Acc<TIn> values and returns Acc<TOut>. The innermost loop has contiguous and scalar-broadcast
+ * fast paths with no index arithmetic, which the compiler vectorizes.
+ * Kernels run on the calling thread.
+ */
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include <cohort/core/tensor/tensor.h>
+
+namespace cohort::detail {
+
+template <size_t N, typename Inner>
+void forEachStrided(const Shape& shape, std::array<char*, N> ptrs, const std::array<Shape, N>& byteStrides,
+                    Inner&& inner) {
+  const int64_t nd = static_cast<int64_t>(shape.size());
+  for (int64_t d = 0; d < nd; ++d)
+    if (shape[d] == 0) return;
+  // Collect non-trivial dims, innermost first, merging contiguous neighbours.
+  std::vector<int64_t> sizes;
+  std::vector<std::array<int64_t, N>> strides;
+  sizes.reserve(nd);
+  strides.reserve(nd);
+  for (int64_t d = nd - 1; d >= 0; --d) {
+    if (shape[d] == 1) continue;
+    std::array<int64_t, N> s;
+    for (size_t k = 0; k < N; ++k) s[k] = byteStrides[k][d];
+    if (!sizes.empty()) {
+      bool merge = true;
+      for (size_t k = 0; k < N; ++k)
+        if (s[k] != strides.back()[k] * sizes.back()) merge = false;
+      if (merge) {
+        sizes.back() *= shape[d];
+        continue;
+      }
+    }
+    sizes.push_back(shape[d]);
+    strides.push_back(s);
+  }
+  if (sizes.empty()) {
+    std::array<int64_t, N> zero{};
+    inner(ptrs, zero, int64_t{1});
+    return;
+  }
+  const size_t outer = sizes.size() - 1;
+  if (outer == 0) {
+    inner(ptrs, strides[0], sizes[0]);
+    return;
+  }
+  std::vector<int64_t> counter(sizes.size(), 0);
+  while (true) {
+    inner(ptrs, strides[0], sizes[0]);
+    // Advance the outer counters (dims 1..outer, innermost first).
+    size_t d = 1;
+    for (; d <= outer; ++d) {
+      for (size_t k = 0; k < N; ++k) ptrs[k] += strides[d][k];
+      if (++counter[d] < sizes[d]) break;
+      for (size_t k = 0; k < N; ++k) ptrs[k] -= strides[d][k] * sizes[d];
+      counter[d] = 0;
+    }
+    if (d > outer) return;
+  }
+}
+
+// Byte strides of `t` viewed as broadcast to `shape` (right-aligned; 0 on broadcast dims).
+Shape broadcastByteStrides(const Tensor& t, const Shape& shape);
+
+template <typename T>
+inline Acc<T> load(const char* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return static_cast<Acc<T>>(v);
+}
+
+template <typename TOut, typename TIn, size_t NIn, typename F>
+void mapKernel(const Tensor& out, const std::array<Tensor, NIn>& ins, F&& f) {
+  constexpr size_t N = NIn + 1;
+  std::array<char*, N> ptrs;
+  std::array<Shape, N> strides;
+  const Shape& shape = out.sizes();
+  if (out.numel() == 0) return;
+  ptrs[0] = static_cast<char*>(out.dataPtr());
+  strides[0] = broadcastByteStrides(out, shape);
+  for (size_t k = 0; k < NIn; ++k) {
+    ptrs[k + 1] = static_cast<char*>(ins[k].dataPtr());
+    strides[k + 1] = broadcastByteStrides(ins[k], shape);
+  }
+  forEachStrided<N>(shape, ptrs, strides, [&](std::array<char*, N> p, const std::array<int64_t, N>& s, int64_t n) {
+    TOut* o = reinterpret_cast<TOut*>(p[0]);
+    if constexpr (NIn == 1) {
+      const TIn* a = reinterpret_cast<const TIn*>(p[1]);
+      if (s[0] == sizeof(TOut) && s[1] == sizeof(TIn)) {
+        for (int64_t i = 0; i < n; ++i) o[i] = static_cast<TOut>(f(static_cast<Acc<TIn>>(a[i])));
+      } else if (s[0] == sizeof(TOut) && s[1] == 0) {
+        const TOut v = static_cast<TOut>(f(static_cast<Acc<TIn>>(a[0])));
+        for (int64_t i = 0; i < n; ++i) o[i] = v;
+      } else {
+        for (int64_t i = 0; i < n; ++i)
+          *reinterpret_cast<TOut*>(p[0] + i * s[0]) =
+              static_cast<TOut>(f(static_cast<Acc<TIn>>(*reinterpret_cast<const TIn*>(p[1] + i * s[1]))));
+      }
+    } else if constexpr (NIn == 2) {
+      const TIn* a = reinterpret_cast<const TIn*>(p[1]);
+      const TIn* b = reinterpret_cast<const TIn*>(p[2]);
+      using A = Acc<TIn>;
+      if (s[0] == sizeof(TOut) && s[1] == sizeof(TIn) && s[2] == sizeof(TIn)) {
+        for (int64_t i = 0; i < n; ++i) o[i] = static_cast<TOut>(f(static_cast<A>(a[i]), static_cast<A>(b[i])));
+      } else if (s[0] == sizeof(TOut) && s[1] == sizeof(TIn) && s[2] == 0) {
+        const A bv = static_cast<A>(b[0]);
+        for (int64_t i = 0; i < n; ++i) o[i] = static_cast<TOut>(f(static_cast<A>(a[i]), bv));
+      } else if (s[0] == sizeof(TOut) && s[1] == 0 && s[2] == sizeof(TIn)) {
+        const A av = static_cast<A>(a[0]);
+        for (int64_t i = 0; i < n; ++i) o[i] = static_cast<TOut>(f(av, static_cast<A>(b[i])));
+      } else {
+        for (int64_t i = 0; i < n; ++i)
+          *reinterpret_cast<TOut*>(p[0] + i * s[0]) =
+              static_cast<TOut>(f(static_cast<A>(*reinterpret_cast<const TIn*>(p[1] + i * s[1])),
+                                  static_cast<A>(*reinterpret_cast<const TIn*>(p[2] + i * s[2]))));
+      }
+    } else {
+      using A = Acc<TIn>;
+      if (s[0] == sizeof(TOut) && s[1] == sizeof(TIn) && s[2] == sizeof(TIn) && s[3] == sizeof(TIn)) {
+        const TIn* a = reinterpret_cast<const TIn*>(p[1]);
+        const TIn* b = reinterpret_cast<const TIn*>(p[2]);
+        const TIn* c = reinterpret_cast<const TIn*>(p[3]);
+        for (int64_t i = 0; i < n; ++i)
+          o[i] = static_cast<TOut>(f(static_cast<A>(a[i]), static_cast<A>(b[i]), static_cast<A>(c[i])));
+      } else {
+        for (int64_t i = 0; i < n; ++i)
+          *reinterpret_cast<TOut*>(p[0] + i * s[0]) =
+              static_cast<TOut>(f(static_cast<A>(*reinterpret_cast<const TIn*>(p[1] + i * s[1])),
+                                  static_cast<A>(*reinterpret_cast<const TIn*>(p[2] + i * s[2])),
+                                  static_cast<A>(*reinterpret_cast<const TIn*>(p[3] + i * s[3]))));
+      }
+    }
+  });
+}
+
+}  // namespace cohort::detail
