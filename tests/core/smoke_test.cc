@@ -22,3 +22,16 @@ TEST(Smoke, MatmulBackward) {
   c.sum().backward();
   EXPECT_EQ(a.grad().toVector<double>(), (std::vector<double>{1, 1, 2, 1, 1, 2}));
 }
+
+#include "core/gradcheck.h"
+
+TEST(Smoke, GradcheckBroadcastAndViews) {
+  using cohort::testing::gradcheck;
+  using cohort::testing::randArg;
+  Tensor a = randArg({3, 4}), b = randArg({4}, 8);
+  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return in[0] * in[1] + in[0] / (in[1] + 3.0); }, {a, b}));
+  // Non-contiguous input: a transposed view of a leaf.
+  Tensor c = randArg({4, 3}, 9);
+  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return matmul(in[0].t(), in[1].slice(1, 0, 3, 2)); },
+                        {c, randArg({4, 2}, 10)}));
+}
