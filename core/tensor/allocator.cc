@@ -3,7 +3,6 @@
 #include <cstdlib>
 #include <mutex>
 
-#include <cohort/config.h>
 #include <cohort/core/util/check.h>
 
 namespace cohort {
@@ -58,7 +57,8 @@ class CpuAllocator final : public Allocator {
 struct Registry {
   std::mutex mu;
   Allocator* cpu = nullptr;
-  Allocator* cuda = nullptr;
+  DeviceRuntime* runtimes[kNumDeviceTypes] = {};
+  Allocator* overrides[kNumDeviceTypes] = {};
 };
 Registry& registry() {
   static Registry* r = [] {
@@ -71,27 +71,43 @@ Registry& registry() {
 
 }  // namespace
 
+void registerDeviceRuntime(DeviceType type, DeviceRuntime* runtime) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.runtimes[static_cast<int>(type)] = runtime;
+}
+
+DeviceRuntime* deviceRuntime(DeviceType type) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.runtimes[static_cast<int>(type)];
+}
+
 Allocator* allocatorFor(Device d) {
   auto& r = registry();
   if (d.isCpu()) return r.cpu;
-  std::lock_guard<std::mutex> lock(r.mu);
-  if (r.cuda == nullptr) {
-#if COHORT_USE_CUDA
-    throw NotSupportedError(fmt::format(
-        "{}: this build of cohort was configured with CUDA, but device storage is not available yet", d));
-#else
+  DeviceRuntime* rt = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    if (Allocator* o = r.overrides[static_cast<int>(d.type())]) return o;
+    rt = r.runtimes[static_cast<int>(d.type())];
+  }
+  if (rt == nullptr)
     throw NotSupportedError(fmt::format("{} was asked for, but this build of cohort has no CUDA support "
                                         "(configure with -DCOHORT_USE_CUDA=ON on a machine with the CUDA toolkit)",
                                         d));
-#endif
-  }
-  return r.cuda;
+  int count = rt->deviceCount();
+  if (count == 0)
+    throw NotSupportedError(fmt::format("{} was asked for, but no CUDA device is usable: {}", d, rt->unavailableReason()));
+  if (d.index() < 0 || d.index() >= count)
+    throw IndexError(fmt::format("{} was asked for, but only {} CUDA device(s) are visible", d, count));
+  return rt->allocator(d.index());
 }
 
 Allocator* setAllocator(Device d, Allocator* a) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
-  Allocator*& slot = d.isCpu() ? r.cpu : r.cuda;
+  Allocator*& slot = d.isCpu() ? r.cpu : r.overrides[static_cast<int>(d.type())];
   Allocator* prev = slot;
   slot = a;
   return prev;

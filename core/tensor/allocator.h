@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include <cohort/core/tensor/device.h>
 
@@ -42,7 +43,23 @@ class Allocator {
   std::atomic<int64_t> live_{0}, peak_{0}, allocs_{0}, frees_{0};
 };
 
-// The allocator for a device. Throws NotSupportedError for CUDA in a build without CUDA.
+// A device runtime (CUDA) registers itself here when its library part is loaded; core code never
+// tests for a backend with #if. The CPU needs no runtime.
+class DeviceRuntime {
+ public:
+  virtual ~DeviceRuntime() = default;
+  virtual int deviceCount() = 0;
+  // Why no device is usable (driver missing, no GPU visible), for error messages.
+  virtual std::string unavailableReason() = 0;
+  virtual Allocator* allocator(int index) = 0;
+  // Copies nbytes between any two devices of this runtime or the CPU; returns when done.
+  virtual void copy(void* dst, Device dstDevice, const void* src, Device srcDevice, size_t nbytes) = 0;
+};
+void registerDeviceRuntime(DeviceType type, DeviceRuntime* runtime);
+DeviceRuntime* deviceRuntime(DeviceType type);  // null when this build has none
+
+// The allocator for a device. Throws NotSupportedError for CUDA in a build without CUDA, or when
+// no device is visible, and IndexError for a device index past the last device.
 Allocator* allocatorFor(Device d);
 // Replaces a device's allocator (for tests and custom memory pools); returns the previous one.
 // The caller keeps ownership of both and must keep `a` alive while tensors use it.

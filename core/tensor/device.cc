@@ -1,6 +1,6 @@
 #include <cohort/core/tensor/device.h>
 
-#include <cohort/config.h>
+#include <cohort/core/tensor/allocator.h>
 #include <cohort/core/util/check.h>
 
 namespace cohort {
@@ -21,7 +21,10 @@ Device Device::parse(const std::string& s) {
 
 std::string Device::str() const { return isCpu() ? "cpu" : fmt::format("cuda:{}", index_); }
 
-bool cudaAvailable() { return COHORT_USE_CUDA && cudaDeviceCount() > 0; }
-int cudaDeviceCount() { return 0; }
+bool cudaAvailable() { return cudaDeviceCount() > 0; }
+int cudaDeviceCount() {
+  DeviceRuntime* rt = deviceRuntime(DeviceType::CUDA);
+  return rt ? rt->deviceCount() : 0;
+}
 
 }  // namespace cohort

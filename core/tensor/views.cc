@@ -428,8 +428,21 @@ Tensor Tensor::to(DType dt) const {
 Tensor Tensor::to(Device d) const {
   requireDefined("to");
   if (d == device()) return *this;
-  allocatorFor(d);  // throws the clear "no CUDA in this build" error
-  throw NotSupportedError(fmt::format("to: copies from {} to {} are not supported in this build", device(), d));
+  Tensor src = device().isCpu() ? contiguous() : *this;
+  COHORT_CHECK_T(NotSupportedError, src.isContiguous(), "to: non-contiguous tensors on {} cannot be copied yet",
+                 device());
+  Tensor out = empty(sizes(), {.dtype = dtype(), .device = d});  // throws the clear "no CUDA" errors
+  DeviceType rtType = d.isCpu() ? device().type() : d.type();
+  DeviceRuntime* rt = deviceRuntime(rtType);
+  COHORT_CHECK(rt != nullptr, "to: no runtime for {}", d);
+  if (numel() > 0) {
+    const char* from = static_cast<const char*>(src.storage()->data()) + src.storageOffset() * elementSize();
+    char* into = static_cast<char*>(out.storage()->data());
+    rt->copy(into, d, from, device(), nbytes());
+  }
+  Device from = device();
+  autograd::record("to", {*this}, {out}, {}, [from](Ctx&, const GradList& g) -> GradList { return {g[0].to(from)}; });
+  return out;
 }
 
 // ---- joining -----------------------------------------------------------------------------------

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <optional>
 #include <type_traits>
+#include <variant>
 #include <utility>
 #include <vector>
 
