@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Installs every Debian (12, bookworm) package cohort's build, tests, examples and benchmarks need.
+# Idempotent and quick when everything is present: dpkg-query decides, and apt-get runs only when
+# something is missing. Needs root (or sudo) only in that case.
+set -euo pipefail
+
+packages=(
+  # toolchain
+  build-essential cmake ninja-build ccache
+  # core: BLAS (OpenBLAS loaded at run time, cblas.h at build time), fmt, JSON, CLI parsing
+  libopenblas-dev libfmt-dev nlohmann-json3-dev libcli11-dev
+  # tests
+  libgtest-dev
+  # PyTorch reference checks (run with /usr/bin/python3)
+  python3 python3-torch python3-numpy
+  # benchmark comparison (GEMM against BLIS as well as OpenBLAS)
+  libblis-dev
+  # distributed layers: gloo and MPI backends, TCP store on Boost.Asio, TensorPipe RPC agent
+  libgloo-dev libopenmpi-dev openmpi-bin libboost-dev libtensorpipe-dev
+  # launcher tests (network namespaces)
+  iproute2
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
+  [[ "$status" == "installed" ]] || missing+=("$p")
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "setup.sh: all ${#packages[@]} packages are installed"
+  exit 0
+fi
+
+echo "setup.sh: installing ${missing[*]}"
+sudo=()
+if [[ $(id -u) -ne 0 ]]; then
+  if command -v sudo >/dev/null; then
+    sudo=(sudo)
+  else
+    echo "setup.sh: missing packages (${missing[*]}) and not root; run as root or install them" >&2
+    exit 1
+  fi
+fi
+export DEBIAN_FRONTEND=noninteractive
+# Another apt-get (a second checkout's setup, say) may hold the dpkg lock: wait for it.
+apt=("${sudo[@]}" apt-get -o DPkg::Lock::Timeout=600 -q)
+"${apt[@]}" update
+"${apt[@]}" install -y --no-install-recommends "${missing[@]}"
+echo "setup.sh: done"
