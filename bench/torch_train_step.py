@@ -1,0 +1,97 @@
+#!/usr/bin/python3
+"""PyTorch 1.13 side of bench/train_step: ms per training step for the two reference models,
+one thread, same shapes as cohort's bench/train_step.cc. Prints one JSON line per model.
+
+  /usr/bin/python3 bench/torch_train_step.py [--steps N] [--warmup N] [--model mlp|gpt|all]
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+
+def _openblas_core_type():
+    """The kernels cohort's BLAS loader picks (core/blas/blas.cc), so both sides run fast GEMM."""
+    flags = ""
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                flags = line
+                break
+    if " avx512f" in flags and " avx512bw" in flags:
+        return "CooperLake" if " avx512_bf16" in flags else "SkylakeX"
+    return "Haswell" if " avx2" in flags else ""
+
+
+if "OPENBLAS_CORETYPE" not in os.environ and _openblas_core_type():
+    os.environ["OPENBLAS_CORETYPE"] = _openblas_core_type()  # must precede loading torch/OpenBLAS
+
+import torch  # noqa: E402
+import torch.nn as tnn
+import torch.nn.functional as F  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "parity"))
+from torch_reference import GPT  # noqa: E402  (the same nanoGPT layout as cohort's)
+
+
+def time_steps(step, steps, warmup):
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def mlp(steps, warmup):
+    torch.manual_seed(0)
+    model = tnn.Sequential(tnn.Linear(784, 1024), tnn.ReLU(), tnn.Linear(1024, 1024), tnn.ReLU(),
+                           tnn.Linear(1024, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(64, 784)
+    y = torch.randint(0, 10, (64,))
+
+    def step():
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return time_steps(step, steps, warmup)
+
+
+def gpt(steps, warmup):
+    torch.manual_seed(0)
+    cfg = {"vocab": 65, "block": 256, "layers": 6, "heads": 6, "embd": 384, "bias": True, "tie": True}
+    model = GPT(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    x = torch.randint(0, 65, (8, 256))
+    y = torch.randint(0, 65, (8, 256))
+
+    def step():
+        logits = model(x)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return time_steps(step, steps, warmup)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--model", default="all")
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    if a.model in ("mlp", "all"):
+        print(json.dumps({"model": "mlp", "ms_per_step": mlp(a.steps, a.warmup)}), flush=True)
+    if a.model in ("gpt", "all"):
+        print(json.dumps({"model": "gpt", "ms_per_step": gpt(max(3, a.steps // 3), 2)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+/*
+ * Backend: one transport's implementation of the collectives (gloo, mpi, shm, nccl), for one
+ * process group. ProcessGroup validates arguments, assigns the sequence number, records the op in
+ * the flight recorder and creates the Work; then it calls the backend, which must return quickly
+ * and complete `work` (Work::finish / Work::fail) from its own threads. A backend never blocks
+ * the caller for the duration of the op and never leaves an op pending past its timeout.
+ *
+ * Tensors arrive validated (same dtype and shape rules as the op requires, contiguous, on a
+ * device the backend supports). float16/bfloat16 reductions accumulate in float32.
+ * Every op a backend does not override throws NotSupportedError "backend <name> does not
+ * support <op>"; supports(op) answers in advance.
+ *
+ * Backends are created by name through the registry (registerBackend / createBackend), so core
+ * and ProcessGroup code never tests which backends were built.
+ */
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <cohort/core/tensor/tensor.h>
+#include <cohort/distributed/store/store.h>
+#include <cohort/distributed/types.h>
+#include <cohort/distributed/work.h>
+
+namespace cohort::dist {
+
+class Backend {
+ public:
+  Backend(std::string name, int rank, int size) : name_(std::move(name)), rank_(rank), size_(size) {}
+  virtual ~Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  const std::string& name() const { return name_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  virtual bool supports(OpType op) const { return false; }
+  virtual bool supportsDevice(DeviceType type) const { return type == DeviceType::CPU; }
+
+  virtual void allreduce(Tensor& tensor, const AllreduceOptions& opts, const WorkPtr& work);
+  virtual void allreduceCoalesced(std::vector<Tensor>& tensors, const AllreduceOptions& opts, const WorkPtr& work);
+  virtual void broadcast(Tensor& tensor, const BroadcastOptions& opts, const WorkPtr& work);
+  virtual void reduce(Tensor& tensor, const ReduceOptions& opts, const WorkPtr& work);
+  virtual void allgather(std::vector<Tensor>& outputs, const Tensor& input, const AllgatherOptions& opts,
+                         const WorkPtr& work);
+  virtual void allgatherIntoTensor(Tensor& output, const Tensor& input, const AllgatherOptions& opts,
+                                   const WorkPtr& work);
+  virtual void allgatherCoalesced(std::vector<std::vector<Tensor>>& outputs, const std::vector<Tensor>& inputs,
+                                  const AllgatherOptions& opts, const WorkPtr& work);
+  virtual void reduceScatter(Tensor& output, std::vector<Tensor>& inputs, const ReduceScatterOptions& opts,
+                             const WorkPtr& work);
+  virtual void reduceScatterTensor(Tensor& output, const Tensor& input, const ReduceScatterOptions& opts,
+                                   const WorkPtr& work);
+  // Equal splits along dim 0 when the options' split sizes are empty, else AlltoallV.
+  virtual void alltoall(Tensor& output, const Tensor& input, const AlltoallOptions& opts, const WorkPtr& work);
+  virtual void alltoallList(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs, const AlltoallOptions& opts,
+                            const WorkPtr& work);
+  // outputs is used on the root only (size() tensors shaped like input).
+  virtual void gather(std::vector<Tensor>& outputs, const Tensor& input, const GatherOptions& opts,
+                      const WorkPtr& work);
+  // inputs is used on the root only.
+  virtual void scatter(Tensor& output, const std::vector<Tensor>& inputs, const ScatterOptions& opts,
+                       const WorkPtr& work);
+  virtual void barrier(const BarrierOptions& opts, const WorkPtr& work);
+  virtual void send(const Tensor& tensor, int dst, const SendRecvOptions& opts, const WorkPtr& work);
+  virtual void recv(Tensor& tensor, int src, const SendRecvOptions& opts, const WorkPtr& work);
+
+  // Stops all transport activity: pending and future ops fail with `reason`. Used when a peer is
+  // known dead or on timeout, so no thread stays blocked. Idempotent.
+  virtual void abort(const std::string& reason) {}
+
+ protected:
+  [[noreturn]] void unsupported(OpType op) const;
+
+ private:
+  std::string name_;
+  int rank_;
+  int size_;
+};
+
+using BackendPtr = std::shared_ptr<Backend>;
+
+struct BackendOptions {
+  std::string groupName = "world";
+  Millis timeout = kDefaultGroupTimeout;
+  std::vector<int> globalRanks;  // this group's members as ranks of the world group
+};
+
+// Makes a backend for one process group. `store` is already prefixed for this group.
+using BackendFactory = std::function<BackendPtr(const StorePtr& store, int rank, int size, const BackendOptions&)>;
+void registerBackend(const std::string& name, BackendFactory factory);
+bool hasBackend(const std::string& name);
+std::vector<std::string> availableBackends();
+// Throws NotSupportedError listing the available backends when `name` is unknown.
+BackendPtr createBackend(const std::string& name, const StorePtr& store, int rank, int size,
+                         const BackendOptions& opts);
+
+}  // namespace cohort::dist

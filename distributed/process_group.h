@@ -1,0 +1,108 @@
+/*
+ * ProcessGroup: what training code talks to. A group of `size` processes, this one being `rank`,
+ * that meet through a Store and run collectives on one Backend per device type (CPU tensors on
+ * gloo/shm/mpi, CUDA tensors on nccl).
+ *
+ * Every collective:
+ *  - validates its arguments (ValueError naming the op, the group and the offending shapes/dtypes);
+ *  - gets the group's next sequence number (the same on every rank, since every rank calls the
+ *    same collectives in the same order — which is what COHORT_DEBUG=DETAIL checks);
+ *  - is recorded in the flight recorder (op, seq, shapes, dtype, start/end, state);
+ *  - returns a Work at once; Work::wait() throws TimeoutError naming the op, group, sequence
+ *    number and the ranks that never reached it (each rank publishes its progress in the store).
+ *
+ * Subgroups (newGroup, split) are independent ProcessGroups with their own sequence numbers,
+ * store prefix and backend instances, so they may run collectives concurrently with the world.
+ * Thread model: collectives may be issued from any one thread at a time per group (as c10d);
+ * completion callbacks run on backend threads.
+ */
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <cohort/distributed/backend.h>
+#include <cohort/distributed/store/store.h>
+#include <cohort/distributed/types.h>
+#include <cohort/distributed/work.h>
+
+namespace cohort::dist {
+
+class FlightRecorder;
+
+enum class DebugLevel { Off, Info, Detail };
+DebugLevel debugLevelFromEnv();  // COHORT_DEBUG=OFF|INFO|DETAIL
+
+struct ProcessGroupOptions {
+  std::string name = "world";
+  Millis timeout = kDefaultGroupTimeout;
+  // Backend for CPU tensors: "auto" picks shm when every rank shares a host (once it exists), else
+  // gloo; or a registered name ("gloo", "mpi", "shm").
+  std::string backend = "auto";
+  DebugLevel debug = DebugLevel::Off;  // overridden by COHORT_DEBUG when set
+  size_t flightRecorderEntries = 2000;
+};
+
+class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
+ public:
+  // Collective over all `size` ranks (they rendezvous through `store`).
+  static std::shared_ptr<ProcessGroup> create(StorePtr store, int rank, int size, ProcessGroupOptions opts = {});
+  ~ProcessGroup();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& name() const { return opts_.name; }
+  Millis timeout() const { return opts_.timeout; }
+  const StorePtr& store() const { return store_; }
+  // This group's members as world ranks (identity for the world group).
+  const std::vector<int>& globalRanks() const { return globalRanks_; }
+  uint64_t sequenceNumber() const { return seq_; }
+  FlightRecorder& flightRecorder() { return *recorder_; }
+
+  void setBackend(DeviceType type, BackendPtr backend);
+  Backend& backend(DeviceType type) const;  // NotSupportedError when none serves that device
+  bool supports(OpType op, DeviceType type = DeviceType::CPU) const;
+
+  WorkPtr allreduce(Tensor& tensor, const AllreduceOptions& opts = {});
+  WorkPtr allreduceCoalesced(std::vector<Tensor>& tensors, const AllreduceOptions& opts = {});
+  WorkPtr broadcast(Tensor& tensor, const BroadcastOptions& opts = {});
+  WorkPtr reduce(Tensor& tensor, const ReduceOptions& opts = {});
+  WorkPtr allgather(std::vector<Tensor>& outputs, const Tensor& input, const AllgatherOptions& opts = {});
+  WorkPtr allgatherIntoTensor(Tensor& output, const Tensor& input, const AllgatherOptions& opts = {});
+  WorkPtr allgatherCoalesced(std::vector<std::vector<Tensor>>& outputs, const std::vector<Tensor>& inputs,
+                             const AllgatherOptions& opts = {});
+  WorkPtr reduceScatter(Tensor& output, std::vector<Tensor>& inputs, const ReduceScatterOptions& opts = {});
+  WorkPtr reduceScatterTensor(Tensor& output, const Tensor& input, const ReduceScatterOptions& opts = {});
+  WorkPtr alltoall(Tensor& output, const Tensor& input, const AlltoallOptions& opts = {});
+  WorkPtr alltoallList(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs, const AlltoallOptions& opts = {});
+  WorkPtr gather(std::vector<Tensor>& outputs, const Tensor& input, const GatherOptions& opts = {});
+  WorkPtr scatter(Tensor& output, const std::vector<Tensor>& inputs, const ScatterOptions& opts = {});
+  WorkPtr barrier(const BarrierOptions& opts = {});
+  WorkPtr send(const Tensor& tensor, int dst, const SendRecvOptions& opts = {});
+  WorkPtr recv(Tensor& tensor, int src, const SendRecvOptions& opts = {});
+
+  // Subgroups. Both are collective over this group: every member calls them, in the same order.
+  // newGroup returns null on ranks not in `ranks`; split groups ranks by color (negative color =
+  // no group), ordered by (key, rank).
+  std::shared_ptr<ProcessGroup> newGroup(const std::vector<int>& ranks, ProcessGroupOptions opts = {});
+  std::shared_ptr<ProcessGroup> split(int color, int key, ProcessGroupOptions opts = {});
+
+ private:
+  ProcessGroup(StorePtr store, int rank, int size, ProcessGroupOptions opts, std::vector<int> globalRanks);
+
+  StorePtr store_;
+  int rank_;
+  int size_;
+  ProcessGroupOptions opts_;
+  std::vector<int> globalRanks_;
+  uint64_t seq_ = 0;
+  uint64_t subgroupCounter_ = 0;
+  std::map<DeviceType, BackendPtr> backends_;
+  std::unique_ptr<FlightRecorder> recorder_;
+};
+
+using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
+
+}  // namespace cohort::dist
