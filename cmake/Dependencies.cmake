@@ -2,6 +2,8 @@
 # Each COHORT_USE_<X> is AUTO (the default: on when found), ON (missing is a configure error)
 # or OFF. After this file runs, COHORT_USE_<X> is 0 or 1 for config.h.
 find_package(Threads REQUIRED)
+# fmt is used header-only (FMT_HEADER_ONLY) and is part of cohort's public headers.
+find_package(fmt REQUIRED)
 include(CheckSymbolExists)
 include(CheckLanguage)
 

@@ -49,7 +49,11 @@ esac
 if [[ ! -f "$build/CMakeCache.txt" ]]; then
   command -v ninja >/dev/null && cmake_args+=(-G Ninja)
 fi
-command -v ccache >/dev/null && cmake_args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+if command -v ccache >/dev/null; then
+  cmake_args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+  # Paths relative to the checkout, so build directories with the same flags share cache entries.
+  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
+fi
 # shellcheck disable=SC2206
 cmake_args+=(${COHORT_CMAKE_ARGS:-})
 
