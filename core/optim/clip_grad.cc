@@ -1,0 +1,116 @@
+#include <cohort/core/optim/clip_grad.h>
+
+#include <cmath>
+
+#include <cohort/core/autograd/grad_mode.h>
+#include <cohort/core/ops/ops.h>
+
+namespace cohort::optim {
+
+namespace {
+
+// The p-norm of one contiguous tensor, accumulated in double.
+template <typename T>
+double tensorNorm(const T* x, int64_t n, double p) {
+  if (std::isinf(p)) {
+    double m = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      double a = std::fabs(static_cast<double>(static_cast<Acc<T>>(x[i])));
+      if (std::isnan(a)) return a;
+      m = a > m ? a : m;
+    }
+    return m;
+  }
+  if (p == 0.0) {
+    double c = 0.0;
+    for (int64_t i = 0; i < n; ++i) c += static_cast<Acc<T>>(x[i]) != 0 ? 1.0 : 0.0;
+    return c;
+  }
+  double s = 0.0;
+  if (p == 2.0) {
+    for (int64_t i = 0; i < n; ++i) {
+      double a = static_cast<double>(static_cast<Acc<T>>(x[i]));
+      s += a * a;
+    }
+    return std::sqrt(s);
+  }
+  if (p == 1.0) {
+    for (int64_t i = 0; i < n; ++i) s += std::fabs(static_cast<double>(static_cast<Acc<T>>(x[i])));
+    return s;
+  }
+  for (int64_t i = 0; i < n; ++i) s += std::pow(std::fabs(static_cast<double>(static_cast<Acc<T>>(x[i]))), p);
+  return std::pow(s, 1.0 / p);
+}
+
+double combine(const std::vector<double>& norms, double p) {
+  if (std::isinf(p)) {
+    double m = 0.0;
+    for (double v : norms) {
+      if (std::isnan(v)) return v;
+      m = v > m ? v : m;
+    }
+    return m;
+  }
+  if (p == 0.0) {
+    double s = 0.0;
+    for (double v : norms) s += v;
+    return s;
+  }
+  double s = 0.0;
+  for (double v : norms) s += std::pow(v, p);
+  return std::pow(s, 1.0 / p);
+}
+
+std::vector<Tensor> gradsOf(const std::vector<Tensor>& params) {
+  std::vector<Tensor> out;
+  for (const Tensor& p : params) {
+    if (!p.defined()) continue;
+    Tensor g = p.grad();
+    if (g.defined()) out.push_back(g);
+  }
+  return out;
+}
+
+double totalNorm(const std::vector<Tensor>& grads, double p, const char* op) {
+  if (!(p >= 0.0)) throw ValueError(fmt::format("{}: norm type must be >= 0 or infinity, got {}", op, p));
+  std::vector<double> norms;
+  norms.reserve(grads.size());
+  for (const Tensor& g : grads) {
+    Tensor c = g.contiguous();
+    COHORT_DISPATCH_FLOAT(c.dtype(), op, [&]<typename T>() { norms.push_back(tensorNorm<T>(c.data<T>(), c.numel(), p)); });
+  }
+  return combine(norms, p);
+}
+
+}  // namespace
+
+double gradNorm(const std::vector<Tensor>& params, double normType) {
+  return totalNorm(gradsOf(params), normType, "gradNorm");
+}
+
+double clipGradNorm(const std::vector<Tensor>& params, double maxNorm, double normType, bool errorIfNonfinite) {
+  std::vector<Tensor> grads = gradsOf(params);
+  if (grads.empty()) return 0.0;
+  const double total = totalNorm(grads, normType, "clipGradNorm");
+  if (errorIfNonfinite && !std::isfinite(total))
+    throw ValueError(fmt::format("clipGradNorm: the total norm of order {} of the gradients is {}; nothing was scaled",
+                                 normType, total));
+  const double coef = maxNorm / (total + 1e-6);
+  if (!(coef < 1.0)) return total;  // torch multiplies by clamp(coef, max=1): a no-op here
+  autograd::NoGradGuard ng;
+  for (Tensor& g : grads) {
+    Tensor c = g.isContiguous() ? g : g.contiguous();
+    COHORT_DISPATCH_FLOAT(c.dtype(), "clipGradNorm", [&]<typename T>() {
+      using A = Acc<T>;
+      T* x = c.data<T>();
+      const A s = static_cast<A>(coef);
+      const int64_t n = c.numel();
+      for (int64_t i = 0; i < n; ++i) x[i] = static_cast<T>(static_cast<A>(x[i]) * s);
+    });
+    if (!c.isSameAs(g)) g.copy_(c);
+    g.bumpVersion();
+  }
+  return total;
+}
+
+}  // namespace cohort::optim

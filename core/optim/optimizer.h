@@ -1,0 +1,122 @@
+/*
+ * Optimizer: the base of SGD, Adam and AdamW. It holds parameter groups, each with its own
+ * hyper-parameters (a name -> number map, e.g. {"lr": 1e-3, "weight_decay": 0.1}: bools are 0/1),
+ * and per-parameter state (momentum buffers, Adam moments, step counts) created lazily on the
+ * first step that sees a gradient, as PyTorch does.
+ *
+ *   optim::AdamW opt(model->parameters(), {.lr = 3e-4, .weightDecay = 0.1});
+ *   // or groups with their own options, missing ones taken from the defaults:
+ *   optim::SGD opt({{.params = decay, .options = {{"weight_decay", 0.1}}}, {.params = noDecay}}, {.lr = 0.1});
+ *
+ * step() runs without autograd (NoGradGuard) and updates parameters in place, so the module's
+ * tensors (and any other handle to them) see the new values. zeroGrad() sets grads to none by
+ * default.
+ *
+ * Checkpoints: stateDict() returns an OptimizerStateDict: every state tensor in one flat
+ * name -> Tensor map (for safetensors) and everything else (optimizer type, groups with their
+ * options and parameter indices) as plain data with a JSON form. Parameters are numbered by their
+ * position over all groups in order (0, 1, ...); a tensor is named "state.<index>.<key>", e.g.
+ * "state.3.exp_avg", "state.3.step" (a 0-d float32 tensor, as torch keeps it).
+ * loadStateDict checks the type, group count, group sizes and every tensor's shape before it
+ * changes anything, and then replaces the state and the group options (lr included).
+ *
+ * Threads: not thread-safe; step() runs on the calling thread.
+ */
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <cohort/core/tensor/tensor.h>
+
+namespace cohort::optim {
+
+// Hyper-parameters of one group by torch's names ("lr", "momentum", "weight_decay", "beta1", ...).
+using GroupOptions = std::map<std::string, double>;
+
+struct ParamGroup {
+  std::vector<Tensor> params;
+  GroupOptions options;  // when passed to a constructor: overrides of the optimizer's defaults
+
+  double lr() const;
+  void setLr(double lr) { options["lr"] = lr; }
+  // The option `key`; ValueError naming it when the group has none.
+  double option(const std::string& key) const;
+};
+
+// Per-parameter state: a step count and named tensors ("exp_avg", "momentum_buffer", ...).
+struct ParamState {
+  int64_t step = 0;
+  std::map<std::string, Tensor> tensors;
+};
+
+// What an optimizer saves: see the header comment. `groups[i].params` hold parameter indices.
+struct OptimizerStateDict {
+  struct Group {
+    std::vector<int64_t> params;
+    GroupOptions options;
+  };
+  std::string type;  // "SGD", "Adam", "AdamW"
+  std::vector<Group> groups;
+  std::map<std::string, Tensor> tensors;  // "state.<index>.<key>"
+
+  // {"type": "AdamW", "groups": [{"params": [0, 1], "options": {"lr": 0.001, ...}}, ...]}
+  // Numbers are written with 17 significant digits so they read back exactly.
+  std::string metadataJson() const;
+  // Parses metadataJson()'s output into type and groups (tensors are left as they are).
+  // ValueError naming what is wrong for malformed text.
+  void setMetadataFromJson(const std::string& json);
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // One update of every parameter that has a gradient, without autograd.
+  void step();
+  // Clears (setToNone) or zeroes the gradients of every parameter in every group.
+  void zeroGrad(bool setToNone = true);
+
+  // Adds a group; options it does not set come from the defaults. A parameter may be in only one
+  // group; unknown option names are a ValueError.
+  void addParamGroup(ParamGroup group);
+  std::vector<ParamGroup>& paramGroups() { return groups_; }
+  const std::vector<ParamGroup>& paramGroups() const { return groups_; }
+  const GroupOptions& defaults() const { return defaults_; }
+  // Sets lr in every group.
+  void setLr(double lr);
+  // All parameters, group by group.
+  std::vector<Tensor> parameters() const;
+  const std::string& type() const { return type_; }
+
+  // State of one parameter (null before its first step).
+  const ParamState* state(const Tensor& param) const;
+
+  OptimizerStateDict stateDict() const;
+  void loadStateDict(const OptimizerStateDict& dict);
+
+ protected:
+  Optimizer(std::string type, GroupOptions defaults);
+  // Validates one group's options (called after defaults were filled in).
+  virtual void checkOptions(const GroupOptions& options) const = 0;
+  // Updates the parameters of one group (grad mode is off).
+  virtual void stepGroup(ParamGroup& group) = 0;
+  ParamState& stateFor(const Tensor& param) { return state_[param.impl()]; }
+
+ private:
+  std::string type_;
+  GroupOptions defaults_;
+  std::vector<ParamGroup> groups_;
+  std::unordered_map<const TensorImpl*, ParamState> state_;
+};
+
+// The gradient of `param` for an update: contiguous, with param's dtype, detached. ValueError
+// naming `op` when its shape differs from the parameter's.
+Tensor updateGrad(const Tensor& param, const char* op);
+
+}  // namespace cohort::optim

@@ -1,0 +1,102 @@
+#include <cohort/core/optim/sgd.h>
+
+#include <cohort/core/ops/ops.h>
+
+namespace cohort::optim {
+
+GroupOptions SGDOptions::toMap() const {
+  return {{"lr", lr},
+          {"momentum", momentum},
+          {"dampening", dampening},
+          {"weight_decay", weightDecay},
+          {"nesterov", nesterov ? 1.0 : 0.0},
+          {"maximize", maximize ? 1.0 : 0.0}};
+}
+
+SGD::SGD(std::vector<Tensor> params, SGDOptions options) : SGD(std::vector<ParamGroup>{ParamGroup{std::move(params), {}}}, options) {}
+
+SGD::SGD(std::vector<ParamGroup> groups, SGDOptions defaults) : Optimizer("SGD", defaults.toMap()) {
+  if (groups.empty()) throw ValueError("SGD: got an empty list of parameter groups");
+  for (ParamGroup& g : groups) addParamGroup(std::move(g));
+  if (parameters().empty()) throw ValueError("SGD: got an empty parameter list");
+}
+
+void SGD::checkOptions(const GroupOptions& o) const {
+  const double lr = o.at("lr"), momentum = o.at("momentum"), dampening = o.at("dampening"), wd = o.at("weight_decay");
+  if (!(lr >= 0.0)) throw ValueError(fmt::format("SGD: invalid learning rate {}", lr));
+  if (!(momentum >= 0.0)) throw ValueError(fmt::format("SGD: invalid momentum {}", momentum));
+  if (!(wd >= 0.0)) throw ValueError(fmt::format("SGD: invalid weight_decay {}", wd));
+  if (o.at("nesterov") != 0.0 && (momentum <= 0.0 || dampening != 0.0))
+    throw ValueError(fmt::format("SGD: Nesterov momentum requires a momentum > 0 and zero dampening (momentum {}, "
+                                 "dampening {})",
+                                 momentum, dampening));
+}
+
+namespace {
+
+// One fused pass over a contiguous parameter; T is the storage type, A the compute type.
+template <typename T>
+void sgdKernel(T* p, const T* g, T* buf, int64_t n, double lrD, double momD, double dampD, double wdD, bool nesterov,
+               bool maximize, bool firstStep) {
+  using A = Acc<T>;
+  const A negLr = static_cast<A>(-lrD), wd = static_cast<A>(wdD), mom = static_cast<A>(momD);
+  const A damp = static_cast<A>(1.0 - dampD);
+  const A sign = maximize ? A(-1) : A(1);
+  if (buf == nullptr) {
+    for (int64_t i = 0; i < n; ++i) {
+      A pv = static_cast<A>(p[i]);
+      A d = sign * static_cast<A>(g[i]) + wd * pv;
+      p[i] = static_cast<T>(pv + negLr * d);
+    }
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    A pv = static_cast<A>(p[i]);
+    A d = sign * static_cast<A>(g[i]) + wd * pv;
+    A b = firstStep ? d : static_cast<A>(buf[i]) * mom + damp * d;
+    buf[i] = static_cast<T>(b);
+    b = static_cast<A>(static_cast<T>(b));  // torch keeps buf in T and reads it back
+    A upd = nesterov ? d + mom * b : b;
+    p[i] = static_cast<T>(pv + negLr * upd);
+  }
+}
+
+}  // namespace
+
+void SGD::stepGroup(ParamGroup& group) {
+  const double lr = group.option("lr"), momentum = group.option("momentum"), dampening = group.option("dampening");
+  const double wd = group.option("weight_decay");
+  const bool nesterov = group.option("nesterov") != 0.0, maximize = group.option("maximize") != 0.0;
+  for (Tensor& param : group.params) {
+    if (!param.grad().defined()) continue;
+    Tensor g = updateGrad(param, "SGD.step");
+    Tensor p = param.isContiguous() ? param : param.contiguous();
+    ParamState& st = stateFor(param);
+    Tensor buf;
+    bool first = false;
+    if (momentum != 0.0) {
+      auto it = st.tensors.find("momentum_buffer");
+      if (it == st.tensors.end()) {
+        buf = empty(param.sizes(), {.dtype = param.dtype(), .device = param.device()});
+        st.tensors["momentum_buffer"] = buf;
+        first = true;
+      } else {
+        Tensor& b = it->second;
+        if (b.sizes() != param.sizes())
+          throw ValueError(fmt::format("SGD.step: momentum buffer of shape {} for a parameter of shape {}",
+                                       shapeStr(b.sizes()), shapeStr(param.sizes())));
+        if (b.dtype() != param.dtype() || !b.isContiguous()) b = b.to(param.dtype()).contiguous();
+        buf = b;
+      }
+    }
+    ++st.step;
+    COHORT_DISPATCH_FLOAT(param.dtype(), "SGD.step", [&]<typename T>() {
+      sgdKernel<T>(p.data<T>(), g.data<T>(), buf.defined() ? buf.data<T>() : nullptr, p.numel(), lr, momentum,
+                   dampening, wd, nesterov, maximize, first);
+    });
+    if (!p.isSameAs(param)) param.copy_(p);
+    param.bumpVersion();
+  }
+}
+
+}  // namespace cohort::optim
