@@ -1,11 +1,22 @@
-// Reductions. Sums accumulate in blocks with independent lanes (vectorized) and combine blocks
-// in double, so large float32 sums stay accurate; half types accumulate in float.
+// Reductions: sum, mean, amax/amin, max/min/argmax/argmin over a dim, var/std, norm.
+//
+// Every value reduction runs through one kernel (reduceKernel) driven by a small "op" policy:
+//  - inner reductions (the reduced dims are the last ones, inner == 1) walk each row with 16
+//    independent accumulator lanes, which the compiler turns into vector registers;
+//  - outer reductions (inner > 1, e.g. summing a [N, C] gradient over N) add whole rows into a
+//    tile of column accumulators (a plain vectorizable loop), and narrow rows (inner < 32) are
+//    widened by treating m consecutive rows as one row of m*inner columns.
+// Sums accumulate blocks in float (half types load as float) and combine blocks in double, so
+// large float32 sums stay accurate.
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <memory>
 #include <numeric>
 
 #include <cohort/core/autograd/function.h>
 #include <cohort/core/ops/reduce_impl.h>
+#include <cohort/core/tensor/iter.h>
 
 namespace cohort {
 
@@ -14,123 +25,265 @@ using GradList = std::vector<Tensor>;
 
 namespace detail {
 
+namespace {
+
+// Wraps and validates `dims` for a tensor of shape `sizes`: per-dim flags (one entry for 0-dim).
+std::vector<bool> reducedDims(const Shape& sizes, const Shape& dims, const char* op) {
+  int64_t nd = static_cast<int64_t>(sizes.size());
+  int64_t n = std::max<int64_t>(nd, 1);
+  std::vector<bool> flags(static_cast<size_t>(n), dims.empty());
+  for (int64_t d : dims) {
+    if (d < -n || d >= n)
+      throw IndexError(fmt::format("{}: dim {} is out of range for a tensor of shape {} (expected [{}, {}])", op, d,
+                                   shapeStr(sizes), -n, n - 1));
+    int64_t w = d < 0 ? d + n : d;
+    if (flags[static_cast<size_t>(w)])
+      throw ValueError(fmt::format("{}: dim {} appears more than once in dims {} (input shape {})", op, w,
+                                   shapeStr(dims), shapeStr(sizes)));
+    flags[static_cast<size_t>(w)] = true;
+  }
+  return flags;
+}
+
+}  // namespace
+
 ReducePlan planReduce(const Tensor& a, const Shape& dims, bool keepdim, const char* op) {
   if (!a.defined()) throw ValueError(fmt::format("{}: the input tensor is undefined", op));
   ReducePlan p;
-  int64_t nd = a.dim();
-  p.isReduced.assign(std::max<int64_t>(nd, 1), dims.empty());
-  for (int64_t d : dims) {
-    int64_t w = wrapDim(d, nd, op);
-    if (!dims.empty() && p.isReduced[w] && std::count(dims.begin(), dims.end(), d) > 1)
-      throw ValueError(fmt::format("{}: dim {} appears more than once in {}", op, d, shapeStr(dims)));
-    p.isReduced[w] = true;
+  const Shape& sizes = a.sizes();
+  const int64_t nd = a.dim();
+  p.isReduced = reducedDims(sizes, dims, op);
+  if (nd == 0) {  // a scalar reduces to itself
+    p.src = a.contiguous();
+    return p;
   }
-  for (int64_t d = 0; d < nd; ++d) {
-    if (p.isReduced[d]) {
-      p.keptShape.push_back(1);
-      if (keepdim) p.outShape.push_back(1);
-    } else {
-      p.keptShape.push_back(a.sizes()[d]);
-      p.outShape.push_back(a.sizes()[d]);
-    }
-  }
-  // Are the reduced dims one contiguous block [first, last]?
   int64_t first = -1, last = -1;
-  for (int64_t d = 0; d < nd; ++d)
+  for (int64_t d = 0; d < nd; ++d) {
     if (p.isReduced[d]) {
       if (first < 0) first = d;
       last = d;
+      p.keptShape.push_back(1);
+      if (keepdim) p.outShape.push_back(1);
+    } else {
+      p.keptShape.push_back(sizes[d]);
+      p.outShape.push_back(sizes[d]);
     }
-  bool block = true;
-  for (int64_t d = first; d >= 0 && d <= last; ++d)
-    if (!p.isReduced[d] && a.sizes()[d] != 1) block = false;
-  if (nd == 0 || first < 0) {
-    p.src = a.contiguous();
-    p.outer = 1;
-    p.reduced = nd == 0 ? 1 : 1;
-    p.inner = a.numel();
-    if (nd == 0) {
-      p.inner = 1;
-    }
-    return p;
   }
+  // Reduced dims form one block when only size-1 kept dims sit between them.
+  bool block = true;
+  for (int64_t d = first; d <= last; ++d)
+    if (!p.isReduced[d] && sizes[d] != 1) block = false;
   if (block) {
     p.src = a.contiguous();
-    for (int64_t d = 0; d < first; ++d) p.outer *= a.sizes()[d];
-    for (int64_t d = first; d <= last; ++d) p.reduced *= a.sizes()[d];
-    for (int64_t d = last + 1; d < nd; ++d) p.inner *= a.sizes()[d];
+    for (int64_t d = 0; d < first; ++d) p.outer *= sizes[d];
+    for (int64_t d = first; d <= last; ++d) p.reduced *= sizes[d];
+    for (int64_t d = last + 1; d < nd; ++d) p.inner *= sizes[d];
     return p;
   }
-  // Move reduced dims to the end and copy.
+  // Kept dims first, reduced dims last, in one permuted copy.
   Shape perm;
   for (int64_t d = 0; d < nd; ++d)
     if (!p.isReduced[d]) perm.push_back(d);
   for (int64_t d = 0; d < nd; ++d)
     if (p.isReduced[d]) perm.push_back(d);
   p.src = a.permute(perm).contiguous();
-  for (int64_t d = 0; d < nd; ++d) {
-    if (p.isReduced[d]) p.reduced *= a.sizes()[d];
-    else p.outer *= a.sizes()[d];
-  }
-  p.inner = 1;
+  for (int64_t d = 0; d < nd; ++d) (p.isReduced[d] ? p.reduced : p.outer) *= sizes[d];
   return p;
 }
 
 namespace {
 
-// Sum of n contiguous values: 16 independent float lanes per block, blocks combined in double.
-template <typename T>
-double sumContiguous(const T* x, int64_t n) {
-  using A = Acc<T>;
-  constexpr int64_t kLanes = 16, kBlock = 4096;
-  double total = 0;
-  for (int64_t start = 0; start < n; start += kBlock) {
-    int64_t end = std::min(n, start + kBlock);
-    A lane[kLanes] = {};
+// ---- the value-reduction kernel ------------------------------------------------------------
+//
+// An op policy provides:
+//   using Acc;    lane accumulator;        Acc init(), Acc step(Acc acc, C x), Acc merge(Acc, Acc)
+//   using Total;  cross-block accumulator; Total initTotal(), Total fold(Total, Acc), Total join(Total, Total)
+//   Out finish(Total)
+// where C = cohort::Acc<T> is the element's compute type.
+
+constexpr int64_t kLanes = 16;
+constexpr int64_t kRowBlock = 4096;  // elements per lane block (inner reductions)
+constexpr int64_t kTile = 1024;      // columns per tile (outer reductions)
+constexpr int64_t kRowsPerFold = 256;  // rows accumulated in Acc before folding into Total
+
+template <typename T, typename Op>
+typename Op::Total reduceRow(const T* x, int64_t n, const Op& op) {
+  using A = typename Op::Acc;
+  using C = cohort::Acc<T>;
+  typename Op::Total total = op.initTotal();
+  for (int64_t start = 0; start < n; start += kRowBlock) {
+    const int64_t end = std::min(n, start + kRowBlock);
+    A lane[kLanes];
+    for (int64_t j = 0; j < kLanes; ++j) lane[j] = op.init();
     int64_t i = start;
     for (; i + kLanes <= end; i += kLanes)
-      for (int64_t j = 0; j < kLanes; ++j) lane[j] += static_cast<A>(x[i + j]);
-    A rest = 0;
-    for (; i < end; ++i) rest += static_cast<A>(x[i]);
-    A s = rest;
-    for (int64_t j = 0; j < kLanes; ++j) s += lane[j];
-    total += static_cast<double>(s);
+      for (int64_t j = 0; j < kLanes; ++j) lane[j] = op.step(lane[j], static_cast<C>(x[i + j]));
+    A s = op.init();
+    for (; i < end; ++i) s = op.step(s, static_cast<C>(x[i]));
+    for (int64_t j = 0; j < kLanes; ++j) s = op.merge(s, lane[j]);
+    total = op.fold(total, s);
   }
   return total;
 }
 
-}  // namespace
-
-// out[o, i] = sum_r src[o, r, i], in the accumulation type; `out` is contiguous [outer*inner].
-template <typename T, typename Out>
-void sumKernel(const ReducePlan& p, Out* out) {
-  const T* x = static_cast<const T*>(p.src.dataPtr());
-  using A = std::conditional_t<kIsFloat<T>, Acc<T>, int64_t>;
-  if (p.inner == 1) {
-    for (int64_t o = 0; o < p.outer; ++o) {
-      if constexpr (kIsFloat<T>) out[o] = static_cast<Out>(sumContiguous(x + o * p.reduced, p.reduced));
-      else {
-        A s = 0;
-        for (int64_t r = 0; r < p.reduced; ++r) s += static_cast<A>(x[o * p.reduced + r]);
-        out[o] = static_cast<Out>(s);
+// res[c] = reduction over r < rows of base[r * rowStride + c], for c < width.
+template <typename T, typename Op>
+void reduceColumns(const T* base, int64_t rows, int64_t width, int64_t rowStride, typename Op::Total* res,
+                   const Op& op) {
+  using A = typename Op::Acc;
+  using C = cohort::Acc<T>;
+  A acc[kTile];
+  for (int64_t ts = 0; ts < width; ts += kTile) {
+    const int64_t tw = std::min(kTile, width - ts);
+    typename Op::Total* tot = res + ts;
+    for (int64_t c = 0; c < tw; ++c) tot[c] = op.initTotal();
+    for (int64_t rb = 0; rb < rows; rb += kRowsPerFold) {
+      const int64_t re = std::min(rows, rb + kRowsPerFold);
+      for (int64_t c = 0; c < tw; ++c) acc[c] = op.init();
+      for (int64_t r = rb; r < re; ++r) {
+        const T* row = base + r * rowStride + ts;
+        for (int64_t c = 0; c < tw; ++c) acc[c] = op.step(acc[c], static_cast<C>(row[c]));
       }
+      for (int64_t c = 0; c < tw; ++c) tot[c] = op.fold(tot[c], acc[c]);
     }
-    return;
-  }
-  std::vector<A> acc(static_cast<size_t>(p.inner));
-  for (int64_t o = 0; o < p.outer; ++o) {
-    std::fill(acc.begin(), acc.end(), A(0));
-    const T* base = x + o * p.reduced * p.inner;
-    for (int64_t r = 0; r < p.reduced; ++r) {
-      const T* row = base + r * p.inner;
-      A* a = acc.data();
-      for (int64_t i = 0; i < p.inner; ++i) a[i] += static_cast<A>(row[i]);
-    }
-    for (int64_t i = 0; i < p.inner; ++i) out[o * p.inner + i] = static_cast<Out>(acc[static_cast<size_t>(i)]);
   }
 }
 
+// out[o * inner + i] = finish(reduction over r of src[o, r, i]).
+template <typename T, typename Out, typename Op>
+void reduceKernel(const ReducePlan& p, Out* out, const Op& op) {
+  using Tot = typename Op::Total;
+  const T* x = static_cast<const T*>(p.src.dataPtr());
+  const int64_t R = p.reduced, I = p.inner, O = p.outer;
+  if (O * I == 0) return;
+  if (I == 1) {
+    for (int64_t o = 0; o < O; ++o) out[o] = op.finish(reduceRow(x + o * R, R, op));
+    return;
+  }
+  // Narrow rows: m rows side by side make one row of m*I columns.
+  const int64_t m = I < 32 ? std::max<int64_t>(1, std::min<int64_t>(128 / I, R)) : 1;
+  const int64_t superRows = R / m, leftover = R - superRows * m;
+  // Arrays, not std::vector: Tot may be bool.
+  std::unique_ptr<Tot[]> wide(new Tot[static_cast<size_t>(m * I)]), rest(new Tot[static_cast<size_t>(I)]);
+  for (int64_t o = 0; o < O; ++o) {
+    const T* base = x + o * R * I;
+    reduceColumns(base, superRows, m * I, m * I, wide.get(), op);
+    for (int64_t k = 1; k < m; ++k)
+      for (int64_t i = 0; i < I; ++i) wide[i] = op.join(wide[i], wide[k * I + i]);
+    if (leftover > 0) {
+      reduceColumns(base + superRows * m * I, leftover, I, I, rest.get(), op);
+      for (int64_t i = 0; i < I; ++i) wide[i] = op.join(wide[i], rest[i]);
+    }
+    for (int64_t i = 0; i < I; ++i) out[o * I + i] = op.finish(wide[i]);
+  }
+}
+
+// ---- op policies ----------------------------------------------------------------------------
+
+// Sum of map(x); Total is double for floating types (int64 for integers); finish scales.
+template <typename T, typename Out, typename Map>
+struct SumOp {
+  using C = cohort::Acc<T>;
+  using Acc = std::conditional_t<kIsFloat<T>, C, int64_t>;
+  using Total = std::conditional_t<kIsFloat<T>, double, int64_t>;
+  Map map;
+  double scale = 1.0;  // mean: 1/count
+  Acc init() const { return Acc(0); }
+  Acc step(Acc a, C x) const { return a + static_cast<Acc>(map(x)); }
+  Acc merge(Acc a, Acc b) const { return a + b; }
+  Total initTotal() const { return Total(0); }
+  Total fold(Total t, Acc a) const { return t + static_cast<Total>(a); }
+  Total join(Total a, Total b) const { return a + b; }
+  Out finish(Total t) const {
+    if constexpr (kIsFloat<T>) return static_cast<Out>(t * scale);
+    else return static_cast<Out>(t);
+  }
+};
+
+struct Identity {
+  template <typename X>
+  X operator()(X x) const { return x; }
+};
+
+// Max (IsMax) or min of map(x); NaN propagates.
+template <typename T, bool IsMax, typename Map>
+struct ExtremeOp {
+  using C = cohort::Acc<T>;
+  using Acc = C;
+  using Total = C;
+  Map map;
+  static Acc pick(Acc a, Acc x) {
+    bool take = IsMax ? x > a : x < a;
+    if constexpr (kIsFloat<T>) take = take || x != x;
+    return take ? x : a;
+  }
+  Acc init() const {
+    if constexpr (std::is_same_v<T, bool>) return !IsMax;
+    else if constexpr (kIsFloat<T>)
+      return IsMax ? -std::numeric_limits<C>::infinity() : std::numeric_limits<C>::infinity();
+    else return IsMax ? std::numeric_limits<C>::lowest() : std::numeric_limits<C>::max();
+  }
+  Acc step(Acc a, C x) const { return pick(a, static_cast<Acc>(map(x))); }
+  Acc merge(Acc a, Acc b) const { return pick(a, b); }
+  Total initTotal() const { return init(); }
+  Total fold(Total t, Acc a) const { return pick(t, a); }
+  Total join(Total a, Total b) const { return pick(a, b); }
+  T finish(Total t) const { return static_cast<T>(t); }
+};
+
+void requireFloat(const Tensor& a, const char* op) {
+  if (a.defined() && !isFloating(a.dtype()))
+    throw ValueError(fmt::format("{}: expected a floating-point tensor, got {} of shape {}; convert with to() first", op,
+                                 a.dtype(), shapeStr(a.sizes())));
+}
+
+void requireNonEmptyReduction(const ReducePlan& p, const Tensor& a, const Shape& dims, const char* op) {
+  if (p.reduced == 0)
+    throw ValueError(fmt::format("{}: cannot reduce over an empty dim (input shape {}, dims {}); the operation has no "
+                                 "identity",
+                                 op, shapeStr(a.sizes()), dims.empty() ? std::string("all") : shapeStr(dims)));
+}
+
+// out = f(x, a, b) elementwise in x's dtype, with a and b broadcast to x's shape.
+template <typename F>
+Tensor map3(const Tensor& x, const Tensor& a, const Tensor& b, const char* op, F&& f) {
+  Tensor out = empty(x.sizes(), {.dtype = x.dtype()});
+  COHORT_DISPATCH_FLOAT(x.dtype(), op, [&]<typename T>() {
+    mapKernel<T, T, 3>(out, {x, a.to(x.dtype()), b.to(x.dtype())}, f);
+  });
+  return out;
+}
+template <typename F>
+Tensor map2(const Tensor& x, const Tensor& a, const char* op, F&& f) {
+  Tensor out = empty(x.sizes(), {.dtype = x.dtype()});
+  COHORT_DISPATCH_FLOAT(x.dtype(), op, [&]<typename T>() { mapKernel<T, T, 2>(out, {x, a.to(x.dtype())}, f); });
+  return out;
+}
+
+// Gradient for reductions that pick extreme elements: g is split evenly among the elements
+// where pick(x) equals the kept result m (amax, amin, norm inf); `sign` multiplies by sgn(x).
+Tensor evenSplitGrad(const Tensor& x, const Tensor& m, const Tensor& g, const Shape& dims, bool absolute) {
+  Tensor hits = map2(x, m, "amax backward", [absolute](auto v, auto mv) {
+    using V = decltype(v);
+    V a = absolute ? (v < V(0) ? -v : v) : v;
+    return a == mv ? V(1) : V(0);
+  });
+  Tensor count = sum(hits, dims, true);
+  Tensor share = g / count;
+  return map3(x, m, share, "amax backward", [absolute](auto v, auto mv, auto s) {
+    using V = decltype(v);
+    V a = absolute ? (v < V(0) ? -v : v) : v;
+    if (a != mv) return V(0);
+    if (!absolute) return s;
+    return v > V(0) ? s : (v < V(0) ? -s : V(0));
+  });
+}
+
+}  // namespace
+
 }  // namespace detail
+
+// ---- sum / mean ---------------------------------------------------------------------------------
 
 Tensor sum(const Tensor& a, const Shape& dims, bool keepdim) {
   detail::ReducePlan p = detail::planReduce(a, dims, keepdim, "sum");
@@ -139,9 +292,9 @@ Tensor sum(const Tensor& a, const Shape& dims, bool keepdim) {
   Tensor out = empty(p.outShape, {.dtype = outType});
   COHORT_DISPATCH(a.dtype(), "sum", [&]<typename T>() {
     if constexpr (kIsFloat<T>) {
-      detail::sumKernel<T, T>(p, out.data<T>());
+      detail::reduceKernel<T, T>(p, out.data<T>(), detail::SumOp<T, T, detail::Identity>{});
     } else {
-      detail::sumKernel<T, int64_t>(p, out.data<int64_t>());
+      detail::reduceKernel<T, int64_t>(p, out.data<int64_t>(), detail::SumOp<T, int64_t, detail::Identity>{});
     }
   });
   Shape inShape = a.sizes(), kept = p.keptShape;
@@ -153,10 +306,21 @@ Tensor sum(const Tensor& a, const Shape& dims, bool keepdim) {
 
 Tensor mean(const Tensor& a, const Shape& dims, bool keepdim) {
   if (a.defined() && !isFloating(a.dtype()))
-    throw ValueError(fmt::format("mean: expected a floating-point tensor, got {}; convert with to() first", a.dtype()));
+    throw ValueError(fmt::format("mean: expected a floating-point tensor, got {} of shape {}; convert with to() first",
+                                 a.dtype(), shapeStr(a.sizes())));
   detail::ReducePlan p = detail::planReduce(a, dims, keepdim, "mean");
-  int64_t count = p.reduced;
-  return sum(a, dims, keepdim) / static_cast<double>(count == 0 ? 0 : count) ;
+  const int64_t count = p.reduced;
+  // An empty reduction divides 0 by 0: NaN, as in PyTorch.
+  const double scale = count == 0 ? std::numeric_limits<double>::quiet_NaN() : 1.0 / static_cast<double>(count);
+  Tensor out = empty(p.outShape, {.dtype = a.dtype()});
+  COHORT_DISPATCH_FLOAT(a.dtype(), "mean", [&]<typename T>() {
+    detail::reduceKernel<T, T>(p, out.data<T>(), detail::SumOp<T, T, detail::Identity>{{}, scale});
+  });
+  Shape inShape = a.sizes(), kept = p.keptShape;
+  autograd::record("mean", {a}, {out}, {}, [inShape, kept, count](Ctx&, const GradList& g) -> GradList {
+    return {(g[0] / static_cast<double>(count)).reshape(kept).expand(inShape)};
+  });
+  return out;
 }
 
 Tensor sumToShape(const Tensor& a, const Shape& shape) {
@@ -175,6 +339,291 @@ Tensor sumToShape(const Tensor& a, const Shape& shape) {
   }
   if (dims.empty()) return a.reshape(shape);
   return sum(a, dims, true).reshape(shape);
+}
+
+// ---- amax / amin --------------------------------------------------------------------------------
+
+namespace {
+
+template <bool IsMax>
+Tensor extreme(const Tensor& a, const Shape& dims, bool keepdim, const char* op) {
+  detail::ReducePlan p = detail::planReduce(a, dims, keepdim, op);
+  detail::requireNonEmptyReduction(p, a, dims, op);
+  Tensor out = empty(p.outShape, {.dtype = a.dtype()});
+  COHORT_DISPATCH(a.dtype(), op, [&]<typename T>() {
+    detail::reduceKernel<T, T>(p, out.data<T>(), detail::ExtremeOp<T, IsMax, detail::Identity>{});
+  });
+  Shape kept = p.keptShape, rdims = dims;
+  autograd::record(op, {a}, {out}, {a, out}, [kept, rdims](Ctx& ctx, const GradList& g) -> GradList {
+    // Ties share the gradient evenly, as torch.amax does.
+    return {detail::evenSplitGrad(ctx.saved(0), ctx.saved(1).reshape(kept), g[0].reshape(kept), rdims, false)};
+  });
+  return out;
+}
+
+}  // namespace
+
+Tensor amax(const Tensor& a, const Shape& dims, bool keepdim) { return extreme<true>(a, dims, keepdim, "amax"); }
+Tensor amin(const Tensor& a, const Shape& dims, bool keepdim) { return extreme<false>(a, dims, keepdim, "amin"); }
+
+// ---- max / min / argmax / argmin over one dim ----------------------------------------------------
+
+namespace {
+
+// Values (optional) and int64 indices of the first extreme element along the reduced dim; a NaN
+// counts as the extreme (the first NaN wins), as in PyTorch.
+template <typename T, bool IsMax>
+void argKernel(const detail::ReducePlan& p, T* vals, int64_t* idx) {
+  using C = Acc<T>;
+  const T* x = static_cast<const T*>(p.src.dataPtr());
+  const int64_t R = p.reduced, I = p.inner, O = p.outer;
+  auto better = [](C v, C best) {
+    bool b = IsMax ? v > best : v < best;
+    if constexpr (kIsFloat<T>) b = b || (v != v && best == best);
+    return b;
+  };
+  std::vector<C> bestV(static_cast<size_t>(I));
+  std::vector<int64_t> bestI(static_cast<size_t>(I));
+  for (int64_t o = 0; o < O; ++o) {
+    const T* base = x + o * R * I;
+    for (int64_t i = 0; i < I; ++i) {
+      bestV[i] = static_cast<C>(base[i]);
+      bestI[i] = 0;
+    }
+    for (int64_t r = 1; r < R; ++r) {
+      const T* row = base + r * I;
+      for (int64_t i = 0; i < I; ++i) {
+        C v = static_cast<C>(row[i]);
+        if (better(v, bestV[i])) {
+          bestV[i] = v;
+          bestI[i] = r;
+        }
+      }
+    }
+    for (int64_t i = 0; i < I; ++i) {
+      if (vals) vals[o * I + i] = static_cast<T>(bestV[i]);
+      idx[o * I + i] = bestI[i];
+    }
+  }
+}
+
+template <bool IsMax>
+std::pair<Tensor, Tensor> extremeDim(const Tensor& a, int64_t dim, bool keepdim, bool wantValues, const char* op) {
+  detail::ReducePlan p = detail::planReduce(a, {dim}, keepdim, op);
+  detail::requireNonEmptyReduction(p, a, {dim}, op);
+  Tensor values = wantValues ? empty(p.outShape, {.dtype = a.dtype()}) : Tensor();
+  Tensor indices = empty(p.outShape, {.dtype = DType::Int64});
+  COHORT_DISPATCH(a.dtype(), op, [&]<typename T>() {
+    if (p.outer * p.inner > 0) argKernel<T, IsMax>(p, wantValues ? values.data<T>() : nullptr, indices.data<int64_t>());
+  });
+  if (wantValues) {
+    Shape inShape = a.sizes(), kept = p.keptShape;
+    int64_t R = p.reduced, I = p.inner;
+    autograd::record(op, {a}, {values}, {indices}, [inShape, kept, R, I](Ctx& ctx, const GradList& g) -> GradList {
+      // The whole gradient goes to the returned index.
+      Tensor idx = ctx.saved(0).contiguous();
+      Tensor gc = g[0].contiguous();
+      Tensor grad = zeros(inShape, {.dtype = gc.dtype()});
+      const int64_t n = idx.numel();
+      const int64_t* ip = idx.data<int64_t>();
+      COHORT_DISPATCH_FLOAT(gc.dtype(), "max backward", [&]<typename T>() {
+        const T* gp = gc.data<T>();
+        T* out = grad.data<T>();
+        for (int64_t k = 0; k < n; ++k) {
+          int64_t o = k / I, i = k % I;
+          out[(o * R + ip[k]) * I + i] = gp[k];
+        }
+      });
+      return {grad};
+    });
+  }
+  return {values, indices};
+}
+
+template <bool IsMax>
+Tensor argExtreme(const Tensor& a, std::optional<int64_t> dim, bool keepdim, const char* op) {
+  if (!a.defined()) throw ValueError(fmt::format("{}: the input tensor is undefined", op));
+  autograd::NoGradGuard ng;
+  if (dim) return extremeDim<IsMax>(a, *dim, keepdim, false, op).second;
+  // Over the flattened tensor; keepdim keeps every dim as size 1, as in PyTorch.
+  Tensor flat = a.reshape({a.numel()});
+  Tensor r = extremeDim<IsMax>(flat, 0, false, false, op).second;
+  if (keepdim) return r.reshape(Shape(static_cast<size_t>(a.dim()), 1));
+  return r;
+}
+
+}  // namespace
+
+std::pair<Tensor, Tensor> max(const Tensor& a, int64_t dim, bool keepdim) {
+  return extremeDim<true>(a, dim, keepdim, true, "max");
+}
+std::pair<Tensor, Tensor> min(const Tensor& a, int64_t dim, bool keepdim) {
+  return extremeDim<false>(a, dim, keepdim, true, "min");
+}
+Tensor argmax(const Tensor& a, std::optional<int64_t> dim, bool keepdim) {
+  return argExtreme<true>(a, dim, keepdim, "argmax");
+}
+Tensor argmin(const Tensor& a, std::optional<int64_t> dim, bool keepdim) {
+  return argExtreme<false>(a, dim, keepdim, "argmin");
+}
+
+// ---- var / std ------------------------------------------------------------------------------------
+
+namespace {
+
+// Two-pass variance in double: mean first, then the sum of squared deviations.
+template <typename T>
+void varKernel(const detail::ReducePlan& p, T* out, double divisor, bool takeSqrt) {
+  const T* x = static_cast<const T*>(p.src.dataPtr());
+  const int64_t R = p.reduced, I = p.inner, O = p.outer;
+  std::vector<double> mu(static_cast<size_t>(I)), ss(static_cast<size_t>(I));
+  for (int64_t o = 0; o < O; ++o) {
+    const T* base = x + o * R * I;
+    std::fill(mu.begin(), mu.end(), 0.0);
+    std::fill(ss.begin(), ss.end(), 0.0);
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t i = 0; i < I; ++i) mu[i] += static_cast<double>(static_cast<Acc<T>>(base[r * I + i]));
+    for (int64_t i = 0; i < I; ++i) mu[i] /= static_cast<double>(R);
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t i = 0; i < I; ++i) {
+        double d = static_cast<double>(static_cast<Acc<T>>(base[r * I + i])) - mu[i];
+        ss[i] += d * d;
+      }
+    for (int64_t i = 0; i < I; ++i) {
+      double v = ss[i] / divisor;
+      out[o * I + i] = static_cast<T>(takeSqrt ? std::sqrt(v) : v);
+    }
+  }
+}
+
+Tensor varStd(const Tensor& a, const Shape& dims, int64_t correction, bool keepdim, bool takeSqrt, const char* op) {
+  detail::requireFloat(a, op);
+  detail::ReducePlan p = detail::planReduce(a, dims, keepdim, op);
+  if (correction < 0)
+    throw ValueError(fmt::format("{}: correction must be >= 0, got {} (input shape {})", op, correction,
+                                 shapeStr(a.sizes())));
+  // Like PyTorch: divide by max(0, N - correction); too few elements give inf or NaN.
+  const double divisor = static_cast<double>(std::max<int64_t>(0, p.reduced - correction));
+  Tensor out = empty(p.outShape, {.dtype = a.dtype()});
+  COHORT_DISPATCH_FLOAT(a.dtype(), op, [&]<typename T>() {
+    if (p.outer * p.inner > 0) varKernel<T>(p, out.data<T>(), divisor, takeSqrt);
+  });
+  Shape kept = p.keptShape, rdims = dims;
+  autograd::record(op, {a}, {out}, {a, out}, [kept, rdims, divisor, takeSqrt](Ctx& ctx, const GradList& g) -> GradList {
+    Tensor x = ctx.saved(0);
+    Tensor mu = mean(x, rdims, true);
+    Tensor gk = g[0].reshape(kept);
+    if (takeSqrt) {
+      // d std = d var / (2 std); a zero std gives a zero gradient, as in PyTorch.
+      Tensor s = ctx.saved(1).reshape(kept);
+      gk = detail::map2(gk, s, "std backward", [](auto gv, auto sv) {
+        using V = decltype(gv);
+        return sv == V(0) ? V(0) : gv / (V(2) * sv);
+      });
+    }
+    const double scale = 2.0 / divisor;
+    return {detail::map3(x, mu, gk, "var backward", [scale](auto xv, auto mv, auto gv) {
+      using V = decltype(xv);
+      return static_cast<V>(scale) * (xv - mv) * gv;
+    })};
+  });
+  return out;
+}
+
+}  // namespace
+
+Tensor var(const Tensor& a, const Shape& dims, int64_t correction, bool keepdim) {
+  return varStd(a, dims, correction, keepdim, false, "var");
+}
+Tensor std(const Tensor& a, const Shape& dims, int64_t correction, bool keepdim) {
+  return varStd(a, dims, correction, keepdim, true, "std");
+}
+
+// ---- norm -----------------------------------------------------------------------------------------
+
+namespace {
+
+struct AbsMap {
+  template <typename X>
+  X operator()(X x) const { return x < X(0) ? -x : x; }
+};
+struct SquareMap {
+  template <typename X>
+  X operator()(X x) const { return x * x; }
+};
+struct NonZeroMap {
+  template <typename X>
+  X operator()(X x) const { return x != X(0) ? X(1) : X(0); }
+};
+struct AbsPowMap {
+  double p;
+  template <typename X>
+  X operator()(X x) const { return static_cast<X>(std::pow(std::abs(static_cast<double>(x)), p)); }
+};
+
+// SumOp whose finish applies a power (sqrt for p = 2, 1/p in general).
+template <typename T, typename Map>
+struct PowSumOp : detail::SumOp<T, T, Map> {
+  double root = 1.0;
+  T finish(double t) const {
+    if (root == 1.0) return static_cast<T>(t);
+    if (root == 0.5) return static_cast<T>(std::sqrt(t));
+    return static_cast<T>(std::pow(t, root));
+  }
+};
+
+}  // namespace
+
+Tensor norm(const Tensor& a, double p, const Shape& dims, bool keepdim) {
+  detail::requireFloat(a, "norm");
+  if (std::isnan(p)) throw ValueError(fmt::format("norm: p must not be NaN (input shape {})", shapeStr(a.sizes())));
+  detail::ReducePlan plan = detail::planReduce(a, dims, keepdim, "norm");
+  const bool isInf = std::isinf(p);
+  // inf-norms of an empty set: torch gives 0 for +inf; -inf has no identity.
+  if (isInf && p < 0) detail::requireNonEmptyReduction(plan, a, dims, "norm");
+  Tensor out = empty(plan.outShape, {.dtype = a.dtype()});
+  COHORT_DISPATCH_FLOAT(a.dtype(), "norm", [&]<typename T>() {
+    T* o = out.data<T>();
+    if (isInf && p > 0) {
+      if (plan.reduced == 0) {
+        for (int64_t k = 0; k < out.numel(); ++k) o[k] = T(0.0f);
+      } else {
+        detail::reduceKernel<T, T>(plan, o, detail::ExtremeOp<T, true, AbsMap>{});
+      }
+    } else if (isInf) {
+      detail::reduceKernel<T, T>(plan, o, detail::ExtremeOp<T, false, AbsMap>{});
+    } else if (p == 2) {
+      PowSumOp<T, SquareMap> op;
+      op.root = 0.5;
+      detail::reduceKernel<T, T>(plan, o, op);
+    } else if (p == 1) {
+      detail::reduceKernel<T, T>(plan, o, PowSumOp<T, AbsMap>{});
+    } else if (p == 0) {
+      detail::reduceKernel<T, T>(plan, o, PowSumOp<T, NonZeroMap>{});
+    } else {
+      PowSumOp<T, AbsPowMap> op;
+      op.map = AbsPowMap{p};
+      op.root = 1.0 / p;
+      detail::reduceKernel<T, T>(plan, o, op);
+    }
+  });
+  Shape kept = plan.keptShape, rdims = dims;
+  autograd::record("norm", {a}, {out}, {a, out}, [kept, rdims, p, isInf](Ctx& ctx, const GradList& g) -> GradList {
+    Tensor x = ctx.saved(0), n = ctx.saved(1).reshape(kept), gk = g[0].reshape(kept);
+    if (isInf) return {detail::evenSplitGrad(x, n, gk, rdims, true)};
+    if (p == 0) return {zerosLike(x)};
+    return {detail::map3(x, n, gk, "norm backward", [p](auto xv, auto nv, auto gv) {
+      using V = decltype(xv);
+      V sgn = xv > V(0) ? V(1) : (xv < V(0) ? V(-1) : V(0));
+      if (p == 1) return sgn * gv;
+      if (nv == V(0)) return V(0);  // as torch: a zero norm has a zero subgradient
+      if (p == 2) return gv * xv / nv;
+      double ax = std::abs(static_cast<double>(xv));
+      return static_cast<V>(static_cast<double>(sgn * gv) * std::pow(ax, p - 1) /
+                            std::pow(static_cast<double>(nv), p - 1));
+    })};
+  });
+  return out;
 }
 
 }  // namespace cohort

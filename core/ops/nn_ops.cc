@@ -1,0 +1,492 @@
+// Neural-network functions: softmax, log_softmax, nll / cross-entropy / mse losses, layer_norm,
+// embedding and dropout. Kernels work on contiguous [outer, n, inner] slabs (the layout
+// detail::planReduce gives for one dim) and compute in Acc<T> (float for half types); row
+// statistics (max, sums, means) accumulate in double where cancellation matters.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include <cohort/core/autograd/function.h>
+#include <cohort/core/ops/functional.h>
+#include <cohort/core/ops/reduce_impl.h>
+#include <cohort/core/tensor/generator.h>
+
+namespace cohort {
+
+Tensor Tensor::softmax(int64_t d) const { return nn::functional::softmax(*this, d); }
+Tensor Tensor::logSoftmax(int64_t d) const { return nn::functional::logSoftmax(*this, d); }
+
+namespace nn::functional {
+
+using autograd::Ctx;
+using GradList = std::vector<Tensor>;
+
+namespace {
+
+void requireDefined(const Tensor& t, const char* op, const char* what) {
+  if (!t.defined()) throw ValueError(fmt::format("{}: {} is undefined", op, what));
+}
+
+void requireFloat(const Tensor& t, const char* op, const char* what) {
+  requireDefined(t, op, what);
+  if (!isFloating(t.dtype()))
+    throw ValueError(fmt::format("{}: {} must be a floating-point tensor, got {} of shape {}", op, what, t.dtype(),
+                                 shapeStr(t.sizes())));
+}
+
+// ---- softmax / log_softmax ------------------------------------------------------------------
+
+// y[o, :, i] = softmax or log_softmax of x[o, :, i]; x and y contiguous [O, R, I].
+template <typename T, bool Log>
+void softmaxKernel(const T* x, T* y, int64_t O, int64_t R, int64_t I) {
+  using C = Acc<T>;
+  std::vector<C> mx(static_cast<size_t>(I)), s(static_cast<size_t>(I));
+  std::vector<C> e(Log ? 0 : static_cast<size_t>(R * I));
+  for (int64_t o = 0; o < O; ++o) {
+    const T* xb = x + o * R * I;
+    T* yb = y + o * R * I;
+    std::fill(mx.begin(), mx.end(), -std::numeric_limits<C>::infinity());
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t i = 0; i < I; ++i) {
+        C v = static_cast<C>(xb[r * I + i]);
+        mx[i] = (v > mx[i] || v != v) ? v : mx[i];
+      }
+    // A row of -inf keeps max -inf; shift by 0 then so that exp gives 0 and the result NaN, as torch.
+    for (int64_t i = 0; i < I; ++i)
+      if (std::isinf(mx[i])) mx[i] = mx[i] > 0 ? mx[i] : C(0);
+    std::fill(s.begin(), s.end(), C(0));
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t i = 0; i < I; ++i) {
+        C ev = std::exp(static_cast<C>(xb[r * I + i]) - mx[i]);
+        if constexpr (!Log) e[r * I + i] = ev;
+        s[i] += ev;
+      }
+    if constexpr (Log) {
+      for (int64_t i = 0; i < I; ++i) s[i] = mx[i] + std::log(s[i]);
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t i = 0; i < I; ++i) yb[r * I + i] = static_cast<T>(static_cast<C>(xb[r * I + i]) - s[i]);
+    } else {
+      for (int64_t i = 0; i < I; ++i) s[i] = C(1) / s[i];
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t i = 0; i < I; ++i) yb[r * I + i] = static_cast<T>(e[r * I + i] * s[i]);
+    }
+  }
+}
+
+// softmax: dx = y * (g - sum(g * y));  log_softmax: dx = g - exp(y) * sum(g).
+template <typename T, bool Log>
+void softmaxBackwardKernel(const T* y, const T* g, T* dx, int64_t O, int64_t R, int64_t I) {
+  using C = Acc<T>;
+  std::vector<double> s(static_cast<size_t>(I));
+  for (int64_t o = 0; o < O; ++o) {
+    const int64_t base = o * R * I;
+    std::fill(s.begin(), s.end(), 0.0);
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t i = 0; i < I; ++i) {
+        const int64_t k = base + r * I + i;
+        C gv = static_cast<C>(g[k]);
+        s[i] += Log ? static_cast<double>(gv) : static_cast<double>(gv * static_cast<C>(y[k]));
+      }
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t i = 0; i < I; ++i) {
+        const int64_t k = base + r * I + i;
+        C yv = static_cast<C>(y[k]), gv = static_cast<C>(g[k]), sv = static_cast<C>(s[i]);
+        dx[k] = static_cast<T>(Log ? gv - std::exp(yv) * sv : yv * (gv - sv));
+      }
+  }
+}
+
+template <bool Log>
+Tensor softmaxImpl(const Tensor& x, int64_t dim, const char* op) {
+  requireFloat(x, op, "the input");
+  detail::ReducePlan p = detail::planReduce(x, {dim}, true, op);
+  const int64_t O = p.outer, R = p.reduced, I = p.inner;
+  Tensor y = empty(x.sizes(), {.dtype = x.dtype()});
+  COHORT_DISPATCH_FLOAT(x.dtype(), op, [&]<typename T>() {
+    if (y.numel() > 0) softmaxKernel<T, Log>(p.src.data<T>(), y.data<T>(), O, R, I);
+  });
+  autograd::record(op, {x}, {y}, {y}, [O, R, I, op](Ctx& ctx, const GradList& g) -> GradList {
+    Tensor yv = ctx.saved(0);
+    Tensor gc = g[0].contiguous();
+    Tensor dx = empty(yv.sizes(), {.dtype = yv.dtype()});
+    COHORT_DISPATCH_FLOAT(yv.dtype(), op, [&]<typename T>() {
+      if (dx.numel() > 0) softmaxBackwardKernel<T, Log>(yv.data<T>(), gc.data<T>(), dx.data<T>(), O, R, I);
+    });
+    return {dx};
+  });
+  return y;
+}
+
+// ---- nll ----------------------------------------------------------------------------------------
+
+struct NllLayout {
+  int64_t n = 1, c = 1, d = 1;  // input viewed as [n, c, d]
+  int64_t classDim = 1;
+};
+
+// Checks the input/target shapes and dtypes of a class-index loss.
+NllLayout nllLayout(const Tensor& input, const Tensor& target, const char* op) {
+  requireFloat(input, op, "the input");
+  requireDefined(target, op, "the target");
+  if (target.dtype() != DType::Int64 && target.dtype() != DType::Int32)
+    throw ValueError(fmt::format("{}: the target must hold int64 class indices, got {} of shape {} (input shape {})",
+                                 op, target.dtype(), shapeStr(target.sizes()), shapeStr(input.sizes())));
+  NllLayout l;
+  const Shape& is = input.sizes();
+  const Shape& ts = target.sizes();
+  bool ok;
+  if (input.dim() == 1) {  // unbatched: input [C], target []
+    l.classDim = 0;
+    l.c = is[0];
+    ok = target.dim() == 0;
+  } else if (input.dim() >= 2) {
+    l.n = is[0];
+    l.c = is[1];
+    ok = target.dim() == input.dim() - 1 && ts[0] == is[0];
+    for (int64_t k = 2; ok && k < input.dim(); ++k) {
+      ok = ts[k - 1] == is[k];
+      l.d *= is[k];
+    }
+  } else {
+    ok = false;
+  }
+  if (!ok)
+    throw ValueError(fmt::format("{}: expected input [N, C] or [N, C, d1, ...] (or [C]) and target [N] or "
+                                 "[N, d1, ...] (or []), got input {} and target {}",
+                                 op, shapeStr(is), shapeStr(ts)));
+  return l;
+}
+
+// Per-position -input[n, t, d] (0 where ignored); `valid` gets 1/0 per position.
+template <typename T, typename I>
+void nllForward(const T* x, const I* t, const NllLayout& l, int64_t ignoreIndex, T* loss, std::vector<uint8_t>& valid,
+                const Tensor& input, const Tensor& target, const char* op) {
+  for (int64_t n = 0; n < l.n; ++n)
+    for (int64_t d = 0; d < l.d; ++d) {
+      const int64_t k = n * l.d + d;
+      const int64_t label = static_cast<int64_t>(t[k]);
+      if (label == ignoreIndex) {
+        loss[k] = T(0.0f);
+        valid[k] = 0;
+        continue;
+      }
+      if (label < 0 || label >= l.c)
+        throw IndexError(fmt::format("{}: target label {} is out of range for {} classes (input shape {}, target shape "
+                                     "{})",
+                                     op, label, l.c, shapeStr(input.sizes()), shapeStr(target.sizes())));
+      loss[k] = static_cast<T>(-static_cast<Acc<T>>(x[(n * l.c + label) * l.d + d]));
+      valid[k] = 1;
+    }
+}
+
+Tensor nllImpl(const Tensor& input, const Tensor& target, Reduction reduction, int64_t ignoreIndex, const char* op,
+               Tensor* validMask = nullptr) {
+  NllLayout l = nllLayout(input, target, op);
+  Tensor x = input.contiguous();
+  Tensor t = target.contiguous();
+  Tensor perPos = empty(target.sizes(), {.dtype = input.dtype()});
+  std::vector<uint8_t> valid(static_cast<size_t>(l.n * l.d));
+  COHORT_DISPATCH_FLOAT(input.dtype(), op, [&]<typename T>() {
+    COHORT_DISPATCH_INDEX(target.dtype(), op, [&]<typename Ix>() {
+      nllForward<T, Ix>(x.data<T>(), t.data<Ix>(), l, ignoreIndex, perPos.data<T>(), valid, input, target, op);
+    });
+  });
+  int64_t count = 0;
+  for (uint8_t v : valid) count += v;
+  if (validMask) {
+    *validMask = empty(target.sizes(), {.dtype = input.dtype()});
+    COHORT_DISPATCH_FLOAT(input.dtype(), op, [&]<typename T>() {
+      T* m = validMask->data<T>();
+      for (size_t k = 0; k < valid.size(); ++k) m[k] = T(valid[k] ? 1.0f : 0.0f);
+    });
+  }
+  Tensor out;
+  if (reduction == Reduction::None) {
+    out = perPos;
+  } else {
+    // Sum in double; Mean divides by the number of non-ignored targets (0/0 = NaN, as torch).
+    double total = 0;
+    COHORT_DISPATCH_FLOAT(input.dtype(), op, [&]<typename T>() {
+      const T* pp = perPos.data<T>();
+      for (int64_t k = 0; k < perPos.numel(); ++k) total += static_cast<double>(static_cast<Acc<T>>(pp[k]));
+    });
+    if (reduction == Reduction::Mean) total /= static_cast<double>(count);
+    out = full({}, total, {.dtype = input.dtype()});
+  }
+  auto validShared = std::make_shared<std::vector<uint8_t>>(std::move(valid));
+  Shape inShape = input.sizes();
+  autograd::record(op, {input}, {out}, {t}, [l, validShared, reduction, count, inShape, op](Ctx& ctx,
+                                                                                         const GradList& g) -> GradList {
+    Tensor tt = ctx.saved(0);
+    Tensor gc = g[0].contiguous();
+    Tensor dx = zeros(inShape, {.dtype = gc.dtype()});
+    const std::vector<uint8_t>& v = *validShared;
+    COHORT_DISPATCH_FLOAT(gc.dtype(), op, [&]<typename T>() {
+      COHORT_DISPATCH_INDEX(tt.dtype(), op, [&]<typename Ix>() {
+        const T* gp = gc.data<T>();
+        const Ix* tp = tt.data<Ix>();
+        T* out = dx.data<T>();
+        const double scale = reduction == Reduction::Mean ? 1.0 / static_cast<double>(count) : 1.0;
+        for (int64_t n = 0; n < l.n; ++n)
+          for (int64_t d = 0; d < l.d; ++d) {
+            const int64_t k = n * l.d + d;
+            if (!v[k]) continue;
+            double gv = static_cast<double>(static_cast<Acc<T>>(gp[reduction == Reduction::None ? k : 0]));
+            out[(n * l.c + static_cast<int64_t>(tp[k])) * l.d + d] = static_cast<T>(-gv * scale);
+          }
+      });
+    });
+    return {dx};
+  });
+  return out;
+}
+
+// ---- layer norm -------------------------------------------------------------------------------
+
+template <typename T>
+void layerNormForward(const T* x, const T* w, const T* b, T* y, Acc<T>* meanOut, Acc<T>* rstdOut, int64_t M,
+                      int64_t N, double eps) {
+  using C = Acc<T>;
+  for (int64_t m = 0; m < M; ++m) {
+    const T* xr = x + m * N;
+    T* yr = y + m * N;
+    double s = 0;
+    for (int64_t j = 0; j < N; ++j) s += static_cast<double>(static_cast<C>(xr[j]));
+    const double mu = s / static_cast<double>(N);
+    double ss = 0;
+    for (int64_t j = 0; j < N; ++j) {
+      double dv = static_cast<double>(static_cast<C>(xr[j])) - mu;
+      ss += dv * dv;
+    }
+    const C rstd = static_cast<C>(1.0 / std::sqrt(ss / static_cast<double>(N) + eps));
+    const C mc = static_cast<C>(mu);
+    meanOut[m] = mc;
+    rstdOut[m] = rstd;
+    for (int64_t j = 0; j < N; ++j) {
+      C v = (static_cast<C>(xr[j]) - mc) * rstd;
+      if (w) v *= static_cast<C>(w[j]);
+      if (b) v += static_cast<C>(b[j]);
+      yr[j] = static_cast<T>(v);
+    }
+  }
+}
+
+template <typename T>
+void layerNormBackward(const T* x, const T* w, const T* g, const Acc<T>* mean, const Acc<T>* rstd, int64_t M,
+                       int64_t N, T* dx, T* dw, T* db) {
+  using C = Acc<T>;
+  std::vector<double> dwAcc(dw ? static_cast<size_t>(N) : 0), dbAcc(db ? static_cast<size_t>(N) : 0);
+  for (int64_t m = 0; m < M; ++m) {
+    const T* xr = x + m * N;
+    const T* gr = g + m * N;
+    const C mu = mean[m], rs = rstd[m];
+    double a = 0, bsum = 0;
+    for (int64_t j = 0; j < N; ++j) {
+      C xhat = (static_cast<C>(xr[j]) - mu) * rs;
+      C gv = static_cast<C>(gr[j]);
+      C dy = w ? gv * static_cast<C>(w[j]) : gv;
+      a += static_cast<double>(dy);
+      bsum += static_cast<double>(dy * xhat);
+      if (dw) dwAcc[j] += static_cast<double>(gv * xhat);
+      if (db) dbAcc[j] += static_cast<double>(gv);
+    }
+    if (dx) {
+      const C am = static_cast<C>(a / static_cast<double>(N)), bm = static_cast<C>(bsum / static_cast<double>(N));
+      T* dr = dx + m * N;
+      for (int64_t j = 0; j < N; ++j) {
+        C xhat = (static_cast<C>(xr[j]) - mu) * rs;
+        C gv = static_cast<C>(gr[j]);
+        C dy = w ? gv * static_cast<C>(w[j]) : gv;
+        dr[j] = static_cast<T>(rs * (dy - am - xhat * bm));
+      }
+    }
+  }
+  for (int64_t j = 0; j < (dw ? N : 0); ++j) dw[j] = static_cast<T>(dwAcc[j]);
+  for (int64_t j = 0; j < (db ? N : 0); ++j) db[j] = static_cast<T>(dbAcc[j]);
+}
+
+}  // namespace
+
+Tensor softmax(const Tensor& x, int64_t dim) { return softmaxImpl<false>(x, dim, "softmax"); }
+Tensor logSoftmax(const Tensor& x, int64_t dim) { return softmaxImpl<true>(x, dim, "logSoftmax"); }
+
+Tensor nllLoss(const Tensor& input, const Tensor& target, Reduction reduction, int64_t ignoreIndex) {
+  return nllImpl(input, target, reduction, ignoreIndex, "nllLoss");
+}
+
+Tensor crossEntropy(const Tensor& input, const Tensor& target, CrossEntropyOptions opts) {
+  const char* op = "crossEntropy";
+  requireFloat(input, op, "the input");
+  requireDefined(target, op, "the target");
+  if (!(opts.labelSmoothing >= 0.0 && opts.labelSmoothing <= 1.0))
+    throw ValueError(fmt::format("{}: labelSmoothing must be in [0, 1], got {} (input shape {})", op,
+                                 opts.labelSmoothing, shapeStr(input.sizes())));
+  nllLayout(input, target, op);  // shape and dtype errors name crossEntropy before any work
+  const int64_t classDim = input.dim() == 1 ? 0 : 1;
+  Tensor logp = logSoftmax(input, classDim);
+  if (opts.labelSmoothing == 0.0) return nllImpl(logp, target, opts.reduction, opts.ignoreIndex, op);
+  // torch's label smoothing: (1 - e) * nll + e / C * smooth, where smooth = -sum_c logp over
+  // non-ignored positions, reduced like nll (Mean divides by the non-ignored count).
+  Tensor valid;
+  Tensor nll = nllImpl(logp, target, opts.reduction, opts.ignoreIndex, op, &valid);
+  const double e = opts.labelSmoothing;
+  const double nClasses = static_cast<double>(input.sizes()[classDim]);
+  Tensor smooth = -(sum(logp, {classDim}) * valid);
+  if (opts.reduction == Reduction::Sum) {
+    smooth = sum(smooth);
+  } else if (opts.reduction == Reduction::Mean) {
+    smooth = sum(smooth) / sum(valid).item<double>();
+  }
+  return nll * (1.0 - e) + smooth * (e / nClasses);
+}
+
+Tensor mseLoss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  requireFloat(input, "mseLoss", "the input");
+  requireFloat(target, "mseLoss", "the target");
+  broadcastShapes(input.sizes(), target.sizes(), "mseLoss");
+  Tensor d = input - target;
+  Tensor sq = d * d;
+  switch (reduction) {
+    case Reduction::None: return sq;
+    case Reduction::Sum: return sum(sq);
+    case Reduction::Mean: return mean(sq);
+  }
+  return sq;
+}
+
+Tensor layerNorm(const Tensor& x, const Shape& normalizedShape, const Tensor& weight, const Tensor& bias, double eps) {
+  const char* op = "layerNorm";
+  requireFloat(x, op, "the input");
+  const int64_t k = static_cast<int64_t>(normalizedShape.size());
+  bool ok = k >= 1 && x.dim() >= k;
+  for (int64_t j = 0; ok && j < k; ++j) ok = x.sizes()[x.dim() - k + j] == normalizedShape[j];
+  if (!ok)
+    throw ValueError(fmt::format("{}: normalizedShape {} must be non-empty and match the trailing dims of the input {}",
+                                 op, shapeStr(normalizedShape), shapeStr(x.sizes())));
+  for (const Tensor* t : {&weight, &bias}) {
+    if (!t->defined()) continue;
+    const char* what = t == &weight ? "weight" : "bias";
+    if (t->sizes() != normalizedShape)
+      throw ValueError(fmt::format("{}: {} has shape {} but normalizedShape is {}", op, what, shapeStr(t->sizes()),
+                                   shapeStr(normalizedShape)));
+    if (t->dtype() != x.dtype())
+      throw ValueError(fmt::format("{}: {} is {} but the input is {}", op, what, t->dtype(), x.dtype()));
+  }
+  const int64_t N = shapeNumel(normalizedShape);
+  const int64_t M = N == 0 ? 0 : x.numel() / N;
+  Tensor xc = x.contiguous();
+  Tensor wc = weight.defined() ? weight.contiguous() : Tensor();
+  Tensor bc = bias.defined() ? bias.contiguous() : Tensor();
+  const DType statType = x.dtype() == DType::Float64 ? DType::Float64 : DType::Float32;
+  Tensor y = empty(x.sizes(), {.dtype = x.dtype()});
+  Tensor meanT = empty({M}, {.dtype = statType}), rstdT = empty({M}, {.dtype = statType});
+  COHORT_DISPATCH_FLOAT(x.dtype(), op, [&]<typename T>() {
+    layerNormForward<T>(xc.data<T>(), wc.defined() ? wc.data<T>() : nullptr, bc.defined() ? bc.data<T>() : nullptr,
+                        y.data<T>(), meanT.data<Acc<T>>(), rstdT.data<Acc<T>>(), M, N, eps);
+  });
+  autograd::record(op, {x, weight, bias}, {y}, {x, weight, meanT, rstdT},
+                   [M, N, normShape = normalizedShape, hasW = weight.defined(), hasB = bias.defined()](Ctx& ctx, const GradList& g) -> GradList {
+                     Tensor xs = ctx.saved(0).contiguous(), ws = hasW ? ctx.saved(1).contiguous() : Tensor();
+                     Tensor ms = ctx.saved(2), rs = ctx.saved(3);
+                     Tensor gc = g[0].contiguous();
+                     GradList r(3);
+                     if (ctx.needsInputGrad(0)) r[0] = empty(xs.sizes(), {.dtype = xs.dtype()});
+                     if (hasW && ctx.needsInputGrad(1)) r[1] = empty(ws.sizes(), {.dtype = xs.dtype()});
+                     if (hasB && ctx.needsInputGrad(2)) r[2] = empty(normShape, {.dtype = xs.dtype()});
+                     COHORT_DISPATCH_FLOAT(xs.dtype(), "layerNorm backward", [&]<typename T>() {
+                       layerNormBackward<T>(xs.data<T>(), hasW ? ws.data<T>() : nullptr, gc.data<T>(),
+                                            ms.data<Acc<T>>(), rs.data<Acc<T>>(), M, N,
+                                            r[0].defined() ? r[0].data<T>() : nullptr,
+                                            r[1].defined() ? r[1].data<T>() : nullptr,
+                                            r[2].defined() ? r[2].data<T>() : nullptr);
+                     });
+                     return r;
+                   });
+  return y;
+}
+
+Tensor embedding(const Tensor& indices, const Tensor& weight) {
+  const char* op = "embedding";
+  requireDefined(indices, op, "the indices");
+  requireDefined(weight, op, "the weight");
+  if (weight.dim() != 2)
+    throw ValueError(fmt::format("{}: the weight must be 2-D [num, dim], got shape {}", op, shapeStr(weight.sizes())));
+  if (indices.dtype() != DType::Int64 && indices.dtype() != DType::Int32)
+    throw ValueError(fmt::format("{}: indices must be int64 or int32, got {} of shape {}", op, indices.dtype(),
+                                 shapeStr(indices.sizes())));
+  const int64_t num = weight.sizes()[0], dim = weight.sizes()[1];
+  Shape outShape = indices.sizes();
+  outShape.push_back(dim);
+  Tensor idx = indices.contiguous();
+  Tensor w = weight.contiguous();
+  Tensor out = empty(outShape, {.dtype = weight.dtype()});
+  const int64_t n = idx.numel();
+  COHORT_DISPATCH_INDEX(idx.dtype(), op, [&]<typename Ix>() {
+    const Ix* ip = idx.data<Ix>();
+    const char* src = static_cast<const char*>(w.dataPtr());
+    char* dst = static_cast<char*>(out.dataPtr());
+    const size_t rowBytes = static_cast<size_t>(dim) * w.elementSize();
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t i = static_cast<int64_t>(ip[k]);
+      if (i < 0 || i >= num)
+        throw IndexError(fmt::format("{}: index {} is out of range for a weight of shape {} (indices shape {})", op, i,
+                                     shapeStr(weight.sizes()), shapeStr(indices.sizes())));
+      if (rowBytes) std::memcpy(dst + k * rowBytes, src + i * rowBytes, rowBytes);
+    }
+  });
+  Shape wShape = weight.sizes();
+  autograd::record(op, {indices, weight}, {out}, {idx}, [wShape, n, dim](Ctx& ctx, const GradList& g) -> GradList {
+    // Rows scatter-add into the weight gradient (repeated indices accumulate).
+    Tensor ix = ctx.saved(0);
+    Tensor gc = g[0].contiguous();
+    Tensor gw = empty(wShape, {.dtype = gc.dtype()});
+    COHORT_DISPATCH_FLOAT(gc.dtype(), "embedding backward", [&]<typename T>() {
+      using C = Acc<T>;
+      std::vector<C> acc(static_cast<size_t>(wShape[0] * dim), C(0));
+      const T* gp = gc.data<T>();
+      COHORT_DISPATCH_INDEX(ix.dtype(), "embedding backward", [&]<typename Ix>() {
+        const Ix* ip = ix.data<Ix>();
+        for (int64_t k = 0; k < n; ++k) {
+          C* row = acc.data() + static_cast<int64_t>(ip[k]) * dim;
+          const T* gr = gp + k * dim;
+          for (int64_t j = 0; j < dim; ++j) row[j] += static_cast<C>(gr[j]);
+        }
+      });
+      T* out = gw.data<T>();
+      for (size_t k = 0; k < acc.size(); ++k) out[k] = static_cast<T>(acc[k]);
+    });
+    return {Tensor(), gw};
+  });
+  return out;
+}
+
+Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
+  const char* op = "dropout";
+  requireFloat(x, op, "the input");
+  if (!(p >= 0.0 && p <= 1.0))
+    throw ValueError(fmt::format("{}: probability p must be in [0, 1], got {} (input shape {})", op, p,
+                                 shapeStr(x.sizes())));
+  if (!training || p == 0.0) return x;
+  if (p == 1.0) return x * 0.0;
+  Generator& g = gen ? *gen : defaultGenerator();
+  const int64_t n = x.numel();
+  // The mask holds 0 or 1/(1-p) in x's dtype; x * mask is then differentiable through mul.
+  Tensor mask = empty(x.sizes(), {.dtype = x.dtype()});
+  const uint64_t c = g.reserve(static_cast<uint64_t>((n + 3) / 4));
+  const uint64_t seed = g.seed();
+  const float keep = static_cast<float>(1.0 - p);
+  COHORT_DISPATCH_FLOAT(x.dtype(), op, [&]<typename T>() {
+    T* m = mask.data<T>();
+    const T scale = static_cast<T>(1.0 / (1.0 - p));
+    const T zero = static_cast<T>(0.0f);
+    for (int64_t i = 0; i < n; i += 4) {
+      auto w = Generator::philox(seed, c + static_cast<uint64_t>(i / 4));
+      for (int64_t k = 0; k < 4 && i + k < n; ++k) m[i + k] = Generator::toUniformFloat(w[k]) < keep ? scale : zero;
+    }
+  });
+  return x * mask;
+}
+
+}  // namespace nn::functional
+}  // namespace cohort
