@@ -1,0 +1,305 @@
+// Reductions: values against PyTorch, gradients by finite differences (float64), dtype rules,
+// empty and 0-dim tensors, and typed errors for bad dims.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include <cohort/cohort.h>
+
+#include "core/gradcheck.h"
+
+using namespace cohort;
+using cohort::testing::gradcheck;
+using cohort::testing::randArg;
+
+namespace {
+
+// x = round(3 * sin(1.3 * arange(24)), 4).reshape(2, 3, 4) with x[1, 2, 3] = x[1, 2, 0] (a tie).
+// Every expected value in this file marked "torch" was printed by /usr/bin/python3 (torch 1.13)
+// from this tensor, e.g. x.sum((0, 2)), x.var(1), torch.linalg.vector_norm(x, 3, (0, 2)).
+const std::vector<double> kX = {0.0,    2.8907,  1.5465,  -2.0633, -2.6504, 0.6454,  2.9956, 0.9573,
+                                -2.4835, -2.286, 1.2605,  2.9603,  0.3233,  -2.7874, -1.8145, 1.8166,
+                                2.7864, -0.3259, -2.9607, -1.2581, 2.2877,  2.482,   -0.9598, 2.2877};
+
+Tensor X(DType dt = DType::Float64) { return fromVector<double>(kX, {2, 3, 4}).to(dt); }
+
+void expectNear(const Tensor& t, const std::vector<double>& want, double tol = 1e-9) {
+  std::vector<double> got = t.to(DType::Float64).toVector<double>();
+  ASSERT_EQ(got.size(), want.size()) << t.toString();
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (std::isnan(want[i])) {
+      EXPECT_TRUE(std::isnan(got[i])) << "element " << i;
+    } else {
+      EXPECT_NEAR(got[i], want[i], tol * std::max(1.0, std::abs(want[i]))) << "element " << i;
+    }
+  }
+}
+
+template <typename E, typename F>
+void expectThrowsNaming(F&& f, std::initializer_list<const char*> parts) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an exception";
+  } catch (const E& e) {
+    std::string msg = e.what();
+    for (const char* p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+  }
+}
+
+}  // namespace
+
+// ---- values vs torch ------------------------------------------------------------------------
+
+TEST(Reduce, SumMeanValues) {
+  Tensor x = X();
+  expectNear(sum(x, {0, 2}), {-0.0881, 0.1896, 5.5489});  // torch
+  Tensor m = mean(x, {1}, true);
+  EXPECT_EQ(m.sizes(), (Shape{2, 1, 4}));
+  expectNear(m, {-1.7113, 0.4167, 1.9342, 0.6181, 1.799133333333, -0.210433333333, -1.911666666667,
+                 0.948733333333});  // torch
+  EXPECT_NEAR(sum(x).item<double>(), 5.6504, 1e-12);
+  // Negative and out-of-order dims name the same reduction.
+  expectNear(sum(x, {-1, 0}), sum(x, {0, 2}).toVector<double>());
+}
+
+TEST(Reduce, AmaxAminValues) {
+  Tensor x = X();
+  expectNear(amax(x, {0, 2}), {2.8907, 2.9956, 2.9603});                                   // torch
+  expectNear(amin(x, {-1}), {-2.0633, -2.6504, -2.4835, -2.7874, -2.9607, -0.9598});       // torch
+  EXPECT_EQ(amax(x, {0, 2}, true).sizes(), (Shape{1, 3, 1}));
+  EXPECT_DOUBLE_EQ(x.max().item<double>(), 2.9956);
+  EXPECT_DOUBLE_EQ(x.min().item<double>(), -2.9607);
+  // Integer and bool inputs keep their dtype.
+  Tensor xi = fromVector<int32_t>({3, -7, 5, 9, 0, -2}, {2, 3});
+  EXPECT_EQ(amax(xi, {1}).dtype(), DType::Int32);
+  EXPECT_EQ(amax(xi, {1}).toVector<int32_t>(), (std::vector<int32_t>{5, 9}));
+  EXPECT_EQ(amin(xi, {0}).toVector<int32_t>(), (std::vector<int32_t>{3, -7, -2}));
+  Tensor b = fromVector<bool>({false, true, false, false}, {2, 2});
+  EXPECT_EQ(amax(b, {1}).toVector<bool>(), (std::vector<bool>{true, false}));
+  // NaN propagates, as in torch.
+  Tensor n = fromVector<float>({1, NAN, 3, 2}, {2, 2});
+  EXPECT_TRUE(std::isnan(amax(n, {1}).toVector<float>()[0]));
+  EXPECT_EQ(amax(n, {1}).toVector<float>()[1], 3.0f);
+}
+
+TEST(Reduce, MaxMinDimAndArgmax) {
+  Tensor x = X();
+  auto [v, i] = max(x, 1);
+  EXPECT_EQ(i.dtype(), DType::Int64);
+  expectNear(v, {0.0, 2.8907, 2.9956, 2.9603, 2.7864, 2.482, -0.9598, 2.2877});  // torch
+  EXPECT_EQ(i.toVector<int64_t>(), (std::vector<int64_t>{0, 0, 1, 2, 1, 2, 2, 2}));
+  auto [v2, i2] = min(x, 2);
+  expectNear(v2, {-2.0633, -2.6504, -2.4835, -2.7874, -2.9607, -0.9598});  // torch
+  EXPECT_EQ(i2.toVector<int64_t>(), (std::vector<int64_t>{3, 0, 0, 1, 2, 2}));
+  auto [v3, i3] = x.max(-1, true);
+  EXPECT_EQ(v3.sizes(), (Shape{2, 3, 1}));
+  EXPECT_EQ(i3.sizes(), (Shape{2, 3, 1}));
+  // Ties give the first index, as torch: [[1, 3, 3], [2, -1, 2]].max(1) -> indices [1, 0].
+  Tensor t = fromVector<float>({1, 3, 3, 2, -1, 2}, {2, 3});
+  EXPECT_EQ(max(t, 1).second.toVector<int64_t>(), (std::vector<int64_t>{1, 0}));
+  EXPECT_EQ(min(t, 0).second.toVector<int64_t>(), (std::vector<int64_t>{0, 1, 1}));
+  // argmax / argmin: flattened or over a dim.
+  EXPECT_EQ(argmax(x).item<int64_t>(), 6);  // torch
+  EXPECT_EQ(x.argmax().dim(), 0);
+  EXPECT_EQ(argmin(x, 0).toVector<int64_t>(),
+            (std::vector<int64_t>{0, 1, 1, 0, 0, 1, 1, 1, 0, 0, 1, 1}));  // torch
+  EXPECT_EQ(argmax(x, std::nullopt, true).sizes(), (Shape{1, 1, 1}));
+  EXPECT_EQ(argmax(x, 2, true).sizes(), (Shape{2, 3, 1}));
+  // Integer inputs.
+  Tensor xi = fromVector<int64_t>({4, 8, 8, -1}, {2, 2});
+  EXPECT_EQ(argmax(xi, 1).toVector<int64_t>(), (std::vector<int64_t>{1, 0}));
+  EXPECT_EQ(max(xi, 0).first.toVector<int64_t>(), (std::vector<int64_t>{8, 8}));
+}
+
+TEST(Reduce, VarStdValues) {
+  Tensor x = X();
+  expectNear(var(x, {1}), {2.20337467, 6.73878349, 0.86537647, 6.39543172, 1.695738443333, 6.951643503333,
+                           1.007981223333, 3.708068823333});  // torch
+  expectNear(var(x, {}, 0), {4.291074068056});                 // torch: x.var(unbiased=False)
+  Tensor s = x.std({0, 2}, 1, true);
+  EXPECT_EQ(s.sizes(), (Shape{1, 3, 1}));
+  expectNear(s, {2.051849788736, 2.253426163487, 2.250260328075});  // torch
+  // One element with correction 1: NaN, as torch.
+  EXPECT_TRUE(std::isnan(var(fromVector<double>({2.0})).item<double>()));
+  // float32 over a large row stays accurate (two-pass).
+  // A constant float32 row far from 0: a one-pass E[x^2] - E[x]^2 would cancel badly.
+  Tensor big = full({100000}, 1e4 + 0.5, {.dtype = DType::Float32});
+  EXPECT_EQ(var(big).item<double>(), 0.0);
+}
+
+TEST(Reduce, NormValues) {
+  Tensor x = X();
+  expectNear(norm(x, 2, {2}), {3.873630807137, 4.163076262813, 4.663239709687, 3.803494111998, 4.268348143017,
+                               4.189114777611});  // torch.linalg.vector_norm(x, 2, (2,))
+  expectNear(norm(x, 1), {44.8296});              // torch
+  const double inf = std::numeric_limits<double>::infinity();
+  expectNear(norm(x, inf, {1}), {2.6504, 2.8907, 2.9956, 2.9603, 2.7864, 2.7874, 2.9607, 2.2877});  // torch
+  expectNear(norm(x, -inf), {0.0});                                                              // torch
+  expectNear(norm(x, 3, {0, 2}), {4.127113737829, 4.582954057287, 4.568157560298});              // torch
+  expectNear(norm(x, 0.5, {1}), {10.26508637354, 16.124450348277, 16.786094141106, 17.101437920095,
+                                 14.065204262221, 14.560816573064, 16.381415051218, 15.856149394793});  // torch
+  expectNear(norm(x, 0), {23.0});  // torch: the count of non-zeros
+  EXPECT_EQ(x.norm(2, {0}, true).sizes(), (Shape{1, 3, 4}));
+}
+
+// ---- dtype behaviour ------------------------------------------------------------------------
+
+TEST(Reduce, DTypes) {
+  Tensor xi = fromVector<int32_t>({1, 2, 3, 4, 5, 6}, {2, 3});
+  EXPECT_EQ(sum(xi).dtype(), DType::Int64);
+  EXPECT_EQ(sum(xi, {0}).toVector<int64_t>(), (std::vector<int64_t>{5, 7, 9}));
+  Tensor xb = fromVector<bool>({true, true, false, true});
+  EXPECT_EQ(sum(xb).dtype(), DType::Int64);
+  EXPECT_EQ(sum(xb).item<int64_t>(), 3);
+  Tensor xu = full({300}, 200, {.dtype = DType::UInt8});
+  EXPECT_EQ(sum(xu).item<int64_t>(), 60000);  // no uint8 overflow
+  EXPECT_THROW(mean(xi), ValueError);
+  EXPECT_THROW(var(xi), ValueError);
+  EXPECT_THROW(norm(xi), ValueError);
+  // Half types accumulate in float: 4096 ones sum exactly (a float16 accumulator stops at 2048),
+  // and the result keeps the input dtype.
+  for (DType dt : {DType::Float16, DType::BFloat16}) {
+    Tensor h = ones({4096}, {.dtype = dt});
+    EXPECT_EQ(sum(h).dtype(), dt);
+    EXPECT_EQ(sum(h).item<double>(), 4096.0);
+    EXPECT_EQ(mean(h).item<double>(), 1.0);
+    Tensor h2 = ones({4000, 4}, {.dtype = dt});  // an outer reduction; 4000 is exact in both half types
+    EXPECT_EQ(sum(h2, {0}).to(DType::Float32).toVector<float>(), (std::vector<float>{4000, 4000, 4000, 4000}));
+    expectNear(var(X(dt), {1}), var(X(dt).to(DType::Float32), {1}).toVector<double>(), 1e-2);
+    expectNear(norm(X(dt), 2, {2}), norm(X(dt).to(DType::Float32), 2, {2}).toVector<double>(), 1e-2);
+  }
+}
+
+// Accuracy and layout coverage of the vectorized paths: every shape of [outer, reduced, inner]
+// (narrow, wide, tiled columns, rows longer than a lane block) against a double reference.
+TEST(Reduce, KernelPathsMatchReference) {
+  Generator g(3);
+  for (Shape shape : {Shape{1000, 3}, Shape{7, 2500}, Shape{5000, 17}, Shape{3, 2100, 5}, Shape{37, 1100}, Shape{9000}}) {
+    Tensor x32 = rand(shape, {.dtype = DType::Float32}, &g);
+    Tensor x64 = x32.to(DType::Float64);
+    for (int64_t d = 0; d < x32.dim(); ++d) {
+      expectNear(sum(x32, {d}), sum(x64, {d}).toVector<double>(), 1e-5);
+      expectNear(mean(x32, {d}), mean(x64, {d}).toVector<double>(), 1e-5);
+      expectNear(amax(x32, {d}), amax(x64, {d}).toVector<double>(), 0);
+      expectNear(amin(x32, {d}), amin(x64, {d}).toVector<double>(), 0);
+      expectNear(norm(x32, 2, {d}), norm(x64, 2, {d}).toVector<double>(), 1e-5);
+    }
+  }
+  // A large float32 sum stays accurate: 2^24 + 1 ones would saturate a plain float accumulator.
+  Tensor big = ones({(1 << 24) + 8}, {.dtype = DType::Float32});
+  EXPECT_EQ(sum(big).item<double>(), static_cast<double>((1 << 24) + 8));
+  Tensor col = ones({(1 << 22) + 3, 2}, {.dtype = DType::Float32});
+  EXPECT_EQ(sum(col, {0}).toVector<float>(), (std::vector<float>{(1 << 22) + 3, (1 << 22) + 3}));
+}
+
+// ---- empty and 0-dim ------------------------------------------------------------------------
+
+TEST(Reduce, EmptyAndScalar) {
+  Tensor e = zeros({0, 3});
+  EXPECT_EQ(sum(e, {0}).toVector<float>(), (std::vector<float>{0, 0, 0}));
+  EXPECT_EQ(sum(e, {1}).sizes(), (Shape{0}));
+  EXPECT_EQ(sum(e).item<float>(), 0.0f);
+  EXPECT_TRUE(std::isnan(mean(e).item<float>()));
+  EXPECT_EQ(norm(e).item<float>(), 0.0f);
+  EXPECT_EQ(amax(e, {1}).sizes(), (Shape{0}));  // nothing reduced over an empty dim
+  expectThrowsNaming<ValueError>([&] { amax(e, {0}); }, {"amax", "[0, 3]"});
+  expectThrowsNaming<ValueError>([&] { max(e, 0); }, {"max", "[0, 3]"});
+  expectThrowsNaming<ValueError>([&] { argmax(e); }, {"argmax"});
+
+  Tensor s = scalarTensor(2.5, {.dtype = DType::Float64});
+  EXPECT_EQ(sum(s).dim(), 0);
+  EXPECT_EQ(sum(s, {0}).item<double>(), 2.5);
+  EXPECT_EQ(mean(s, {-1}, true).dim(), 0);
+  EXPECT_EQ(amax(s).item<double>(), 2.5);
+  auto [v, i] = max(s, 0);
+  EXPECT_EQ(v.item<double>(), 2.5);
+  EXPECT_EQ(i.item<int64_t>(), 0);
+  EXPECT_EQ(argmin(s).item<int64_t>(), 0);
+  EXPECT_EQ(var(s, {}, 0).item<double>(), 0.0);
+  EXPECT_EQ(norm(scalarTensor(-3.0, {.dtype = DType::Float64})).item<double>(), 3.0);
+  EXPECT_THROW(sum(s, {1}), IndexError);
+}
+
+// ---- bad inputs ---------------------------------------------------------------------------
+
+TEST(Reduce, BadDims) {
+  Tensor x = X();
+  expectThrowsNaming<IndexError>([&] { sum(x, {3}); }, {"sum", "dim 3", "[2, 3, 4]"});
+  expectThrowsNaming<IndexError>([&] { amax(x, {-4}); }, {"amax", "-4", "[2, 3, 4]"});
+  expectThrowsNaming<ValueError>([&] { sum(x, {1, -2}); }, {"sum", "more than once", "[2, 3, 4]"});
+  expectThrowsNaming<ValueError>([&] { var(x, {0, 0}); }, {"var", "more than once"});
+  expectThrowsNaming<IndexError>([&] { max(x, 5); }, {"max", "[2, 3, 4]"});
+  expectThrowsNaming<IndexError>([&] { argmin(x, -9); }, {"argmin"});
+  expectThrowsNaming<ValueError>([&] { var(x, {}, -1); }, {"var", "correction"});
+  expectThrowsNaming<ValueError>([&] { mean(fromVector<int64_t>({1, 2})); }, {"mean", "int64"});
+  EXPECT_THROW(sum(Tensor()), ValueError);
+}
+
+// ---- gradients ------------------------------------------------------------------------------
+
+TEST(ReduceGrad, SumMean) {
+  Tensor a = randArg({3, 4, 5});
+  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return sum(in[0], {0, 2}); }, {a}));
+  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return mean(in[0], {1}, true); }, {a}));
+  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return mean(in[0]); }, {a}));
+  // Non-contiguous inputs: transposed, sliced, expanded.
+  Tensor b = randArg({4, 6}, 11);
+  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return sum(in[0].t(), {1}); }, {b}));
+  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return mean(in[0].slice(1, 0, 6, 2), {0}); }, {b}));
+  Tensor c = randArg({1, 5}, 12);
+  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return sum(in[0].expand({3, 5}), {1}); }, {c}));
+}
+
+TEST(ReduceGrad, AmaxAminMaxMin) {
+  Tensor a = randArg({3, 4, 5}, 21);
+  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return amax(in[0], {0, 2}); }, {a}));
+  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return amin(in[0], {1}, true); }, {a}));
+  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return max(in[0], 1).first; }, {a}));
+  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return min(in[0].transpose(0, 2), 0, true).first; }, {a}));
+  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return amax(in[0].t()); }, {randArg({4, 6}, 22)}));
+}
+
+TEST(ReduceGrad, TiesFollowTorch) {
+  // torch: x = [[1, 3, 3], [2, -1, 2]]; x.amax().backward() -> [[0, .5, .5], [0, 0, 0]];
+  // x.max(1)[0].sum().backward() -> [[0, 1, 0], [1, 0, 0]].
+  Tensor x = fromVector<double>({1, 3, 3, 2, -1, 2}, {2, 3}).setRequiresGrad();
+  amax(x).backward();
+  EXPECT_EQ(x.grad().toVector<double>(), (std::vector<double>{0, 0.5, 0.5, 0, 0, 0}));
+  x.setGrad(Tensor());
+  max(x, 1).first.sum().backward();
+  EXPECT_EQ(x.grad().toVector<double>(), (std::vector<double>{0, 1, 0, 1, 0, 0}));
+  x.setGrad(Tensor());
+  amin(x, {1}).sum().backward();
+  EXPECT_EQ(x.grad().toVector<double>(), (std::vector<double>{1, 0, 0, 0, 1, 0}));
+  // Ties across separate rows of a non-adjacent reduction share evenly over the whole group.
+  Tensor y = fromVector<double>({5, 1, 2, 7, 5, 5, 0, 0}, {2, 2, 2}).setRequiresGrad();
+  amax(y, {0, 2}).sum().backward();
+  expectNear(y.grad(), {1.0 / 3, 0, 0, 1, 1.0 / 3, 1.0 / 3, 0, 0});
+}
+
+TEST(ReduceGrad, VarStd) {
+  Tensor a = randArg({3, 4, 5}, 31);
+  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return var(in[0], {1}); }, {a}));
+  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return var(in[0], {0, 2}, 0, true); }, {a}));
+  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return cohort::std(in[0], {2}, 1, true); }, {a}));
+  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return cohort::std(in[0]); }, {a}));
+  Tensor b = randArg({5, 4}, 32);
+  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return cohort::std(in[0].t(), {1}); }, {b}));
+  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return var(in[0].slice(0, 1, 5, 2), {0}); }, {b}));
+}
+
+TEST(ReduceGrad, Norm) {
+  Tensor a = randArg({3, 4, 5}, 41);
+  const double inf = std::numeric_limits<double>::infinity();
+  for (double p : {2.0, 1.0, 3.0, 1.5, inf, -inf}) {
+    EXPECT_TRUE(gradcheck([p](const std::vector<Tensor>& in) { return norm(in[0], p, {0, 2}); }, {a})) << "p=" << p;
+    EXPECT_TRUE(gradcheck([p](const std::vector<Tensor>& in) { return norm(in[0].transpose(1, 2), p, {1}, true); }, {a}))
+        << "p=" << p;
+  }
+  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return norm(in[0]); }, {a}));
+  // A zero vector has a zero subgradient for p = 2 (torch).
+  Tensor z = zeros({3}, {.dtype = DType::Float64}).setRequiresGrad();
+  norm(z).backward();
+  EXPECT_EQ(z.grad().toVector<double>(), (std::vector<double>{0, 0, 0}));
+}
