@@ -63,9 +63,10 @@ void softmaxKernel(const T* x, T* y, int64_t O, int64_t R, int64_t I) {
         s[i] += ev;
       }
     if constexpr (Log) {
-      for (int64_t i = 0; i < I; ++i) s[i] = mx[i] + std::log(s[i]);
+      // (x - max) - log(sum): subtracting max first keeps the float rounding of a huge lse out.
+      for (int64_t i = 0; i < I; ++i) s[i] = std::log(s[i]);
       for (int64_t r = 0; r < R; ++r)
-        for (int64_t i = 0; i < I; ++i) yb[r * I + i] = static_cast<T>(static_cast<C>(xb[r * I + i]) - s[i]);
+        for (int64_t i = 0; i < I; ++i) yb[r * I + i] = static_cast<T>((static_cast<C>(xb[r * I + i]) - mx[i]) - s[i]);
     } else {
       for (int64_t i = 0; i < I; ++i) s[i] = C(1) / s[i];
       for (int64_t r = 0; r < R; ++r)
