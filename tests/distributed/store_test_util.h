@@ -1,0 +1,194 @@
+// Helpers for the store tests: one "kind" per Store implementation (so the behavioural suite is
+// written once), forked child processes with a deadline, and raw sockets for bad-client cases.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <cohort/distributed/store/file_store.h>
+#include <cohort/distributed/store/hash_store.h>
+#include <cohort/distributed/store/prefix_store.h>
+#include <cohort/distributed/store/tcp_store.h>
+
+namespace cohort::dist::testing {
+
+using namespace std::chrono_literals;
+
+inline Bytes toBytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
+inline std::string toString(const Bytes& b) { return std::string(b.begin(), b.end()); }
+
+// A fresh directory under TMPDIR, removed with everything in it.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "cohort_store_XXXXXX").string();
+    if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// Each kind makes handles onto one shared store. open() may be called in a forked child when
+// kMultiProcess is true.
+struct HashKind {
+  static constexpr bool kMultiProcess = false;
+  std::shared_ptr<HashStore> base = std::make_shared<HashStore>();
+  StorePtr open(Millis timeout) {
+    base->setTimeout(timeout);  // one object: every handle is the same store
+    return base;
+  }
+};
+
+struct FileKind {
+  static constexpr bool kMultiProcess = true;
+  TempDir dir;
+  std::string path = dir.file("store");
+  StorePtr open(Millis timeout) { return std::make_shared<FileStore>(path, timeout); }
+};
+
+struct TCPKind {
+  static constexpr bool kMultiProcess = true;
+  std::unique_ptr<TCPStoreServer> server = std::make_unique<TCPStoreServer>();
+  StorePtr open(Millis timeout) { return std::make_shared<TCPStore>("127.0.0.1", server->port(), timeout); }
+};
+
+struct PrefixKind {
+  static constexpr bool kMultiProcess = false;
+  std::shared_ptr<HashStore> base = std::make_shared<HashStore>();
+  StorePtr open(Millis timeout) {
+    auto s = std::make_shared<PrefixStore>("group0", base);
+    s->setTimeout(timeout);
+    return s;
+  }
+};
+
+// Runs fn(i) in n forked children. Each child exits 0 when fn returns, 1 when it throws (the
+// message goes to stderr). Children still running after `limit` are killed, so a hang fails the
+// test instead of stalling it. Returns each child's exit code (-signal when killed).
+inline std::vector<int> runChildren(int n, const std::function<void(int)>& fn, Millis limit = 20s) {
+  std::vector<pid_t> pids;
+  for (int i = 0; i < n; ++i) {
+    pid_t pid = fork();
+    if (pid < 0) throw std::runtime_error("fork failed");
+    if (pid == 0) {
+      int code = 0;
+      try {
+        fn(i);
+      } catch (const std::exception& e) {
+        fprintf(stderr, "child %d: %s\n", i, e.what());
+        code = 1;
+      } catch (...) {
+        code = 1;
+      }
+      fflush(stderr);
+      _exit(code);  // no destructors of the parent's objects in the child
+    }
+    pids.push_back(pid);
+  }
+  std::vector<int> codes(n, 0);
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  for (int i = 0; i < n; ++i) {
+    int status = 0;
+    for (;;) {
+      pid_t r = waitpid(pids[i], &status, WNOHANG);
+      if (r == pids[i]) break;
+      if (std::chrono::steady_clock::now() > deadline) kill(pids[i], SIGKILL);
+      std::this_thread::sleep_for(5ms);
+    }
+    codes[i] = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+  }
+  return codes;
+}
+
+// A plain TCP connection to 127.0.0.1:port, for speaking (or mangling) the protocol by hand.
+class RawSocket {
+ public:
+  explicit RawSocket(uint16_t port) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) throw std::runtime_error("connect failed");
+  }
+  ~RawSocket() { close(); }
+  void close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  void send(const Bytes& b) { sendRaw(b.data(), b.size()); }
+  void send(const std::string& s) { sendRaw(s.data(), s.size()); }
+  void sendRaw(const void* p, size_t n) {
+    // The peer may already have dropped us: a failed send is part of what the tests provoke.
+    ::send(fd_, p, n, MSG_NOSIGNAL);
+  }
+  // Reads until the peer closes or `limit` passes; true when the peer closed.
+  bool readUntilClosed(Bytes* got = nullptr, Millis limit = 5s) {
+    auto deadline = std::chrono::steady_clock::now() + limit;
+    for (;;) {
+      auto left = std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return false;
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+      uint8_t buf[4096];
+      ssize_t n = recv(fd_, buf, sizeof buf, 0);
+      if (n <= 0) return true;  // EOF or reset
+      if (got) got->insert(got->end(), buf, buf + n);
+    }
+  }
+  int fd() const { return fd_; }
+
+ private:
+  int fd_ = -1;
+};
+
+// A port nobody listens on (bound, then released).
+inline uint16_t unusedPort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// Polls cond() every few ms until it holds or `limit` passes (for counters the server updates
+// on its own thread); returns whether it held.
+inline bool eventually(const std::function<bool()>& cond, Millis limit = 5s) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(2ms);
+  }
+  return true;
+}
+
+}  // namespace cohort::dist::testing
