@@ -171,7 +171,7 @@ functional::Pool2dOptions poolOptions(const char* name, std::pair<int64_t, int64
 }
 
 Tensor pool(const char* name, const Tensor& x, const functional::Pool2dOptions& o,
-            Tensor (*fn)(const Tensor&, functional::Pool2dOptions)) {
+            Tensor (*fn)(const Tensor&, const functional::Pool2dOptions&)) {
   if (x.dim() != 3 && x.dim() != 4)
     throw ValueError(fmt::format("{}(kernel_size={}): expected input [N, C, H, W] or [C, H, W], got {}", name,
                                  pairStr(o.kernel), shapeStr(x.sizes())));

@@ -41,14 +41,17 @@ struct Conv2dOptions {
   std::pair<int64_t, int64_t> dilation{1, 1};
   int64_t groups = 1;
 };
+// Options are taken by const reference on purpose: GCC 12.2 with AVX-512 (-march=native) miscompiles
+// a braced option struct built straight into a by-value argument (SLP vectorizer; a default
+// `Conv2dOptions opts = {}` arrived with padding (1, 0)).
 // input [N, Cin, H, W]; weight [Cout, Cin/groups, kH, kW]; bias [Cout] optional.
-Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(), Conv2dOptions opts = {});
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(), const Conv2dOptions& opts = {});
 struct Pool2dOptions {
   std::pair<int64_t, int64_t> kernel{2, 2};
   std::pair<int64_t, int64_t> stride{0, 0};  // 0 = kernel size
   std::pair<int64_t, int64_t> padding{0, 0};
 };
-Tensor maxPool2d(const Tensor& input, Pool2dOptions opts);
-Tensor avgPool2d(const Tensor& input, Pool2dOptions opts);  // count_include_pad = true, as torch's default
+Tensor maxPool2d(const Tensor& input, const Pool2dOptions& opts);
+Tensor avgPool2d(const Tensor& input, const Pool2dOptions& opts);  // count_include_pad = true, as torch's default
 
 }  // namespace cohort::nn::functional
