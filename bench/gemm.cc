@@ -1,0 +1,369 @@
+/*
+ * GEMM throughput on one thread: cohort::mm next to the best raw BLAS measured in the same run.
+ *
+ * For each size n (n x n times n x n) and dtype the program measures
+ *   - cohort::mm(a, b)         the user's path: Tensor in, fresh Tensor out, BLAS loaded by cohort
+ *                              with no kernel variable set (core/blas/blas.cc picks the kernels);
+ *   - cohort::blas::sgemm      the same library called on a preallocated output;
+ *   - raw candidates           every BLAS this machine offers, loaded into this process after
+ *                              cohort's: OpenBLAS with its own CPU detection and with
+ *                              OPENBLAS_CORETYPE forced to Prescott/Haswell/Zen/SkylakeX/CooperLake
+ *                              (one copy of the library per kernel family), BLIS, oneDNN's
+ *                              dnnl_sgemm, and Eigen when it was found at build time.
+ * Every repetition calls all of them in turn, so a noisy neighbour slows them alike; figures are
+ * medians. The summary compares cohort::mm with the best candidate (issue 2's bar: >= 90% at
+ * float32 1024^3).
+ *
+ * Usage: gemm [--sizes 256,512,1024,2048] [--rounds 3] [--dtypes f32,f64] [--candidates all|none|a,b]
+ */
+#include <dlfcn.h>
+#include <link.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <cohort/cohort.h>
+
+#ifdef COHORT_BENCH_HAVE_EIGEN
+#include <Eigen/Core>
+#endif
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// CPU seconds used by this process (all its threads). With one BLAS thread on a machine shared with
+// other jobs, this excludes the time the scheduler gave to someone else, which wall time does not.
+double cpuNow() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::vector<std::string> splitList(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+// Repetitions per round: a round of one size lasts ~0.1 s or more per candidate at full speed.
+int repsFor(int64_t n) { return n <= 256 ? 40 : n <= 512 ? 12 : n <= 1024 ? 4 : 2; }
+
+double gflops(int64_t n, double sec) { return 2.0 * n * n * n / sec / 1e9; }
+
+// ---- raw candidates ----------------------------------------------------------------------------
+// Row-major CBLAS and oneDNN entry points, declared here so the benchmark needs no vendor headers.
+// Debian's OpenBLAS and BLIS both use 32-bit integers in their CBLAS interface.
+using CblasSgemm = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float, float*,
+                            int);
+using CblasDgemm = void (*)(int, int, int, int, int, int, double, const double*, int, const double*, int, double,
+                            double*, int);
+using DnnlSgemm = int (*)(char, char, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,
+                          float, float*, int64_t);
+constexpr int kRowMajor = 101, kNoTrans = 111;
+
+struct Candidate {
+  std::string key, desc;
+  CblasSgemm s = nullptr;
+  CblasDgemm d = nullptr;
+  DnnlSgemm dnnl = nullptr;
+  bool eigen = false;
+  std::string why;  // non-empty: not available
+};
+
+// OpenBLAS chooses its kernel family once, when the library initialises, so comparing families in
+// one process needs one loaded copy per family: the library file is copied under a temporary
+// directory (a different file is a different library to the dynamic loader) and each copy is
+// opened with OPENBLAS_CORETYPE set for the duration of its dlopen.
+Candidate loadOpenBlas(const std::string& key, const std::string& core, const std::string& libPath,
+                       const std::string& tmpDir) {
+  Candidate c;
+  c.key = key;
+  std::string copy = tmpDir + "/libopenblas-" + (core.empty() ? "own" : core) + ".so";
+  {
+    FILE* in = std::fopen(libPath.c_str(), "rb");
+    FILE* out = std::fopen(copy.c_str(), "wb");
+    if (!in || !out) {
+      if (in) std::fclose(in);
+      if (out) std::fclose(out);
+      c.why = "cannot copy " + libPath;
+      return c;
+    }
+    char buf[1 << 16];
+    size_t got;
+    while ((got = std::fread(buf, 1, sizeof buf, in)) > 0) std::fwrite(buf, 1, got, out);
+    std::fclose(in);
+    std::fclose(out);
+  }
+  if (core.empty())
+    unsetenv("OPENBLAS_CORETYPE");
+  else
+    setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
+  void* h = dlopen(copy.c_str(), RTLD_NOW | RTLD_LOCAL);
+  unsetenv("OPENBLAS_CORETYPE");
+  std::remove(copy.c_str());
+  if (!h) {
+    c.why = dlerror();
+    return c;
+  }
+  auto coreName = reinterpret_cast<char* (*)()>(dlsym(h, "openblas_get_corename"));
+  c.desc = std::string("OpenBLAS ") + (core.empty() ? "own detection" : "CORETYPE=" + core) + " -> " +
+           (coreName ? coreName() : "?");
+  c.s = reinterpret_cast<CblasSgemm>(dlsym(h, "cblas_sgemm"));
+  c.d = reinterpret_cast<CblasDgemm>(dlsym(h, "cblas_dgemm"));
+  if (!c.s || !c.d) c.why = "no cblas_sgemm/cblas_dgemm";
+  return c;
+}
+
+Candidate loadCandidate(const std::string& key, const std::string& libPath, const std::string& tmpDir) {
+  if (key == "openblas") return loadOpenBlas(key, "", libPath, tmpDir);
+  if (key.rfind("openblas:", 0) == 0) return loadOpenBlas(key, key.substr(9), libPath, tmpDir);
+  Candidate c;
+  c.key = key;
+  if (key == "blis") {
+    void* h = dlopen("libblis.so.4", RTLD_NOW | RTLD_LOCAL);
+    if (!h) return c.why = dlerror(), c;
+    auto archId = reinterpret_cast<int (*)()>(dlsym(h, "bli_arch_query_id"));
+    auto archName = reinterpret_cast<const char* (*)(int)>(dlsym(h, "bli_arch_string"));
+    c.desc = std::string("BLIS 0.9 (libblis.so.4) config ") + (archId && archName ? archName(archId()) : "?");
+    c.s = reinterpret_cast<CblasSgemm>(dlsym(h, "cblas_sgemm"));
+    c.d = reinterpret_cast<CblasDgemm>(dlsym(h, "cblas_dgemm"));
+    if (!c.s || !c.d) c.why = "libblis.so.4 has no CBLAS interface";
+  } else if (key == "onednn") {
+    void* h = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!h) return c.why = dlerror(), c;
+    c.dnnl = reinterpret_cast<DnnlSgemm>(dlsym(h, "dnnl_sgemm"));
+    c.desc = "oneDNN 2.6 dnnl_sgemm (libdnnl.so.2)";
+    if (!c.dnnl) c.why = "libdnnl.so.2 has no dnnl_sgemm";
+  } else if (key == "eigen") {
+#ifdef COHORT_BENCH_HAVE_EIGEN
+    c.eigen = true;
+    c.desc = "Eigen " + std::to_string(EIGEN_WORLD_VERSION) + "." + std::to_string(EIGEN_MAJOR_VERSION) + "." +
+             std::to_string(EIGEN_MINOR_VERSION) + " (header-only, -O3 -march=native)";
+#else
+    c.why = "Eigen was not found when the benchmark was built";
+#endif
+  } else {
+    c.why = "unknown candidate";
+  }
+  return c;
+}
+
+// One call of candidate `c` on row-major n x n buffers; false when it has no routine for T.
+template <typename T>
+bool callCandidate(const Candidate& c, int64_t n, const T* a, const T* b, T* out) {
+  int in = static_cast<int>(n);
+  if constexpr (std::is_same_v<T, float>) {
+    if (c.s) return c.s(kRowMajor, kNoTrans, kNoTrans, in, in, in, 1.f, a, in, b, in, 0.f, out, in), true;
+    if (c.dnnl) return c.dnnl('N', 'N', n, n, n, 1.f, a, n, b, n, 0.f, out, n), true;
+  } else {
+    if (c.d) return c.d(kRowMajor, kNoTrans, kNoTrans, in, in, in, 1.0, a, in, b, in, 0.0, out, in), true;
+  }
+#ifdef COHORT_BENCH_HAVE_EIGEN
+  if (c.eigen) {
+    using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    Eigen::Map<const Mat> A(a, n, n), B(b, n, n);
+    Eigen::Map<Mat> C(out, n, n);
+    C.noalias() = A * B;
+    return true;
+  }
+#endif
+  return false;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace cohort;
+  std::vector<int64_t> sizes = {256, 512, 1024, 2048};
+  std::vector<std::string> dtypes = {"f32", "f64"};
+  std::vector<std::string> keys = {"openblas",          "openblas:Prescott",   "openblas:Haswell", "openblas:Zen",
+                                   "openblas:SkylakeX", "openblas:CooperLake", "blis",             "onednn",
+                                   "eigen"};
+  int rounds = 3;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--sizes") {
+      sizes.clear();
+      for (auto& s : splitList(next())) sizes.push_back(std::atoll(s.c_str()));
+    } else if (a == "--dtypes") {
+      dtypes = splitList(next());
+    } else if (a == "--rounds") {
+      rounds = std::max(1, std::atoi(next().c_str()));
+    } else if (a == "--candidates") {
+      std::string v = next();
+      if (v == "none")
+        keys.clear();
+      else if (v != "all")
+        keys = splitList(v);
+    } else {
+      std::fprintf(stderr,
+                   "usage: gemm [--sizes 256,512,1024,2048] [--dtypes f32,f64] [--rounds 3] "
+                   "[--candidates all|none|openblas,openblas:Haswell,blis,onednn,eigen,...]\n");
+      return 2;
+    }
+  }
+  // One thread everywhere: these are read when each library initialises. The kernel family is
+  // deliberately not set: cohort's own path must find the fast kernels by itself.
+  setenv("OPENBLAS_NUM_THREADS", "1", 1);
+  setenv("OMP_NUM_THREADS", "1", 1);
+  setenv("BLIS_NUM_THREADS", "1", 1);
+  const char* userCore = std::getenv("OPENBLAS_CORETYPE");
+  std::string userCoreStr = userCore ? userCore : "";
+
+  autograd::NoGradGuard noGrad;
+  blas::setNumThreads(1);  // loads cohort's BLAS first, exactly as a user gets it
+  std::printf("cohort BLAS: %s, kernels %s (cohort's choice for this CPU: %s; OPENBLAS_CORETYPE from the user: "
+              "%s), %d thread\n",
+              blas::libraryName().c_str(), blas::coreName().c_str(),
+              blas::chosenCoreType().empty() ? "none" : blas::chosenCoreType().c_str(),
+              userCoreStr.empty() ? "not set" : userCoreStr.c_str(), blas::numThreads());
+
+  // The raw candidates, loaded after cohort's BLAS so that they cannot influence it.
+  std::string libPath;
+  if (void* h = dlopen(blas::libraryName().c_str(), RTLD_NOW | RTLD_NOLOAD)) {
+    link_map* lm = nullptr;
+    if (dlinfo(h, RTLD_DI_LINKMAP, &lm) == 0 && lm) libPath = lm->l_name;
+    dlclose(h);  // drops only the reference RTLD_NOLOAD took
+  }
+  char tmpl[] = "/tmp/cohort-gemm-bench-XXXXXX";
+  std::string tmpDir = mkdtemp(tmpl) ? tmpl : "/tmp";
+  std::vector<Candidate> cands;
+  for (const auto& k : keys) {
+    Candidate c = loadCandidate(k, libPath, tmpDir);
+    if (!c.why.empty())
+      std::printf("  candidate %s not available: %s\n", k.c_str(), c.why.c_str());
+    else
+      cands.push_back(c);
+  }
+  rmdir(tmpDir.c_str());
+  if (!userCoreStr.empty()) setenv("OPENBLAS_CORETYPE", userCoreStr.c_str(), 1);
+  std::printf("GFLOP/s = 2 n^3 / time, one thread; every repetition calls cohort::mm, cohort::blas and each "
+              "raw candidate in turn (rotating the order), so load from other processes hits them alike; "
+              "figures are medians\n\n");
+
+  struct Summary {
+    int64_t n;
+    std::string dtype;
+    double cohortMm, cohortBlas, best;
+    std::string bestName;
+    double cohortMmCpu, bestCpu;
+    std::string bestNameCpu;
+  };
+  std::vector<Summary> summary;
+  for (const auto& dt : dtypes) {
+    DType dtype = dt == "f32" ? DType::Float32 : DType::Float64;
+    for (int64_t n : sizes) {
+      int reps = repsFor(n) * rounds;
+      Tensor a = rand({n, n}, {.dtype = dtype}) - 0.5;
+      Tensor b = rand({n, n}, {.dtype = dtype}) - 0.5;
+      Tensor c = zeros({n, n}, {.dtype = dtype});
+      // Slot 0: cohort::mm, slot 1: cohort::blas on preallocated output, then the candidates.
+      size_t slots = 2 + cands.size();
+      std::vector<std::vector<double>> t(slots), tc(slots);
+      std::vector<bool> has(slots, true);
+      auto runSlot = [&](size_t s) {
+        if (s == 0) {
+          Tensor out = mm(a, b);
+          return true;
+        }
+        if (s == 1) {
+          if (dtype == DType::Float32)
+            blas::sgemm(blas::Trans::No, blas::Trans::No, n, n, n, 1.f, a.data<float>(), n, b.data<float>(), n, 0.f,
+                        c.data<float>(), n);
+          else
+            blas::dgemm(blas::Trans::No, blas::Trans::No, n, n, n, 1.0, a.data<double>(), n, b.data<double>(), n,
+                        0.0, c.data<double>(), n);
+          return true;
+        }
+        const Candidate& cd = cands[s - 2];
+        return dtype == DType::Float32
+                   ? callCandidate<float>(cd, n, a.data<float>(), b.data<float>(), c.data<float>())
+                   : callCandidate<double>(cd, n, a.data<double>(), b.data<double>(), c.data<double>());
+      };
+      for (size_t s = 0; s < slots; ++s) has[s] = runSlot(s);  // warm-up and availability
+      for (int r = 0; r < reps; ++r)
+        for (size_t j = 0; j < slots; ++j) {
+          size_t s = (j + r) % slots;
+          if (!has[s]) continue;
+          double c0 = cpuNow();
+          auto t0 = Clock::now();
+          runSlot(s);
+          t[s].push_back(seconds(t0));
+          tc[s].push_back(cpuNow() - c0);
+        }
+      std::printf("%s n=%lld (%d repetitions)                              GFLOP/s: wall-clock   CPU-time\n", dt.c_str(),
+                  static_cast<long long>(n), reps);
+      auto row = [&](const std::string& name, size_t s) {
+        double g = gflops(n, median(t[s])), gc = gflops(n, median(tc[s]));
+        std::printf("  %-58s %8.1f %10.1f\n", name.c_str(), g, gc);
+        return std::make_pair(g, gc);
+      };
+      auto [mmG, mmC] = row("cohort::mm (allocates its output)", 0);
+      auto [blasG, blasC] = row("cohort::blas::sgemm/dgemm (preallocated output)", 1);
+      double best = 0, bestC = 0;
+      std::string bestName = "none", bestNameC = "none";
+      for (size_t s = 2; s < slots; ++s) {
+        const Candidate& cd = cands[s - 2];
+        if (!has[s]) {
+          std::printf("  raw %-54s no %s GEMM\n", cd.desc.c_str(), dt.c_str());
+          continue;
+        }
+        auto [g, gc] = row("raw " + cd.desc, s);
+        if (g > best) best = g, bestName = cd.desc;
+        if (gc > bestC) bestC = gc, bestNameC = cd.desc;
+      }
+      summary.push_back({n, dt, mmG, blasG, best, bestName, mmC, bestC, bestNameC});
+      std::fflush(stdout);
+    }
+  }
+  // The bar is judged on CPU time: on a dedicated machine one thread's wall and CPU time agree, and
+  // on a shared one CPU time is the figure the neighbours disturb least.
+  std::printf("\nsummary, CPU-time GFLOP/s  cohort::mm   best raw BLAS in this run                        ratio   "
+              "(wall-clock ratio)\n");
+  for (const auto& s : summary) {
+    if (s.bestCpu <= 0) {
+      std::printf("%-4s %5lld^3 %21.1f  (no raw candidate measured)\n", s.dtype.c_str(), static_cast<long long>(s.n),
+                  s.cohortMmCpu);
+      continue;
+    }
+    double ratio = s.cohortMmCpu / s.bestCpu;
+    const char* bar = "";
+    if (s.dtype == "f32" && s.n == 1024) bar = ratio >= 0.9 ? "PASS (bar 90%)" : "MISS (bar 90%)";
+    std::printf("%-4s %5lld^3 %21.1f %8.1f  %-38s %5.0f%%   (%3.0f%%)  %s\n", s.dtype.c_str(),
+                static_cast<long long>(s.n), s.cohortMmCpu, s.bestCpu, s.bestNameCpu.c_str(), 100 * ratio,
+                100 * s.cohortMm / s.best, bar);
+  }
+  return 0;
+}
