@@ -1,10 +1,15 @@
-// Elementwise arithmetic with broadcasting. Kernels run through detail::mapKernel (tensor/iter.h),
-// whose contiguous inner loops the compiler vectorizes; half types compute in float32.
+// Elementwise arithmetic and unary math with broadcasting. Kernels run through detail::mapKernel
+// (tensor/iter.h), whose contiguous inner loops the compiler vectorizes; half types compute in
+// float32. Transcendental functions come from vec_math.h (vectorizable), not per-element libm
+// calls. Comparisons, where, maximum/minimum live in compare.cc; activations in activation.cc;
+// the in-place Tensor members in inplace.cc.
 #include <cmath>
+#include <limits>
 
 #include <cohort/core/autograd/function.h>
 #include <cohort/core/ops/elementwise_impl.h>
 #include <cohort/core/ops/ops.h>
+#include <cohort/core/ops/vec_math.h>
 
 namespace cohort {
 
@@ -19,6 +24,20 @@ DType scalarResultType(const Tensor& a, Scalar s) {
   if (!isFloating(a.dtype()) && !s.isIntegral()) return DType::Float32;
   if (a.dtype() == DType::Bool && s.isIntegral() && !s.isBool()) return DType::Int64;
   return a.dtype();
+}
+
+Shape broadcastShapes3(const Shape& a, const Shape& b, const Shape& c, const char* op) {
+  auto broadcastable = [](const Shape& x, const Shape& y) {
+    for (size_t i = 0; i < std::min(x.size(), y.size()); ++i) {
+      int64_t dx = x[x.size() - 1 - i], dy = y[y.size() - 1 - i];
+      if (dx != dy && dx != 1 && dy != 1) return false;
+    }
+    return true;
+  };
+  if (!broadcastable(a, b) || !broadcastable(a, c) || !broadcastable(b, c))
+    throw ValueError(fmt::format("{}: shapes {}, {} and {} do not broadcast together", op, shapeStr(a), shapeStr(b),
+                                 shapeStr(c)));
+  return broadcastShapes(broadcastShapes(a, b, op), c, op);
 }
 
 void checkBinary(const Tensor& a, const Tensor& b, const char* op) {
@@ -122,6 +141,224 @@ Tensor neg(const Tensor& a) {
   if (a.defined() && a.dtype() == DType::Bool) throw ValueError("neg: negation of a bool tensor is not supported");
   Tensor out = detail::unaryOp(a, "neg", [](auto x) { return -x; });
   autograd::record("neg", {a}, {out}, {}, [](Ctx&, const GradList& g) -> GradList { return {-g[0]}; });
+  return out;
+}
+
+// ---- pow ---------------------------------------------------------------------------------------
+
+namespace {
+
+namespace vm = vecmath;
+
+// Integer power by squaring; negative exponents follow torch (only 1 and -1 survive).
+template <typename T>
+T intPow(T base, T e) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return e ? base : true;
+  } else {
+    if constexpr (std::is_signed_v<T>) {
+      if (e < 0) {
+        if (base == 1) return 1;
+        if (base == -1) return (e & 1) ? T(-1) : T(1);
+        return 0;
+      }
+    }
+    T r = 1;
+    while (e) {
+      if (e & 1) r = static_cast<T>(r * base);
+      e = static_cast<T>(e >> 1);
+      base = static_cast<T>(base * base);
+    }
+    return r;
+  }
+}
+
+// x^e for a floating tensor and a constant exponent, no autograd. Common exponents get exact
+// short forms (torch does the same), the rest go through vecmath::pow.
+Tensor powScalarKernel(const Tensor& x, double e) {
+  Tensor out = empty(x.sizes(), {.dtype = x.dtype(), .device = x.device()});
+  COHORT_DISPATCH_FLOAT(x.dtype(), "pow", [&]<typename T>() {
+    using A = Acc<T>;
+    if (e == 0) detail::mapKernel<T, T, 1>(out, {x}, [](A) { return A(1); });
+    else if (e == 1) detail::mapKernel<T, T, 1>(out, {x}, [](A v) { return v; });
+    else if (e == 2) detail::mapKernel<T, T, 1>(out, {x}, [](A v) { return v * v; });
+    else if (e == 3) detail::mapKernel<T, T, 1>(out, {x}, [](A v) { return v * v * v; });
+    else if (e == 0.5) detail::mapKernel<T, T, 1>(out, {x}, [](A v) { return std::sqrt(v); });
+    else if (e == -0.5) detail::mapKernel<T, T, 1>(out, {x}, [](A v) { return A(1) / std::sqrt(v); });
+    else if (e == -1) detail::mapKernel<T, T, 1>(out, {x}, [](A v) { return A(1) / v; });
+    else if (e == -2) detail::mapKernel<T, T, 1>(out, {x}, [](A v) { return A(1) / (v * v); });
+    else detail::mapKernel<T, T, 1>(out, {x}, [e](A v) { return vm::pow(v, e); });  // exponent kept in double
+  });
+  return out;
+}
+
+}  // namespace
+
+Tensor pow(const Tensor& a, Scalar exponent) {
+  if (!a.defined()) throw ValueError("pow: the input tensor is undefined");
+  DType dt = detail::scalarResultType(a, exponent);
+  Tensor x = a.dtype() == dt ? a : a.detach().to(dt);
+  Tensor out;
+  if (isFloating(dt)) {
+    out = powScalarKernel(x, exponent.toDouble());
+  } else {
+    if (exponent.toInt() < 0)
+      throw ValueError(fmt::format("pow: integers to negative integer powers are not allowed (tensor of dtype {} "
+                                   "and shape {}, exponent {})",
+                                   a.dtype(), shapeStr(a.sizes()), exponent.toInt()));
+    int64_t e = exponent.toInt();
+    out = empty(x.sizes(), {.dtype = dt, .device = x.device()});
+    COHORT_DISPATCH_NUMERIC(dt, "pow", [&]<typename T>() {
+      if constexpr (std::is_integral_v<T>) {
+        const T ev = static_cast<T>(e);
+        detail::mapKernel<T, T, 1>(out, {x}, [ev](T v) { return intPow<T>(v, ev); });
+      }
+    });
+  }
+  double e = exponent.toDouble();
+  autograd::record("pow", {a}, {out}, {a}, [e](Ctx& ctx, const GradList& g) -> GradList {
+    if (e == 0) return {zerosLike(g[0])};
+    Tensor x = ctx.saved(0);
+    if (!isFloating(x.dtype())) x = x.to(g[0].dtype());
+    return {g[0] * (powScalarKernel(x, e - 1) * e)};
+  });
+  return out;
+}
+
+Tensor pow(const Tensor& a, const Tensor& b) {
+  detail::checkBinary(a, b, "pow");
+  DType dt = detail::resultType(a, b);
+  if (dt == DType::Bool)
+    throw ValueError(fmt::format("pow: not supported for two bool tensors (shapes {} and {})", shapeStr(a.sizes()),
+                                 shapeStr(b.sizes())));
+  Tensor out = detail::binaryOp(a, b, "pow", [](auto x, auto y) {
+    if constexpr (std::is_floating_point_v<decltype(x)>) return vm::pow(x, y);
+    else return intPow(x, y);
+  });
+  autograd::record("pow", {a, b}, {out}, {a, b}, [](Ctx& ctx, const GradList& g) -> GradList {
+    GradList r(2);
+    Tensor x = ctx.saved(0), y = ctx.saved(1);
+    // d/da = b a^(b-1) (0 where b == 0); d/db = a^b log(a) (0 where a == 0 and b >= 0), as torch.
+    if (ctx.needsInputGrad(0))
+      r[0] = detail::ternaryFloatOp(g[0], x, y, "pow backward", [](auto gv, auto xv, auto yv) {
+        using A = decltype(gv);
+        return yv == A(0) ? A(0) : gv * yv * vm::pow(xv, yv - A(1));
+      });
+    if (ctx.needsInputGrad(1))
+      r[1] = detail::ternaryFloatOp(g[0], x, y, "pow backward", [](auto gv, auto xv, auto yv) {
+        using A = decltype(gv);
+        return (xv == A(0)) & (yv >= A(0)) ? A(0) : gv * vm::pow(xv, yv) * vm::log(xv);
+      });
+    return r;
+  });
+  return out;
+}
+
+// ---- unary math ----------------------------------------------------------------------------------
+
+Tensor exp(const Tensor& a) {
+  Tensor out = detail::unaryFloatOp(a, "exp", [](auto x) { return vm::exp(x); });
+  autograd::record("exp", {a}, {out}, {out}, [](Ctx& ctx, const GradList& g) -> GradList {
+    return {g[0] * ctx.saved(0)};
+  });
+  return out;
+}
+
+Tensor log(const Tensor& a) {
+  Tensor out = detail::unaryFloatOp(a, "log", [](auto x) { return vm::log(x); });
+  autograd::record("log", {a}, {out}, {a}, [](Ctx& ctx, const GradList& g) -> GradList {
+    return {g[0] / ctx.saved(0)};
+  });
+  return out;
+}
+
+Tensor sqrt(const Tensor& a) {
+  Tensor out = detail::unaryFloatOp(a, "sqrt", [](auto x) { return std::sqrt(x); });
+  autograd::record("sqrt", {a}, {out}, {out}, [](Ctx& ctx, const GradList& g) -> GradList {
+    return {detail::binaryFloatOp(g[0], ctx.saved(0), "sqrt backward",
+                                  [](auto gv, auto y) { return gv / (y + y); })};
+  });
+  return out;
+}
+
+Tensor rsqrt(const Tensor& a) {
+  Tensor out = detail::unaryFloatOp(a, "rsqrt", [](auto x) { return vm::rsqrt(x); });
+  autograd::record("rsqrt", {a}, {out}, {out}, [](Ctx& ctx, const GradList& g) -> GradList {
+    // d/dx x^(-1/2) = -x^(-3/2) / 2 = -y^3 / 2
+    return {detail::binaryFloatOp(g[0], ctx.saved(0), "rsqrt backward", [](auto gv, auto y) {
+      using A = decltype(gv);
+      return A(-0.5) * gv * y * y * y;
+    })};
+  });
+  return out;
+}
+
+Tensor abs(const Tensor& a) {
+  if (a.defined() && a.dtype() == DType::Bool)
+    throw ValueError(fmt::format("abs: not supported for bool tensors (shape {})", shapeStr(a.sizes())));
+  Tensor out = detail::unaryOp(a, "abs", [](auto x) {
+    using A = decltype(x);
+    if constexpr (std::is_floating_point_v<A>) return std::fabs(x);
+    else if constexpr (std::is_unsigned_v<A>) return x;
+    else return x < 0 ? A(-x) : x;
+  });
+  autograd::record("abs", {a}, {out}, {a}, [](Ctx& ctx, const GradList& g) -> GradList {
+    return {detail::binaryFloatOp(g[0], ctx.saved(0), "abs backward", [](auto gv, auto x) {
+      using A = decltype(gv);
+      return x > A(0) ? gv : (x < A(0) ? -gv : A(0));
+    })};
+  });
+  return out;
+}
+
+// ---- clamp ---------------------------------------------------------------------------------------
+
+namespace detail {
+
+// x clamped to [lo, hi]; NaN stays NaN; when lo > hi every element becomes hi (as torch).
+template <typename A>
+inline A clampValue(A x, A lo, A hi, bool hasLo, bool hasHi) {
+  A r = hasLo && x < lo ? lo : x;
+  return hasHi && r > hi ? hi : r;
+}
+
+void clampKernel(const Tensor& out, const Tensor& x, const std::optional<Scalar>& lo, const std::optional<Scalar>& hi,
+                 const char* op) {
+  COHORT_DISPATCH_NUMERIC(out.dtype(), op, [&]<typename T>() {
+    using A = Acc<T>;
+    const A l = lo ? lo->to<A>() : A(0), h = hi ? hi->to<A>() : A(0);
+    if (lo && hi) mapKernel<T, T, 1>(out, {x}, [l, h](A v) { return clampValue(v, l, h, true, true); });
+    else if (lo) mapKernel<T, T, 1>(out, {x}, [l](A v) { return v < l ? l : v; });
+    else mapKernel<T, T, 1>(out, {x}, [h](A v) { return v > h ? h : v; });
+  });
+}
+
+// 1 where lo <= x <= hi (the gradient mask of clamp, as torch), else 0.
+Tensor clampGrad(const Tensor& g, const Tensor& x, const std::optional<Scalar>& lo, const std::optional<Scalar>& hi) {
+  const double l = lo ? lo->toDouble() : -std::numeric_limits<double>::infinity();
+  const double h = hi ? hi->toDouble() : std::numeric_limits<double>::infinity();
+  return binaryFloatOp(g, x, "clamp backward", [l, h](auto gv, auto xv) {
+    using A = decltype(gv);
+    return (xv >= static_cast<A>(l)) & (xv <= static_cast<A>(h)) ? gv : A(0);
+  });
+}
+
+}  // namespace detail
+
+Tensor clamp(const Tensor& a, std::optional<Scalar> lo, std::optional<Scalar> hi) {
+  if (!a.defined()) throw ValueError("clamp: the input tensor is undefined");
+  if (!lo && !hi) throw ValueError("clamp: at least one of min and max must be given");
+  DType dt = a.dtype();
+  if ((lo && !lo->isIntegral()) || (hi && !hi->isIntegral()))
+    if (!isFloating(dt)) dt = DType::Float32;
+  if (dt == DType::Bool)
+    throw ValueError(fmt::format("clamp: not supported for bool tensors (shape {})", shapeStr(a.sizes())));
+  Tensor x = a.dtype() == dt ? a : a.detach().to(dt);
+  Tensor out = empty(a.sizes(), {.dtype = dt, .device = a.device()});
+  detail::clampKernel(out, x, lo, hi, "clamp");
+  autograd::record("clamp", {a}, {out}, {a}, [lo, hi](Ctx& ctx, const GradList& g) -> GradList {
+    return {detail::clampGrad(g[0], ctx.saved(0), lo, hi)};
+  });
   return out;
 }
 

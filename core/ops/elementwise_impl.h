@@ -77,4 +77,71 @@ Tensor unaryFloatOp(const Tensor& a, const char* op, F&& f) {
   return out;
 }
 
+// clamp's kernel (out may alias x, for clamp_) and its gradient mask (lo <= x <= hi passes g).
+void clampKernel(const Tensor& out, const Tensor& x, const std::optional<Scalar>& lo, const std::optional<Scalar>& hi,
+                 const char* op);
+Tensor clampGrad(const Tensor& g, const Tensor& x, const std::optional<Scalar>& lo, const std::optional<Scalar>& hi);
+
+// Comparison: both operands are converted to their promoted type, the result is bool.
+template <typename F>
+Tensor compareOp(const Tensor& a, const Tensor& b, const char* op, F&& f) {
+  checkBinary(a, b, op);
+  DType dt = resultType(a, b);
+  Shape shape = broadcastShapes(a.sizes(), b.sizes(), op);
+  Tensor out = empty(shape, {.dtype = DType::Bool, .device = a.device()});
+  Tensor ac = a.dtype() == dt ? a : a.detach().to(dt);
+  Tensor bc = b.dtype() == dt ? b : b.detach().to(dt);
+  COHORT_DISPATCH(dt, op, [&]<typename T>() { mapKernel<bool, T, 2>(out, {ac, bc}, f); });
+  return out;
+}
+
+// The broadcast shape of three operands (ValueError naming `op` and all three shapes).
+Shape broadcastShapes3(const Shape& a, const Shape& b, const Shape& c, const char* op);
+
+// f(x, y, z) over three operands broadcast together, computed in their promoted type.
+template <typename F>
+Tensor ternaryOp(const Tensor& a, const Tensor& b, const Tensor& c, const char* op, F&& f) {
+  checkBinary(a, b, op);
+  checkBinary(a, c, op);
+  DType dt = promoteTypes(resultType(a, b), c.dtype());
+  Shape shape = broadcastShapes3(a.sizes(), b.sizes(), c.sizes(), op);
+  Tensor out = empty(shape, {.dtype = dt, .device = a.device()});
+  Tensor ac = a.dtype() == dt ? a : a.detach().to(dt);
+  Tensor bc = b.dtype() == dt ? b : b.detach().to(dt);
+  Tensor cc = c.dtype() == dt ? c : c.detach().to(dt);
+  COHORT_DISPATCH(dt, op, [&]<typename T>() { mapKernel<T, T, 3>(out, {ac, bc, cc}, f); });
+  return out;
+}
+
+// Like ternaryOp but restricted to floating dtypes (integer operands compute in float32).
+template <typename F>
+Tensor ternaryFloatOp(const Tensor& a, const Tensor& b, const Tensor& c, const char* op, F&& f) {
+  checkBinary(a, b, op);
+  checkBinary(a, c, op);
+  DType dt = promoteTypes(resultType(a, b), c.dtype());
+  if (!isFloating(dt)) dt = DType::Float32;
+  Shape shape = broadcastShapes3(a.sizes(), b.sizes(), c.sizes(), op);
+  Tensor out = empty(shape, {.dtype = dt, .device = a.device()});
+  Tensor ac = a.dtype() == dt ? a : a.detach().to(dt);
+  Tensor bc = b.dtype() == dt ? b : b.detach().to(dt);
+  Tensor cc = c.dtype() == dt ? c : c.detach().to(dt);
+  COHORT_DISPATCH_FLOAT(dt, op, [&]<typename T>() { mapKernel<T, T, 3>(out, {ac, bc, cc}, f); });
+  return out;
+}
+
+// Like binaryOp but restricted to floating dtypes (integer operands compute in float32); used by
+// backward formulas, whose gradients are always floating.
+template <typename F>
+Tensor binaryFloatOp(const Tensor& a, const Tensor& b, const char* op, F&& f) {
+  checkBinary(a, b, op);
+  DType dt = resultType(a, b);
+  if (!isFloating(dt)) dt = DType::Float32;
+  Shape shape = broadcastShapes(a.sizes(), b.sizes(), op);
+  Tensor out = empty(shape, {.dtype = dt, .device = a.device()});
+  Tensor ac = a.dtype() == dt ? a : a.detach().to(dt);
+  Tensor bc = b.dtype() == dt ? b : b.detach().to(dt);
+  COHORT_DISPATCH_FLOAT(dt, op, [&]<typename T>() { mapKernel<T, T, 2>(out, {ac, bc}, f); });
+  return out;
+}
+
 }  // namespace cohort::detail

@@ -1,0 +1,147 @@
+// Comparisons (bool results), where, maximum and minimum, all broadcasting. Operands are compared
+// in their promoted dtype, as in torch.
+#include <array>
+
+#include <cohort/core/autograd/function.h>
+#include <cohort/core/ops/elementwise_impl.h>
+#include <cohort/core/ops/ops.h>
+
+namespace cohort {
+
+using autograd::Ctx;
+using GradList = std::vector<Tensor>;
+
+// ---- comparisons ---------------------------------------------------------------------------------
+
+Tensor eq(const Tensor& a, const Tensor& b) {
+  return detail::compareOp(a, b, "eq", [](auto x, auto y) { return x == y; });
+}
+Tensor ne(const Tensor& a, const Tensor& b) {
+  return detail::compareOp(a, b, "ne", [](auto x, auto y) { return x != y; });
+}
+Tensor lt(const Tensor& a, const Tensor& b) {
+  return detail::compareOp(a, b, "lt", [](auto x, auto y) { return x < y; });
+}
+Tensor le(const Tensor& a, const Tensor& b) {
+  return detail::compareOp(a, b, "le", [](auto x, auto y) { return x <= y; });
+}
+Tensor gt(const Tensor& a, const Tensor& b) {
+  return detail::compareOp(a, b, "gt", [](auto x, auto y) { return x > y; });
+}
+Tensor ge(const Tensor& a, const Tensor& b) {
+  return detail::compareOp(a, b, "ge", [](auto x, auto y) { return x >= y; });
+}
+
+// ---- maximum / minimum ---------------------------------------------------------------------------
+
+namespace {
+
+// NaN in either operand gives NaN (torch.maximum/minimum propagate NaN).
+template <typename A>
+inline A maxValue(A x, A y) {
+  A r = x > y ? x : y;
+  if constexpr (std::is_floating_point_v<A>) r = y != y ? y : r;
+  if constexpr (std::is_floating_point_v<A>) r = x != x ? x : r;
+  return r;
+}
+template <typename A>
+inline A minValue(A x, A y) {
+  A r = x < y ? x : y;
+  if constexpr (std::is_floating_point_v<A>) r = y != y ? y : r;
+  if constexpr (std::is_floating_point_v<A>) r = x != x ? x : r;
+  return r;
+}
+
+// Gradient of max/min for the first operand: g where it won, g/2 on ties, 0 where it lost.
+// `wins(x, y)` says whether x is the selected one.
+template <typename Wins>
+Tensor maxMinGrad(const Tensor& g, const Tensor& x, const Tensor& y, Wins wins) {
+  return detail::ternaryFloatOp(g, x, y, "maximum/minimum backward", [wins](auto gv, auto xv, auto yv) {
+    using A = decltype(gv);
+    return xv == yv ? gv * A(0.5) : (wins(xv, yv) ? gv : A(0));
+  });
+}
+
+Tensor maxMin(const Tensor& a, const Tensor& b, bool isMax) {
+  const char* op = isMax ? "maximum" : "minimum";
+  Tensor out = isMax ? detail::binaryOp(a, b, op, [](auto x, auto y) { return maxValue(x, y); })
+                     : detail::binaryOp(a, b, op, [](auto x, auto y) { return minValue(x, y); });
+  autograd::record(op, {a, b}, {out}, {a, b}, [isMax](Ctx& ctx, const GradList& g) -> GradList {
+    GradList r(2);
+    Tensor x = ctx.saved(0), y = ctx.saved(1);
+    auto greater = [](auto p, auto q) { return p > q; };
+    auto less = [](auto p, auto q) { return p < q; };
+    if (ctx.needsInputGrad(0)) r[0] = isMax ? maxMinGrad(g[0], x, y, greater) : maxMinGrad(g[0], x, y, less);
+    if (ctx.needsInputGrad(1)) r[1] = isMax ? maxMinGrad(g[0], y, x, greater) : maxMinGrad(g[0], y, x, less);
+    return r;
+  });
+  return out;
+}
+
+}  // namespace
+
+Tensor maximum(const Tensor& a, const Tensor& b) { return maxMin(a, b, true); }
+Tensor minimum(const Tensor& a, const Tensor& b) { return maxMin(a, b, false); }
+
+// ---- where ---------------------------------------------------------------------------------------
+
+namespace {
+
+// out = cond ? a : b over operands already broadcast-compatible with out and of out's dtype
+// (cond bool).
+template <typename T>
+void whereKernel(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) {
+  const Shape& shape = out.sizes();
+  if (out.numel() == 0) return;
+  std::array<char*, 4> ptrs{static_cast<char*>(out.dataPtr()), static_cast<char*>(cond.dataPtr()),
+                            static_cast<char*>(a.dataPtr()), static_cast<char*>(b.dataPtr())};
+  std::array<Shape, 4> strides{detail::broadcastByteStrides(out, shape), detail::broadcastByteStrides(cond, shape),
+                               detail::broadcastByteStrides(a, shape), detail::broadcastByteStrides(b, shape)};
+  detail::forEachStrided<4>(shape, ptrs, strides, [](std::array<char*, 4> p, const std::array<int64_t, 4>& s, int64_t n) {
+    if (s[0] == sizeof(T) && s[1] == 1 && s[2] == sizeof(T) && s[3] == sizeof(T)) {
+      T* o = reinterpret_cast<T*>(p[0]);
+      const bool* c = reinterpret_cast<const bool*>(p[1]);
+      const T* x = reinterpret_cast<const T*>(p[2]);
+      const T* y = reinterpret_cast<const T*>(p[3]);
+      for (int64_t i = 0; i < n; ++i) o[i] = c[i] ? x[i] : y[i];
+    } else {
+      for (int64_t i = 0; i < n; ++i)
+        *reinterpret_cast<T*>(p[0] + i * s[0]) = *reinterpret_cast<const bool*>(p[1] + i * s[1])
+                                                     ? *reinterpret_cast<const T*>(p[2] + i * s[2])
+                                                     : *reinterpret_cast<const T*>(p[3] + i * s[3]);
+    }
+  });
+}
+
+Tensor whereRaw(const Tensor& cond, const Tensor& a, const Tensor& b, DType dt, const Shape& shape) {
+  Tensor out = empty(shape, {.dtype = dt, .device = a.device()});
+  Tensor ac = a.dtype() == dt ? a : a.detach().to(dt);
+  Tensor bc = b.dtype() == dt ? b : b.detach().to(dt);
+  COHORT_DISPATCH(dt, "where", [&]<typename T>() { whereKernel<T>(out, cond, ac, bc); });
+  return out;
+}
+
+}  // namespace
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  if (!cond.defined()) throw ValueError("where: the condition tensor is undefined");
+  detail::checkBinary(a, b, "where");
+  detail::checkBinary(cond, a, "where");
+  if (cond.dtype() != DType::Bool)
+    throw ValueError(fmt::format("where: the condition must be a bool tensor, got {} (shape {})", cond.dtype(),
+                                 shapeStr(cond.sizes())));
+  DType dt = detail::resultType(a, b);
+  Shape shape = detail::broadcastShapes3(cond.sizes(), a.sizes(), b.sizes(), "where");
+  Tensor out = whereRaw(cond, a, b, dt, shape);
+  autograd::record("where", {cond, a, b}, {out}, {cond}, [](Ctx& ctx, const GradList& g) -> GradList {
+    GradList r(3);
+    Tensor c = ctx.saved(0);
+    Tensor zero = zeros({}, {.dtype = g[0].dtype(), .device = g[0].device()});
+    if (ctx.needsInputGrad(1)) r[1] = whereRaw(c, g[0], zero, g[0].dtype(), g[0].sizes());
+    if (ctx.needsInputGrad(2)) r[2] = whereRaw(c, zero, g[0], g[0].dtype(), g[0].sizes());
+    return r;
+  });
+  return out;
+}
+
+}  // namespace cohort
