@@ -216,6 +216,7 @@ Tensor Tensor::expand(const Shape& shape) const {
     }
     int64_t have = sizes()[i - off];
     if (want == -1) want = have;
+    if (want < 0) throw ValueError(fmt::format("expand: invalid size {} in target shape {}", want, shapeStr(shape)));
     if (want != have && have != 1)
       throw ValueError(fmt::format("expand: shape {} cannot be expanded to {} (dim {}: {} vs {})", shapeStr(sizes()),
                                    shapeStr(shape), i, have, want));
@@ -287,6 +288,7 @@ Tensor Tensor::flatten(int64_t startDim, int64_t endDim) const {
 
 std::vector<Tensor> Tensor::split(int64_t splitSize, int64_t d) const {
   requireDefined("split");
+  if (dim() == 0) throw ValueError("split: cannot split a 0-dimensional tensor");
   d = wrapDim(d, dim(), "split");
   if (splitSize <= 0) throw ValueError(fmt::format("split: split size must be positive, got {}", splitSize));
   int64_t len = sizes()[d];
@@ -298,6 +300,7 @@ std::vector<Tensor> Tensor::split(int64_t splitSize, int64_t d) const {
 
 std::vector<Tensor> Tensor::split(const Shape& parts, int64_t d) const {
   requireDefined("split");
+  if (dim() == 0) throw ValueError("split: cannot split a 0-dimensional tensor");
   d = wrapDim(d, dim(), "split");
   int64_t total = 0;
   for (int64_t p : parts) {
@@ -319,6 +322,7 @@ std::vector<Tensor> Tensor::split(const Shape& parts, int64_t d) const {
 std::vector<Tensor> Tensor::chunk(int64_t chunks, int64_t d) const {
   requireDefined("chunk");
   if (chunks <= 0) throw ValueError(fmt::format("chunk: number of chunks must be positive, got {}", chunks));
+  if (dim() == 0) throw ValueError("chunk: cannot chunk a 0-dimensional tensor");
   d = wrapDim(d, dim(), "chunk");
   int64_t len = sizes()[d];
   int64_t each = (len + chunks - 1) / chunks;
