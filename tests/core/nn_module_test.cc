@@ -625,3 +625,24 @@ TEST(Transformer, GenerateIsReproducible) {
   Generator g3(1);
   EXPECT_EQ(gpt.generate(start, 1, 1.0, 1, &g3).toVector<int64_t>(), greedy.toVector<int64_t>());
 }
+
+#include "core/gradcheck.h"
+
+TEST(Transformer, GradientsThroughTheWholeModelAreRight) {
+  // float64 GPT with tied weights: the analytic gradients of wte (used twice), attention, layer
+  // norm and position parameters equal central differences.
+  manualSeed(13);
+  nn::GPT gpt({.vocabSize = 5, .blockSize = 3, .nLayer = 1, .nHead = 2, .nEmbd = 4});
+  gpt.to(DType::Float64);
+  auto p = gpt.namedParameters();
+  Tensor idx = fromVector<int64_t>({1, 4, 2, 0, 3, 3}, {2, 3});
+  EXPECT_TRUE(cohort::testing::gradcheck([&](const std::vector<Tensor>&) { return gpt(idx); },
+                                         {p["transformer.wte.weight"], p["transformer.wpe.weight"],
+                                          p["transformer.h.0.attn.c_attn.weight"], p["transformer.h.0.ln_1.bias"],
+                                          p["transformer.h.0.mlp.c_proj.weight"]}));
+  // The attention's input gradient, for a non-contiguous (transposed) input.
+  nn::CausalSelfAttention att(4, 2, 4);
+  att.to(DType::Float64);
+  Tensor x = cohort::testing::randArg({3, 2, 4});
+  EXPECT_TRUE(cohort::testing::gradcheck([&](const std::vector<Tensor>& in) { return att(in[0].transpose(0, 1)); }, {x}));
+}
