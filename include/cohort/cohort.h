@@ -6,8 +6,10 @@
 #include <cohort/core/autograd/function.h>
 #include <cohort/core/autograd/grad_mode.h>
 #include <cohort/core/blas/blas.h>
+#include <cohort/core/nn/nn.h>
 #include <cohort/core/ops/functional.h>
 #include <cohort/core/ops/ops.h>
+#include <cohort/core/optim/optim.h>
 #include <cohort/core/tensor/generator.h>
 #include <cohort/core/tensor/tensor.h>
 #include <cohort/core/util/env.h>
