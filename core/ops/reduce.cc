@@ -13,6 +13,11 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <type_traits>
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 #include <cohort/core/autograd/function.h>
 #include <cohort/core/ops/reduce_impl.h>
@@ -101,27 +106,61 @@ namespace {
 //   Out finish(Total)
 // where C = cohort::Acc<T> is the element's compute type.
 
-constexpr int64_t kLanes = 16;
-constexpr int64_t kRowBlock = 4096;  // elements per lane block (inner reductions)
-constexpr int64_t kTile = 1024;      // columns per tile (outer reductions)
+constexpr int64_t kLanes = 64;  // GCC vectorizes a 64-lane select (max) loop, not a 16-lane one
+constexpr int64_t kRowBlock = 4096;    // elements per lane block (inner reductions)
+constexpr int64_t kTile = 4096;        // columns per tile (outer reductions); the Acc tile stays in L1
 constexpr int64_t kRowsPerFold = 256;  // rows accumulated in Acc before folding into Total
+
+// Converts n elements to the compute type. float16 uses F16C 8 at a time (the scalar
+// conversion does not vectorize); everything else is a plain loop the compiler vectorizes.
+template <typename T>
+inline void toCompute(const T* src, cohort::Acc<T>* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  if constexpr (std::is_same_v<T, Half>) {
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = static_cast<cohort::Acc<T>>(src[i]);
+}
+
+template <typename T>
+inline constexpr bool kIsHalf = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
+
+// Reduces n <= kRowBlock contiguous elements with kLanes independent accumulators.
+template <typename E, typename Op>
+typename Op::Acc laneBlock(const E* x, int64_t n, const Op& op) {
+  using A = typename Op::Acc;
+  using C = typename Op::C;
+  A lane[kLanes];
+  for (int64_t j = 0; j < kLanes; ++j) lane[j] = op.init();
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int64_t j = 0; j < kLanes; ++j) lane[j] = op.step(lane[j], static_cast<C>(x[i + j]));
+  A s = op.init();
+  for (; i < n; ++i) s = op.step(s, static_cast<C>(x[i]));
+  for (int64_t j = 0; j < kLanes; ++j) s = op.merge(s, lane[j]);
+  return s;
+}
 
 template <typename T, typename Op>
 typename Op::Total reduceRow(const T* x, int64_t n, const Op& op) {
-  using A = typename Op::Acc;
-  using C = cohort::Acc<T>;
   typename Op::Total total = op.initTotal();
+  if (n < 2 * kLanes) {  // short rows: lane set-up would cost more than the work
+    typename Op::Acc s = op.init();
+    for (int64_t i = 0; i < n; ++i) s = op.step(s, static_cast<typename Op::C>(x[i]));
+    return op.fold(total, s);
+  }
   for (int64_t start = 0; start < n; start += kRowBlock) {
-    const int64_t end = std::min(n, start + kRowBlock);
-    A lane[kLanes];
-    for (int64_t j = 0; j < kLanes; ++j) lane[j] = op.init();
-    int64_t i = start;
-    for (; i + kLanes <= end; i += kLanes)
-      for (int64_t j = 0; j < kLanes; ++j) lane[j] = op.step(lane[j], static_cast<C>(x[i + j]));
-    A s = op.init();
-    for (; i < end; ++i) s = op.step(s, static_cast<C>(x[i]));
-    for (int64_t j = 0; j < kLanes; ++j) s = op.merge(s, lane[j]);
-    total = op.fold(total, s);
+    const int64_t len = std::min(kRowBlock, n - start);
+    if constexpr (kIsHalf<T>) {
+      cohort::Acc<T> buf[kRowBlock];
+      toCompute(x + start, buf, len);
+      total = op.fold(total, laneBlock(buf, len, op));
+    } else {
+      total = op.fold(total, laneBlock(x + start, len, op));
+    }
   }
   return total;
 }
@@ -131,8 +170,9 @@ template <typename T, typename Op>
 void reduceColumns(const T* base, int64_t rows, int64_t width, int64_t rowStride, typename Op::Total* res,
                    const Op& op) {
   using A = typename Op::Acc;
-  using C = cohort::Acc<T>;
+  using C = typename Op::C;
   A acc[kTile];
+  cohort::Acc<T> buf[kIsHalf<T> ? kTile : 1];
   for (int64_t ts = 0; ts < width; ts += kTile) {
     const int64_t tw = std::min(kTile, width - ts);
     typename Op::Total* tot = res + ts;
@@ -141,8 +181,13 @@ void reduceColumns(const T* base, int64_t rows, int64_t width, int64_t rowStride
       const int64_t re = std::min(rows, rb + kRowsPerFold);
       for (int64_t c = 0; c < tw; ++c) acc[c] = op.init();
       for (int64_t r = rb; r < re; ++r) {
-        const T* row = base + r * rowStride + ts;
-        for (int64_t c = 0; c < tw; ++c) acc[c] = op.step(acc[c], static_cast<C>(row[c]));
+        if constexpr (kIsHalf<T>) {
+          toCompute(base + r * rowStride + ts, buf, tw);
+          for (int64_t c = 0; c < tw; ++c) acc[c] = op.step(acc[c], buf[c]);
+        } else {
+          const T* row = base + r * rowStride + ts;
+          for (int64_t c = 0; c < tw; ++c) acc[c] = op.step(acc[c], static_cast<C>(row[c]));
+        }
       }
       for (int64_t c = 0; c < tw; ++c) tot[c] = op.fold(tot[c], acc[c]);
     }
@@ -160,8 +205,8 @@ void reduceKernel(const ReducePlan& p, Out* out, const Op& op) {
     for (int64_t o = 0; o < O; ++o) out[o] = op.finish(reduceRow(x + o * R, R, op));
     return;
   }
-  // Narrow rows: m rows side by side make one row of m*I columns.
-  const int64_t m = I < 32 ? std::max<int64_t>(1, std::min<int64_t>(128 / I, R)) : 1;
+  // Narrow rows: m rows side by side make one row of about 1024 columns.
+  const int64_t m = I < 256 ? std::max<int64_t>(1, std::min<int64_t>(1024 / I, R)) : 1;
   const int64_t superRows = R / m, leftover = R - superRows * m;
   // Arrays, not std::vector: Tot may be bool.
   std::unique_ptr<Tot[]> wide(new Tot[static_cast<size_t>(m * I)]), rest(new Tot[static_cast<size_t>(I)]);
@@ -214,7 +259,7 @@ struct ExtremeOp {
   Map map;
   static Acc pick(Acc a, Acc x) {
     bool take = IsMax ? x > a : x < a;
-    if constexpr (kIsFloat<T>) take = take || x != x;
+    if constexpr (kIsFloat<T>) take = take | (x != x);  // bitwise: keeps the select branch-free
     return take ? x : a;
   }
   Acc init() const {

@@ -186,6 +186,17 @@ TEST(Reduce, KernelPathsMatchReference) {
       expectNear(norm(x32, 2, {d}), norm(x64, 2, {d}).toVector<double>(), 1e-5);
     }
   }
+  // Half types (converted to float in blocks, F16C for float16) over the same layouts, tails included.
+  for (DType dt : {DType::Float16, DType::BFloat16}) {
+    for (Shape shape : {Shape{37, 1100}, Shape{1000, 3}, Shape{5001}, Shape{3, 70, 4100}}) {
+      Tensor xh = rand(shape, {.dtype = dt}, &g);
+      Tensor x64 = xh.to(DType::Float64);
+      for (int64_t d = 0; d < xh.dim(); ++d) {
+        expectNear(sum(xh, {d}), sum(x64, {d}).toVector<double>(), 8e-3);
+        expectNear(amax(xh, {d}), amax(x64, {d}).toVector<double>(), 0);
+      }
+    }
+  }
   // A large float32 sum stays accurate: 2^24 + 1 ones would saturate a plain float accumulator.
   Tensor big = ones({(1 << 24) + 8}, {.dtype = DType::Float32});
   EXPECT_EQ(sum(big).item<double>(), static_cast<double>((1 << 24) + 8));
