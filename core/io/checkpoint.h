@@ -1,0 +1,75 @@
+/*
+ * Training checkpoints: everything needed to continue a run exactly where it stopped (model and
+ * optimizer tensors, optimizer groups and options, LR schedule, step, data position, RNG states),
+ * in one safetensors file written atomically, so a crash while saving leaves the previous
+ * checkpoint intact and Python tools can read the weights.
+ *
+ * Layout: tensors are named "model/<name>", "optimizer/<name>" ("optimizer/state.3.exp_avg")
+ * and "extra/<group>/<name>"; __metadata__ holds "format" = "cohort-checkpoint", "version" = "1"
+ * and "state", a JSON object with the step, data position, generator states, optimizer groups,
+ * scheduler state and the user's extra JSON.
+ *
+ *   io::TrainingState st{.model = model->stateDict(), .optimizer = opt.stateDict(),
+ *                        .scheduler = sched.state(), .step = step, .dataPosition = loader.position(),
+ *                        .generators = {{"cpu", defaultGenerator().state()}}};
+ *   io::saveCheckpoint("runs/ckpt", st);     // a folder: writes runs/ckpt/checkpoint.safetensors
+ *   io::TrainingState back = io::restoreCheckpoint("runs/ckpt", {.model = model.get(), .optimizer = &opt,
+ *                                              .scheduler = &sched, .loader = &loader});
+ *
+ * Every problem reading a checkpoint (missing, truncated or corrupt file, not a cohort
+ * checkpoint, a model or optimizer that does not match it) is a CheckpointError naming the file
+ * and what is wrong; restoreCheckpoint checks everything before it changes anything.
+ * Free functions; call them from one thread per file.
+ */
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include <cohort/core/data/data_loader.h>
+#include <cohort/core/io/safetensors.h>
+#include <cohort/core/nn/module.h>
+#include <cohort/core/optim/lr_scheduler.h>
+#include <cohort/core/optim/optimizer.h>
+#include <cohort/core/tensor/generator.h>
+
+namespace cohort::io {
+
+inline constexpr const char* kCheckpointFileName = "checkpoint.safetensors";
+
+struct TrainingState {
+  TensorDict model;                                  // nn::Module::stateDict()
+  std::optional<optim::OptimizerStateDict> optimizer;
+  std::optional<optim::SchedulerState> scheduler;
+  int64_t step = 0;
+  data::DataPosition dataPosition;
+  std::map<std::string, GeneratorState> generators;  // e.g. "cpu" -> defaultGenerator().state()
+  std::map<std::string, TensorDict> extraTensors;    // other named tensor groups (an EMA model, ...)
+  std::string extraJson;                             // any JSON value the program wants back ("" = none)
+};
+
+// The file a checkpoint path means: `path` itself, or path/checkpoint.safetensors when `path` is
+// an existing folder or ends with '/'.
+std::string checkpointFile(const std::string& path);
+
+// Writes atomically; a path ending in '/' creates the folder. Returns the file written.
+// Group names in extraTensors must be non-empty and free of '/'; extraJson must parse as JSON.
+std::string saveCheckpoint(const std::string& path, const TrainingState& state);
+TrainingState loadCheckpoint(const std::string& path);
+
+struct RestoreTargets {
+  nn::Module* model = nullptr;
+  optim::Optimizer* optimizer = nullptr;
+  optim::LRScheduler* scheduler = nullptr;
+  data::DataLoader* loader = nullptr;
+  Generator* generator = nullptr;  // restored from generators["cpu"]
+};
+
+// Loads the checkpoint and restores every non-null target, after checking that each one matches
+// (model keys and shapes, optimizer type and groups, scheduler group count, data position within
+// the loader's epoch, a saved "cpu" generator). Returns the loaded state.
+TrainingState restoreCheckpoint(const std::string& path, const RestoreTargets& targets);
+
+}  // namespace cohort::io
