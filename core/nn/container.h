@@ -44,8 +44,7 @@ class ModuleList : public Module {
  public:
   ModuleList() : Module("ModuleList") {}
   template <detail::ModuleLike... Ms>
-    requires(sizeof...(Ms) > 0)
-  explicit ModuleList(Ms&&... modules) : Module("ModuleList") {
+  requires(sizeof...(Ms) > 0) explicit ModuleList(Ms&&... modules) : Module("ModuleList") {
     (push_back(detail::toModulePtr(std::forward<Ms>(modules))), ...);
   }
 
@@ -62,7 +61,8 @@ class ModuleList : public Module {
   template <typename M>
   std::shared_ptr<M> at(int64_t i) const {
     auto p = std::dynamic_pointer_cast<M>((*this)[i]);
-    if (!p) throw ValueError(fmt::format("{}: module {} is a {}, not the type asked for", name(), i, (*this)[i]->name()));
+    if (!p)
+      throw ValueError(fmt::format("{}: module {} is a {}, not the type asked for", name(), i, (*this)[i]->name()));
     return p;
   }
   auto begin() const { return namedChildren().begin(); }
@@ -78,8 +78,7 @@ class Sequential : public ModuleList {
  public:
   Sequential() : ModuleList("Sequential") {}
   template <detail::ModuleLike... Ms>
-    requires(sizeof...(Ms) > 0)
-  explicit Sequential(Ms&&... modules) : ModuleList("Sequential") {
+  requires(sizeof...(Ms) > 0) explicit Sequential(Ms&&... modules) : ModuleList("Sequential") {
     (push_back(detail::toModulePtr(std::forward<Ms>(modules))), ...);
   }
   Tensor forward(const Tensor& input) override;
@@ -91,8 +90,9 @@ class ModuleDict : public Module {
  public:
   ModuleDict() : Module("ModuleDict") {}
   template <typename M>
-    requires(std::is_base_of_v<Module, std::remove_cvref_t<M>> && !std::is_lvalue_reference_v<M>)
-  std::shared_ptr<std::remove_cvref_t<M>> insert(const std::string& key, M&& module) {
+  requires(std::is_base_of_v<Module, std::remove_cvref_t<M>> &&
+           !std::is_lvalue_reference_v<M>) std::shared_ptr<std::remove_cvref_t<M>> insert(const std::string& key,
+                                                                                          M&& module) {
     return registerModule(key, std::make_shared<std::remove_cvref_t<M>>(std::forward<M>(module)));
   }
   template <typename M>

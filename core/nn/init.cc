@@ -9,8 +9,8 @@ namespace cohort::nn::init {
 
 std::pair<int64_t, int64_t> fanInAndFanOut(const Tensor& t) {
   if (t.dim() < 2)
-    throw ValueError(fmt::format("init: fan in and fan out need a tensor with at least 2 dims, got shape {}",
-                                 shapeStr(t.sizes())));
+    throw ValueError(
+        fmt::format("init: fan in and fan out need a tensor with at least 2 dims, got shape {}", shapeStr(t.sizes())));
   int64_t receptive = 1;
   for (int64_t d = 2; d < t.dim(); ++d) receptive *= t.size(d);
   return {t.size(1) * receptive, t.size(0) * receptive};

@@ -14,8 +14,12 @@ namespace cohort::nn {
 void HookHandle::remove() {
   auto table = table_.lock();
   if (!table) return;
-  std::erase_if(table->pre, [&](const auto& h) { return h.first == id_; });
-  std::erase_if(table->post, [&](const auto& h) { return h.first == id_; });
+  std::erase_if(table->pre, [&](const auto& h) {
+    return h.first == id_;
+  });
+  std::erase_if(table->post, [&](const auto& h) {
+    return h.first == id_;
+  });
   table_.reset();
 }
 
@@ -92,15 +96,15 @@ Tensor Module::forward(const Tensor& input) {
   }
   inDefaultForward_ = false;
   if (out.size() != 1)
-    throw ValueError(fmt::format("{}: forward produced {} outputs where one was expected; use call()", name_, out.size()));
+    throw ValueError(
+        fmt::format("{}: forward produced {} outputs where one was expected; use call()", name_, out.size()));
   return out[0];
 }
 
 TensorList Module::forwardMulti(const TensorList& inputs) {
   if (inDefaultForward_)
     throw NotSupportedError(fmt::format("{}: forward is not implemented (override forward or forwardMulti)", name_));
-  if (inputs.size() != 1)
-    throw ValueError(fmt::format("{}: takes one input tensor, got {}", name_, inputs.size()));
+  if (inputs.size() != 1) throw ValueError(fmt::format("{}: takes one input tensor, got {}", name_, inputs.size()));
   inDefaultForward_ = true;
   Tensor out;
   try {
@@ -125,14 +129,16 @@ void Module::checkNewName(const std::string& name, const char* what) const {
 
 Tensor Module::registerParameter(const std::string& name, Tensor tensor, bool requiresGrad) {
   checkNewName(name, "registerParameter");
-  if (!tensor.defined()) throw ValueError(fmt::format("{}.registerParameter('{}'): the tensor is undefined", name_, name));
+  if (!tensor.defined())
+    throw ValueError(fmt::format("{}.registerParameter('{}'): the tensor is undefined", name_, name));
   if (!tensor.isFloatingPoint())
     throw ValueError(fmt::format("{}.registerParameter('{}'): parameters must be floating point, got {}", name_, name,
                                  tensor.dtype()));
   if (!tensor.isLeaf())
-    throw ValueError(fmt::format("{}.registerParameter('{}'): the tensor has autograd history; register a leaf "
-                                 "(detach() it first)",
-                                 name_, name));
+    throw ValueError(
+        fmt::format("{}.registerParameter('{}'): the tensor has autograd history; register a leaf "
+                    "(detach() it first)",
+                    name_, name));
   tensor.setRequiresGrad(requiresGrad);
   params_.insert(name, tensor);
   return tensor;
@@ -149,7 +155,8 @@ Tensor Module::registerBuffer(const std::string& name, Tensor tensor, bool persi
 void Module::registerModuleImpl(const std::string& name, ModulePtr module) {
   checkNewName(name, "registerModule");
   if (!module) throw ValueError(fmt::format("{}.registerModule('{}'): the module is null", name_, name));
-  if (module.get() == this) throw ValueError(fmt::format("{}.registerModule('{}'): a module cannot be its own child", name_, name));
+  if (module.get() == this)
+    throw ValueError(fmt::format("{}.registerModule('{}'): a module cannot be its own child", name_, name));
   children_.insert(name, std::move(module));
 }
 
@@ -157,8 +164,9 @@ void Module::replaceParameter(const std::string& name, Tensor tensor) {
   Tensor* cur = params_.find(name);
   if (!cur) throw ValueError(fmt::format("{}.replaceParameter: no parameter '{}'", name_, name));
   if (!tensor.defined() || tensor.sizes() != cur->sizes())
-    throw ValueError(fmt::format("{}.replaceParameter('{}'): replacement of shape {} for a parameter of shape {}", name_,
-                                 name, tensor.defined() ? shapeStr(tensor.sizes()) : "undefined", shapeStr(cur->sizes())));
+    throw ValueError(fmt::format("{}.replaceParameter('{}'): replacement of shape {} for a parameter of shape {}",
+                                 name_, name, tensor.defined() ? shapeStr(tensor.sizes()) : "undefined",
+                                 shapeStr(cur->sizes())));
   *cur = std::move(tensor);
 }
 
@@ -360,9 +368,11 @@ LoadStateDictResult Module::loadStateDict(const StateDict& dict, bool strict) {
     if (!src->defined()) {
       mismatched.push_back(fmt::format("{}: undefined tensor in the dict, {} in the model", k, shapeStr(t.sizes())));
     } else if (src->sizes() != t.sizes()) {
-      mismatched.push_back(fmt::format("{}: {} in the dict, {} in the model", k, shapeStr(src->sizes()), shapeStr(t.sizes())));
+      mismatched.push_back(
+          fmt::format("{}: {} in the dict, {} in the model", k, shapeStr(src->sizes()), shapeStr(t.sizes())));
     } else if (src->isFloatingPoint() && !t.isFloatingPoint()) {
-      mismatched.push_back(fmt::format("{}: dtype {} in the dict cannot be loaded into {}", k, src->dtype(), t.dtype()));
+      mismatched.push_back(
+          fmt::format("{}: dtype {} in the dict cannot be loaded into {}", k, src->dtype(), t.dtype()));
     }
   }
   for (const auto& [k, t] : dict)
@@ -385,7 +395,8 @@ LoadStateDictResult Module::loadStateDict(const StateDict& dict, bool strict) {
     const Tensor* src = dict.find(k);
     if (!src) continue;
     Tensor dst = t;  // detached handle sharing the module tensor's storage
-    if (dst.storage() == src->storage() && dst.storageOffset() == src->storageOffset() && dst.strides() == src->strides())
+    if (dst.storage() == src->storage() && dst.storageOffset() == src->storageOffset() &&
+        dst.strides() == src->strides())
       continue;  // loading a module's own state dict into itself
     dst.copy_(*src);
   }

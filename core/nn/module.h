@@ -122,8 +122,8 @@ class Module : public std::enable_shared_from_this<Module> {
     return module;
   }
   template <typename M>
-    requires std::is_base_of_v<Module, std::remove_cvref_t<M>>
-  std::shared_ptr<std::remove_cvref_t<M>> registerModule(const std::string& name, M&& module) {
+  requires std::is_base_of_v<Module, std::remove_cvref_t<M>> std::shared_ptr<std::remove_cvref_t<M>> registerModule(
+      const std::string& name, M&& module) {
     return registerModule(name, std::make_shared<std::remove_cvref_t<M>>(std::forward<M>(module)));
   }
   // Swap an existing entry (wrappers use these). The replacement must have the same shape for

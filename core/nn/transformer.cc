@@ -16,8 +16,10 @@ CausalSelfAttention::CausalSelfAttention(int64_t nEmbd, int64_t nHead, int64_t b
                                          Generator* gen)
     : Module("CausalSelfAttention"), nEmbd_(nEmbd), nHead_(nHead), blockSize_(blockSize) {
   if (nHead < 1 || nEmbd < 1 || nEmbd % nHead != 0)
-    throw ValueError(fmt::format("CausalSelfAttention: n_embd ({}) must be a positive multiple of n_head ({})", nEmbd, nHead));
-  if (blockSize < 1) throw ValueError(fmt::format("CausalSelfAttention: block size must be positive, got {}", blockSize));
+    throw ValueError(
+        fmt::format("CausalSelfAttention: n_embd ({}) must be a positive multiple of n_head ({})", nEmbd, nHead));
+  if (blockSize < 1)
+    throw ValueError(fmt::format("CausalSelfAttention: block size must be positive, got {}", blockSize));
   registerModule("c_attn", Linear(nEmbd, 3 * nEmbd, bias, gen));
   registerModule("c_proj", Linear(nEmbd, nEmbd, bias, gen));
   registerModule("attn_dropout", Dropout(dropout, gen));
@@ -34,19 +36,22 @@ CausalSelfAttention::CausalSelfAttention(int64_t nEmbd, int64_t nHead, int64_t b
 
 Tensor CausalSelfAttention::forward(const Tensor& x) {
   if (x.dim() != 3 || x.size(2) != nEmbd_ || x.size(1) > blockSize_ || x.size(1) < 1)
-    throw ValueError(fmt::format("CausalSelfAttention(n_embd={}, n_head={}, block_size={}): expected input [B, T, {}] "
-                                 "with 1 <= T <= {}, got {}",
-                                 nEmbd_, nHead_, blockSize_, nEmbd_, blockSize_, shapeStr(x.sizes())));
+    throw ValueError(
+        fmt::format("CausalSelfAttention(n_embd={}, n_head={}, block_size={}): expected input [B, T, {}] "
+                    "with 1 <= T <= {}, got {}",
+                    nEmbd_, nHead_, blockSize_, nEmbd_, blockSize_, shapeStr(x.sizes())));
   const int64_t B = x.size(0), T = x.size(1), C = nEmbd_, hs = C / nHead_;
   Tensor qkv = (*child("c_attn"))(x);  // [B, T, 3C]
   std::vector<Tensor> parts = qkv.split(C, 2);
-  auto heads = [&](const Tensor& t) { return t.reshape({B, T, nHead_, hs}).transpose(1, 2); };  // [B, nh, T, hs]
+  auto heads = [&](const Tensor& t) {
+    return t.reshape({B, T, nHead_, hs}).transpose(1, 2);
+  };  // [B, nh, T, hs]
   Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
   Tensor att = matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hs)));  // [B, nh, T, T]
   att = att + buffer("mask").slice(0, 0, T).slice(1, 0, T);
   att = functional::softmax(att, -1);
   att = (*child("attn_dropout"))(att);
-  Tensor y = matmul(att, v);                             // [B, nh, T, hs]
+  Tensor y = matmul(att, v);                           // [B, nh, T, hs]
   y = y.transpose(1, 2).contiguous().view({B, T, C});  // heads side by side again
   return (*child("resid_dropout"))((*child("c_proj"))(y));
 }
@@ -101,7 +106,8 @@ GPT::GPT(GPTConfig config, Generator* gen) : Module("GPT"), config_(config) {
   transformer->insert("wpe", Embedding(c.blockSize, c.nEmbd, gen));
   transformer->insert("drop", Dropout(c.dropout, gen));
   auto h = transformer->insert("h", ModuleList());
-  for (int64_t i = 0; i < c.nLayer; ++i) h->push_back(TransformerBlock(c.nEmbd, c.nHead, c.blockSize, c.dropout, c.bias, gen));
+  for (int64_t i = 0; i < c.nLayer; ++i)
+    h->push_back(TransformerBlock(c.nEmbd, c.nHead, c.blockSize, c.dropout, c.bias, gen));
   transformer->insert("ln_f", LayerNorm(c.nEmbd, 1e-5, true, c.bias));
   registerModule("lm_head", lmHead);
 
@@ -169,8 +175,9 @@ Tensor GPT::generate(const Tensor& idx, int64_t maxNewTokens, double temperature
       double cutoff = -std::numeric_limits<double>::infinity();
       if (topK > 0 && topK < V) {
         std::iota(order.begin(), order.end(), int64_t{0});
-        std::nth_element(order.begin(), order.begin() + (topK - 1), order.end(),
-                         [&](int64_t a, int64_t c) { return row[a] > row[c]; });
+        std::nth_element(order.begin(), order.begin() + (topK - 1), order.end(), [&](int64_t a, int64_t c) {
+          return row[a] > row[c];
+        });
         cutoff = row[order[static_cast<size_t>(topK - 1)]];
       }
       double mx = -std::numeric_limits<double>::infinity();

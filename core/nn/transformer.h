@@ -57,8 +57,8 @@ struct GPTConfig {
   int64_t nHead = 12;
   int64_t nEmbd = 768;
   double dropout = 0.0;
-  bool bias = true;         // biases in Linear and LayerNorm layers
-  bool tieWeights = true;   // lm_head.weight is transformer.wte.weight
+  bool bias = true;        // biases in Linear and LayerNorm layers
+  bool tieWeights = true;  // lm_head.weight is transformer.wte.weight
 };
 
 class GPT : public Module {

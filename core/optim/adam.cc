@@ -8,7 +8,12 @@ namespace cohort::optim {
 
 namespace {
 GroupOptions adamMap(double lr, double b1, double b2, double eps, double wd, bool amsgrad, bool maximize) {
-  return {{"lr", lr},   {"beta1", b1}, {"beta2", b2}, {"eps", eps}, {"weight_decay", wd}, {"amsgrad", amsgrad ? 1.0 : 0.0},
+  return {{"lr", lr},
+          {"beta1", b1},
+          {"beta2", b2},
+          {"eps", eps},
+          {"weight_decay", wd},
+          {"amsgrad", amsgrad ? 1.0 : 0.0},
           {"maximize", maximize ? 1.0 : 0.0}};
 }
 }  // namespace
@@ -47,18 +52,18 @@ void Adam::checkOptions(const GroupOptions& o) const {
 namespace {
 
 struct AdamScalars {
-  double decay;       // AdamW: 1 - lr * wd
-  double wd;          // Adam: coupled weight decay
+  double decay;  // AdamW: 1 - lr * wd
+  double wd;     // Adam: coupled weight decay
   double beta1, oneMinusBeta1, beta2, oneMinusBeta2;
-  double bc2Sqrt;     // sqrt(1 - beta2^step)
+  double bc2Sqrt;  // sqrt(1 - beta2^step)
   double eps;
-  double negStepSize; // -lr / (1 - beta1^step)
+  double negStepSize;  // -lr / (1 - beta1^step)
 };
 
 // One fused pass over contiguous tensors, in torch's operation order (see adam.h).
 template <typename T, bool kDecoupled, bool kAmsgrad>
-void adamKernel(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v, T* __restrict vmax,
-                int64_t n, const AdamScalars& s, bool maximize) {
+void adamKernel(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v, T* __restrict vmax, int64_t n,
+                const AdamScalars& s, bool maximize) {
   using A = Acc<T>;
   const A decay = static_cast<A>(s.decay), wd = static_cast<A>(s.wd);
   const A b1 = static_cast<A>(s.beta1), omb1 = static_cast<A>(s.oneMinusBeta1);
@@ -93,11 +98,15 @@ template <typename T>
 void adamDispatch(bool decoupled, bool amsgrad, T* p, const T* g, T* m, T* v, T* vmax, int64_t n, const AdamScalars& s,
                   bool maximize) {
   if (decoupled) {
-    if (amsgrad) adamKernel<T, true, true>(p, g, m, v, vmax, n, s, maximize);
-    else adamKernel<T, true, false>(p, g, m, v, vmax, n, s, maximize);
+    if (amsgrad)
+      adamKernel<T, true, true>(p, g, m, v, vmax, n, s, maximize);
+    else
+      adamKernel<T, true, false>(p, g, m, v, vmax, n, s, maximize);
   } else {
-    if (amsgrad) adamKernel<T, false, true>(p, g, m, v, vmax, n, s, maximize);
-    else adamKernel<T, false, false>(p, g, m, v, vmax, n, s, maximize);
+    if (amsgrad)
+      adamKernel<T, false, true>(p, g, m, v, vmax, n, s, maximize);
+    else
+      adamKernel<T, false, false>(p, g, m, v, vmax, n, s, maximize);
   }
 }
 

@@ -48,7 +48,8 @@ class Adam : public Optimizer {
   explicit Adam(std::vector<ParamGroup> groups, AdamOptions defaults = {});
 
  protected:
-  Adam(std::string type, GroupOptions defaults, bool decoupled) : Optimizer(std::move(type), std::move(defaults)), decoupled_(decoupled) {}
+  Adam(std::string type, GroupOptions defaults, bool decoupled)
+      : Optimizer(std::move(type), std::move(defaults)), decoupled_(decoupled) {}
   void checkOptions(const GroupOptions& options) const override;
   void stepGroup(ParamGroup& group) override;
 

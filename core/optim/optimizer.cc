@@ -21,15 +21,16 @@ double ParamGroup::option(const std::string& key) const {
 
 double ParamGroup::lr() const { return option("lr"); }
 
-Optimizer::Optimizer(std::string type, GroupOptions defaults) : type_(std::move(type)), defaults_(std::move(defaults)) {}
+Optimizer::Optimizer(std::string type, GroupOptions defaults)
+    : type_(std::move(type)), defaults_(std::move(defaults)) {}
 
 void Optimizer::addParamGroup(ParamGroup group) {
   for (const auto& [k, v] : group.options)
     if (!defaults_.count(k)) {
       std::vector<std::string> known;
       for (const auto& [dk, dv] : defaults_) known.push_back(dk);
-      throw ValueError(fmt::format("{}: unknown option '{}' in a parameter group (known: {})", type_, k,
-                                   fmt::join(known, ", ")));
+      throw ValueError(
+          fmt::format("{}: unknown option '{}' in a parameter group (known: {})", type_, k, fmt::join(known, ", ")));
     }
   for (const auto& [k, v] : defaults_) group.options.emplace(k, v);
   checkOptions(group.options);
@@ -46,9 +47,10 @@ void Optimizer::addParamGroup(ParamGroup group) {
       throw ValueError(fmt::format("{}: parameter {} of the new group (shape {}) is not a leaf tensor", type_, i,
                                    shapeStr(p.sizes())));
     if (existing.count(p.impl()) || !mine.insert(p.impl()).second)
-      throw ValueError(fmt::format("{}: parameter {} of the new group (shape {}) appears in more than one place; a "
-                                   "parameter may be optimized by only one group, once",
-                                   type_, i, shapeStr(p.sizes())));
+      throw ValueError(
+          fmt::format("{}: parameter {} of the new group (shape {}) appears in more than one place; a "
+                      "parameter may be optimized by only one group, once",
+                      type_, i, shapeStr(p.sizes())));
   }
   groups_.push_back(std::move(group));
 }
@@ -128,7 +130,8 @@ void Optimizer::loadStateDict(const OptimizerStateDict& dict) {
   std::vector<std::string> problems;
   if (dict.type != type_) problems.push_back(fmt::format("the state is for a {} optimizer", dict.type));
   if (dict.groups.size() != groups_.size())
-    problems.push_back(fmt::format("it has {} parameter groups, the optimizer has {}", dict.groups.size(), groups_.size()));
+    problems.push_back(
+        fmt::format("it has {} parameter groups, the optimizer has {}", dict.groups.size(), groups_.size()));
   std::vector<Tensor> params = parameters();
   for (size_t i = 0; i < dict.groups.size() && i < groups_.size(); ++i) {
     if (dict.groups[i].params.size() != groups_[i].params.size())
@@ -144,7 +147,8 @@ void Optimizer::loadStateDict(const OptimizerStateDict& dict) {
     size_t dot = name.find('.', pre.size());
     char* end = nullptr;
     long long idx = -1;
-    if (name.compare(0, pre.size(), pre) == 0 && dot != std::string::npos) idx = std::strtoll(name.c_str() + pre.size(), &end, 10);
+    if (name.compare(0, pre.size(), pre) == 0 && dot != std::string::npos)
+      idx = std::strtoll(name.c_str() + pre.size(), &end, 10);
     if (idx < 0 || end != name.c_str() + dot || dot + 1 >= name.size()) {
       problems.push_back(fmt::format("tensor '{}' is not named state.<index>.<key>", name));
       continue;
@@ -158,8 +162,10 @@ void Optimizer::loadStateDict(const OptimizerStateDict& dict) {
     if (!t.defined()) {
       problems.push_back(fmt::format("tensor '{}' is undefined", name));
     } else if (key == "step") {
-      if (t.numel() != 1) problems.push_back(fmt::format("'{}' has shape {}, expected one element", name, shapeStr(t.sizes())));
-      else loaded[idx].step = static_cast<int64_t>(std::llround(t.itemDouble()));
+      if (t.numel() != 1)
+        problems.push_back(fmt::format("'{}' has shape {}, expected one element", name, shapeStr(t.sizes())));
+      else
+        loaded[idx].step = static_cast<int64_t>(std::llround(t.itemDouble()));
     } else if (t.sizes() != p.sizes()) {
       problems.push_back(fmt::format("'{}' has shape {}, parameter {} has shape {}", name, shapeStr(t.sizes()), idx,
                                      shapeStr(p.sizes())));
@@ -204,7 +210,8 @@ void Optimizer::loadStateDict(const OptimizerStateDict& dict) {
 namespace {
 
 std::string jsonNumber(double v) {
-  if (!std::isfinite(v)) throw ValueError(fmt::format("OptimizerStateDict: option value {} cannot be written as JSON", v));
+  if (!std::isfinite(v))
+    throw ValueError(fmt::format("OptimizerStateDict: option value {} cannot be written as JSON", v));
   return fmt::format("{:.17g}", v);
 }
 
@@ -224,7 +231,8 @@ std::string jsonString(const std::string& s) {
 // A small JSON reader: enough for metadataJson's output (objects, arrays, strings, numbers,
 // true/false/null).
 struct Json {
-  std::variant<std::nullptr_t, bool, double, std::string, std::vector<Json>, std::vector<std::pair<std::string, Json>>> v;
+  std::variant<std::nullptr_t, bool, double, std::string, std::vector<Json>, std::vector<std::pair<std::string, Json>>>
+      v;
 };
 
 class JsonParser {
@@ -389,9 +397,12 @@ void OptimizerStateDict::setMetadataFromJson(const std::string& json) {
       out.params.push_back(static_cast<int64_t>(*d));
     }
     for (const auto& [k, v] : std::get<std::vector<std::pair<std::string, Json>>>(os->v)) {
-      if (const double* d = std::get_if<double>(&v.v)) out.options[k] = *d;
-      else if (const bool* b = std::get_if<bool>(&v.v)) out.options[k] = *b ? 1.0 : 0.0;
-      else throw bad(fmt::format("option '{}' is not a number", k));
+      if (const double* d = std::get_if<double>(&v.v))
+        out.options[k] = *d;
+      else if (const bool* b = std::get_if<bool>(&v.v))
+        out.options[k] = *b ? 1.0 : 0.0;
+      else
+        throw bad(fmt::format("option '{}' is not a number", k));
     }
     parsed.push_back(std::move(out));
   }

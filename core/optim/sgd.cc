@@ -13,7 +13,8 @@ GroupOptions SGDOptions::toMap() const {
           {"maximize", maximize ? 1.0 : 0.0}};
 }
 
-SGD::SGD(std::vector<Tensor> params, SGDOptions options) : SGD(std::vector<ParamGroup>{ParamGroup{std::move(params), {}}}, options) {}
+SGD::SGD(std::vector<Tensor> params, SGDOptions options)
+    : SGD(std::vector<ParamGroup>{ParamGroup{std::move(params), {}}}, options) {}
 
 SGD::SGD(std::vector<ParamGroup> groups, SGDOptions defaults) : Optimizer("SGD", defaults.toMap()) {
   if (groups.empty()) throw ValueError("SGD: got an empty list of parameter groups");
@@ -27,9 +28,10 @@ void SGD::checkOptions(const GroupOptions& o) const {
   if (!(momentum >= 0.0)) throw ValueError(fmt::format("SGD: invalid momentum {}", momentum));
   if (!(wd >= 0.0)) throw ValueError(fmt::format("SGD: invalid weight_decay {}", wd));
   if (o.at("nesterov") != 0.0 && (momentum <= 0.0 || dampening != 0.0))
-    throw ValueError(fmt::format("SGD: Nesterov momentum requires a momentum > 0 and zero dampening (momentum {}, "
-                                 "dampening {})",
-                                 momentum, dampening));
+    throw ValueError(
+        fmt::format("SGD: Nesterov momentum requires a momentum > 0 and zero dampening (momentum {}, "
+                    "dampening {})",
+                    momentum, dampening));
 }
 
 namespace {

@@ -21,7 +21,8 @@ namespace {
 Tensor fill(const Shape& shape, int64_t k) {
   int64_t n = shapeNumel(shape);
   std::vector<float> v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = static_cast<float>(static_cast<double>((i * 7 + k * 13) % 23 - 11) / 40.0);
+  for (int64_t i = 0; i < n; ++i)
+    v[static_cast<size_t>(i)] = static_cast<float>(static_cast<double>((i * 7 + k * 13) % 23 - 11) / 40.0);
   return fromVector<float>(v, shape);
 }
 
@@ -42,7 +43,8 @@ void fillModule(nn::Module& m) {
 void expectClose(const Tensor& t, const std::vector<double>& want, double tol = 1e-5) {
   std::vector<double> got = t.toVector<double>();
   ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], tol * std::max(1.0, std::fabs(want[i]))) << "element " << i;
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_NEAR(got[i], want[i], tol * std::max(1.0, std::fabs(want[i]))) << "element " << i;
 }
 
 // A two-level module for the mechanics tests.
@@ -94,14 +96,16 @@ TEST(Module, NamesFollowRegistrationOrder) {
   for (const Tensor& p : m.parameters()) EXPECT_TRUE(p.requiresGrad());
   // apply visits children first, then the module itself.
   std::vector<std::string> visited;
-  m.apply([&](nn::Module& x) { visited.push_back(x.name()); });
+  m.apply([&](nn::Module& x) {
+    visited.push_back(x.name());
+  });
   EXPECT_EQ(visited, (std::vector<std::string>{"Inner", "Inner", "Outer"}));
 }
 
 TEST(Module, RegistrationErrors) {
   Outer m;
-  EXPECT_THROW(m.registerParameter("scale", zeros({1})), ValueError);   // taken
-  EXPECT_THROW(m.registerParameter("a.b", zeros({1})), ValueError);     // dot
+  EXPECT_THROW(m.registerParameter("scale", zeros({1})), ValueError);  // taken
+  EXPECT_THROW(m.registerParameter("a.b", zeros({1})), ValueError);    // dot
   EXPECT_THROW(m.registerParameter("", zeros({1})), ValueError);
   EXPECT_THROW(m.registerParameter("i", zeros({1}, {.dtype = DType::Int64})), ValueError);
   EXPECT_THROW(m.registerModule("first", nn::ReLU()), ValueError);
@@ -193,12 +197,14 @@ TEST(Module, StrictLoadListsEveryOffenderAndWritesNothing) {
   nn::StateDict sd = m.stateDict();
   nn::StateDict bad;
   for (const auto& [k, t] : sd) {
-    if (k == "first.w") continue;                                  // missing
-    if (k == "bias") bad.insert(k, zeros({3}));                    // wrong shape
-    else bad.insert(k, full(t.sizes(), 5.0, {.dtype = t.dtype()}));
+    if (k == "first.w") continue;  // missing
+    if (k == "bias")
+      bad.insert(k, zeros({3}));  // wrong shape
+    else
+      bad.insert(k, full(t.sizes(), 5.0, {.dtype = t.dtype()}));
   }
-  bad.insert("third.w", zeros({2, 2}));                             // unexpected
-  bad.insert("extra", zeros({1}));                                  // unexpected
+  bad.insert("third.w", zeros({2, 2}));  // unexpected
+  bad.insert("extra", zeros({1}));       // unexpected
   try {
     m.loadStateDict(bad);
     FAIL() << "expected ValueError";
@@ -248,12 +254,18 @@ TEST(Module, ForwardHooksRunInOrderAndAreRemovable) {
     log.push_back("pre1:" + m.name());
     in[0] = in[0] * 2.0;  // replace the input
   });
-  auto h2 = lin.registerForwardPreHook([&](nn::Module&, nn::TensorList&) { log.push_back("pre2"); });
-  auto h0 = lin.registerForwardPreHook([&](nn::Module&, nn::TensorList&) { log.push_back("pre0"); }, /*prepend=*/true);
+  auto h2 = lin.registerForwardPreHook([&](nn::Module&, nn::TensorList&) {
+    log.push_back("pre2");
+  });
+  auto h0 = lin.registerForwardPreHook(
+      [&](nn::Module&, nn::TensorList&) {
+        log.push_back("pre0");
+      },
+      /*prepend=*/true);
   auto p1 = lin.registerForwardHook([&](nn::Module&, const nn::TensorList& in, nn::TensorList& out) {
     log.push_back("post1");
     EXPECT_EQ(in[0].toVector<float>(), (std::vector<float>{2, 4}));  // sees the replaced input
-    out[0] = out[0] + 1.0;                                          // replace the output
+    out[0] = out[0] + 1.0;                                           // replace the output
   });
   Tensor y = lin(fromVector<float>({1, 2}, {1, 2}));
   EXPECT_EQ(y.toVector<float>(), (std::vector<float>{3, 5}));
@@ -273,7 +285,9 @@ TEST(Module, ForwardHooksRunInOrderAndAreRemovable) {
   nn::Sequential seq;
   nn::ReLU relu;
   int calls = 0;
-  auto hr = relu.registerForwardHook([&](nn::Module&, const nn::TensorList&, nn::TensorList&) { ++calls; });
+  auto hr = relu.registerForwardHook([&](nn::Module&, const nn::TensorList&, nn::TensorList&) {
+    ++calls;
+  });
   seq.push_back(std::move(relu));
   seq(fromVector<float>({-1, 1}));
   EXPECT_EQ(calls, 1);
@@ -292,7 +306,9 @@ TEST(Module, MultiInputModulesAndMissingForward) {
   };
   Add add;
   int pre = 0;
-  add.registerForwardPreHook([&](nn::Module&, nn::TensorList& in) { pre += static_cast<int>(in.size()); });
+  add.registerForwardPreHook([&](nn::Module&, nn::TensorList& in) {
+    pre += static_cast<int>(in.size());
+  });
   auto out = add.call({fromVector<float>({3}), fromVector<float>({1})});
   ASSERT_EQ(out.size(), 2u);
   EXPECT_EQ(out[0].item<float>(), 4.0f);
@@ -454,24 +470,24 @@ TEST(Layers, ConvAndPoolMatchTorch) {
   Tensor y = conv(x);
   EXPECT_EQ(y.sizes(), (Shape{1, 3, 4, 4}));
   expectClose(y, {0.0862499997, -0.0443750061, 0.0843750015, -0.0075000003, 0.0706249997, 0.0837500095, 0.0531249978,
-                  0.158749998, 0.0718749985, 0.0350000001, -0.0818750113, 0.0799999982, 0.0443750024, 0.0431249999,
-                  0.0131249949, 0.0712500066, 0.214374989, 0.224999994, 0.269999981, 0.28125, 0.227499992,
-                  0.196250007, 0.113124996, 0.205624998, 0.207499996, 0.277500004, 0.251875013, 0.278124988,
-                  0.194374993, 0.25562501, 0.256874979, 0.252499998, -0.146249995, -0.267499983, -0.104999997,
-                  -0.206249997, -0.161874995, -0.09375, -0.329999983, -0.106875002, -0.145624995, -0.184375003,
-                  -0.219374999, -0.242499992, -0.173124999, -0.178749993, -0.117499992, -0.270624995});
+                  0.158749998,  0.0718749985,  0.0350000001, -0.0818750113, 0.0799999982, 0.0443750024, 0.0431249999,
+                  0.0131249949, 0.0712500066,  0.214374989,  0.224999994,   0.269999981,  0.28125,      0.227499992,
+                  0.196250007,  0.113124996,   0.205624998,  0.207499996,   0.277500004,  0.251875013,  0.278124988,
+                  0.194374993,  0.25562501,    0.256874979,  0.252499998,   -0.146249995, -0.267499983, -0.104999997,
+                  -0.206249997, -0.161874995,  -0.09375,     -0.329999983,  -0.106875002, -0.145624995, -0.184375003,
+                  -0.219374999, -0.242499992,  -0.173124999, -0.178749993,  -0.117499992, -0.270624995});
   // Conv2d(2, 2, (2, 1), stride=(2, 1), padding=(0, 1), bias=False, groups=2)
   nn::Conv2d grouped(2, 2, {2, 1}, {.stride = {2, 1}, .padding = {0, 1}, .groups = 2}, /*bias=*/false);
   fillModule(grouped);
-  expectClose(grouped(x), {0, -0.041875001, 0.0506250039, 0.0425000042, 0, 0, -0.0206250008, 0.0362500027,
-                           0.0500000007, 0});
+  expectClose(grouped(x),
+              {0, -0.041875001, 0.0506250039, 0.0425000042, 0, 0, -0.0206250008, 0.0362500027, 0.0500000007, 0});
   EXPECT_EQ(conv(fill({2, 3, 3}, 3)).sizes(), (Shape{3, 4, 4}));  // unbatched input
-  EXPECT_THROW(conv(zeros({1, 3, 3, 3})), ValueError);           // wrong channel count
+  EXPECT_THROW(conv(zeros({1, 3, 3, 3})), ValueError);            // wrong channel count
   EXPECT_THROW(conv(zeros({3, 3})), ValueError);
 
   Tensor xp = fill({2, 1, 4, 4}, 4);
-  expectClose(nn::MaxPool2d(2)(xp), {0.174999997, 0.224999994, 0.25, 0.200000003, 0.100000001, 0.275000006,
-                                     0.224999994, 0.125});
+  expectClose(nn::MaxPool2d(2)(xp),
+              {0.174999997, 0.224999994, 0.25, 0.200000003, 0.100000001, 0.275000006, 0.224999994, 0.125});
   // AvgPool2d(3, stride=2, padding=1), count_include_pad=True
   expectClose(nn::AvgPool2d(3, 2, 1)(xp), {0.0111111104, 1.24176347e-09, 0.013888889, -0.036111109, -0.0222222246,
                                            0.013888889, 0.0277777817, 0.0166666694});
@@ -528,9 +544,9 @@ TEST(Layers, SequentialAndModuleList) {
 TEST(Transformer, AttentionMatchesTorch) {
   nn::CausalSelfAttention att(4, 2, 4);
   fillModule(att);
-  expectClose(att(fill({1, 3, 4}, 2)), {0.16573438, -0.247078121, -0.195578128, 0.0819687545, 0.168582588, -0.245609164,
-                                        -0.187408298, 0.0735697448, 0.150454134, -0.262166709, -0.174720719,
-                                        0.078148216});
+  expectClose(att(fill({1, 3, 4}, 2)),
+              {0.16573438, -0.247078121, -0.195578128, 0.0819687545, 0.168582588, -0.245609164, -0.187408298,
+               0.0735697448, 0.150454134, -0.262166709, -0.174720719, 0.078148216});
   EXPECT_THROW(att(zeros({1, 5, 4})), ValueError);  // longer than the block
   EXPECT_THROW(att(zeros({1, 3, 6})), ValueError);
   EXPECT_THROW(nn::CausalSelfAttention(6, 4, 8), ValueError);
@@ -545,29 +561,31 @@ TEST(Transformer, GPTForwardMatchesTorch) {
     Tensor logits = gpt(idx);
     EXPECT_EQ(logits.sizes(), (Shape{2, 3, 7}));
     expectClose(logits,
-                {-0.141088456, 0.00347758643, 0.0944301188, 0.0467732139, -0.164366424, -0.12556982, 0.0711521581,
+                {-0.141088456, 0.00347758643, 0.0944301188, 0.0467732139, -0.164366424, -0.12556982,  0.0711521581,
                  -0.142183989, -0.0501560345, 0.0884985849, 0.0692152306, -0.167374343, -0.125390396, 0.0633082241,
-                 -0.141539156, 0.00186450465, 0.094330363, 0.0478100367, -0.165352583, -0.125663519, 0.070516929,
-                 -0.128834009, -0.0524908304, 0.0852990076, 0.0589435287, -0.13746804, -0.123077996, 0.0766649842,
+                 -0.141539156, 0.00186450465, 0.094330363,  0.0478100367, -0.165352583, -0.125663519, 0.070516929,
+                 -0.128834009, -0.0524908304, 0.0852990076, 0.0589435287, -0.13746804,  -0.123077996, 0.0766649842,
                  -0.134484664, -0.0487885177, 0.0951702371, 0.0552194789, -0.175759852, -0.106967866, 0.0538950562,
-                 -0.143972501, -0.0193299968, 0.0939960703, 0.0570214503, -0.175938115, -0.12266209, 0.062030457});
+                 -0.143972501, -0.0193299968, 0.0939960703, 0.0570214503, -0.175938115, -0.12266209,  0.062030457});
   }
   {
     // The same with layers 1, no biases, untied.
-    nn::GPT gpt({.vocabSize = 7, .blockSize = 4, .nLayer = 1, .nHead = 2, .nEmbd = 4, .bias = false, .tieWeights = false});
-    EXPECT_EQ(keysOf(gpt.stateDict()),
-              (std::vector<std::string>{"transformer.wte.weight", "transformer.wpe.weight", "transformer.h.0.ln_1.weight",
-                                        "transformer.h.0.attn.c_attn.weight", "transformer.h.0.attn.c_proj.weight",
-                                        "transformer.h.0.ln_2.weight", "transformer.h.0.mlp.c_fc.weight",
-                                        "transformer.h.0.mlp.c_proj.weight", "transformer.ln_f.weight", "lm_head.weight"}));
+    nn::GPT gpt(
+        {.vocabSize = 7, .blockSize = 4, .nLayer = 1, .nHead = 2, .nEmbd = 4, .bias = false, .tieWeights = false});
+    EXPECT_EQ(
+        keysOf(gpt.stateDict()),
+        (std::vector<std::string>{"transformer.wte.weight", "transformer.wpe.weight", "transformer.h.0.ln_1.weight",
+                                  "transformer.h.0.attn.c_attn.weight", "transformer.h.0.attn.c_proj.weight",
+                                  "transformer.h.0.ln_2.weight", "transformer.h.0.mlp.c_fc.weight",
+                                  "transformer.h.0.mlp.c_proj.weight", "transformer.ln_f.weight", "lm_head.weight"}));
     fillModule(gpt);
-    expectClose(gpt(idx), {-0.0246934053, 0.0136182485, 0.0606555827, -0.0694598854, -0.0311482437, -0.00936874282,
-                           0.0376685932, 0.0388850234, 0.0760348067, -0.066850327, -0.0144900559, 0.0226597227,
-                           0.0537449345, -0.0891401991, 0.0258971974, 0.0520137623, -0.000481151073, -0.0515707955,
-                           -0.0254542306, 0.0363438204, -0.0161510892, -0.0246933978, 0.0136182504, 0.0606555678,
-                           -0.0694598779, -0.0311482344, -0.00936873816, 0.0376685783, 0.0222231075, -0.0177828092,
-                           -0.0451062955, 0.0593092404, 0.0193033256, 0.0062207398, -0.0211027469, -0.0212133396,
-                           -0.0637960956, 0.0457920618, 0.0216383263, -0.0209444314, -0.0382464416, 0.0713417158});
+    expectClose(gpt(idx), {-0.0246934053, 0.0136182485,  0.0606555827,   -0.0694598854, -0.0311482437,   -0.00936874282,
+                           0.0376685932,  0.0388850234,  0.0760348067,   -0.066850327,  -0.0144900559,   0.0226597227,
+                           0.0537449345,  -0.0891401991, 0.0258971974,   0.0520137623,  -0.000481151073, -0.0515707955,
+                           -0.0254542306, 0.0363438204,  -0.0161510892,  -0.0246933978, 0.0136182504,    0.0606555678,
+                           -0.0694598779, -0.0311482344, -0.00936873816, 0.0376685783,  0.0222231075,    -0.0177828092,
+                           -0.0451062955, 0.0593092404,  0.0193033256,   0.0062207398,  -0.0211027469,   -0.0212133396,
+                           -0.0637960956, 0.0457920618,  0.0216383263,   -0.0209444314, -0.0382464416,   0.0713417158});
   }
 }
 
@@ -582,7 +600,7 @@ TEST(Transformer, GPTIsCausalAndTrains) {
   for (size_t i = 3 * 13; i < la.size(); ++i) differs |= la[i] != lb[i];
   EXPECT_TRUE(differs);
   EXPECT_THROW(gpt(zeros({1, 9}, {.dtype = DType::Int64})), ValueError);  // longer than the block
-  EXPECT_THROW(gpt(zeros({1, 3})), ValueError);                            // float ids
+  EXPECT_THROW(gpt(zeros({1, 3})), ValueError);                           // float ids
 
   // A few AdamW steps on a fixed batch lower the loss; the tied weight gets one gradient.
   optim::AdamW opt(gpt.parameters(), {.lr = 1e-2, .weightDecay = 0.0});
@@ -636,13 +654,19 @@ TEST(Transformer, GradientsThroughTheWholeModelAreRight) {
   gpt.to(DType::Float64);
   auto p = gpt.namedParameters();
   Tensor idx = fromVector<int64_t>({1, 4, 2, 0, 3, 3}, {2, 3});
-  EXPECT_TRUE(cohort::testing::gradcheck([&](const std::vector<Tensor>&) { return gpt(idx); },
-                                         {p["transformer.wte.weight"], p["transformer.wpe.weight"],
-                                          p["transformer.h.0.attn.c_attn.weight"], p["transformer.h.0.ln_1.bias"],
-                                          p["transformer.h.0.mlp.c_proj.weight"]}));
+  EXPECT_TRUE(cohort::testing::gradcheck(
+      [&](const std::vector<Tensor>&) {
+        return gpt(idx);
+      },
+      {p["transformer.wte.weight"], p["transformer.wpe.weight"], p["transformer.h.0.attn.c_attn.weight"],
+       p["transformer.h.0.ln_1.bias"], p["transformer.h.0.mlp.c_proj.weight"]}));
   // The attention's input gradient, for a non-contiguous (transposed) input.
   nn::CausalSelfAttention att(4, 2, 4);
   att.to(DType::Float64);
   Tensor x = cohort::testing::randArg({3, 2, 4});
-  EXPECT_TRUE(cohort::testing::gradcheck([&](const std::vector<Tensor>& in) { return att(in[0].transpose(0, 1)); }, {x}));
+  EXPECT_TRUE(cohort::testing::gradcheck(
+      [&](const std::vector<Tensor>& in) {
+        return att(in[0].transpose(0, 1));
+      },
+      {x}));
 }

@@ -61,38 +61,55 @@ struct Case {
 TEST(Optim, StepsMatchTorch) {
   // torch.optim.<X>(..., options as below), 5 steps, the loss above.
   std::vector<Case> cases = {
-      {"SGD plain", [](auto ps) { return std::make_unique<SGD>(ps, SGDOptions{.lr = 0.1}); },
+      {"SGD plain",
+       [](auto ps) {
+         return std::make_unique<SGD>(ps, SGDOptions{.lr = 0.1});
+       },
        {0.322602659, -1.03382182, 2.27081609, 0.606671453, -0.45835337, 1.46217144},
        {0.139996126, -0.263632596, 1.04571307, -1.18955469, 0.0105403513, 0.632962108}},
       {"SGD momentum dampening wd",
        [](auto ps) {
-         return std::make_unique<SGD>(ps, SGDOptions{.lr = 0.05, .momentum = 0.9, .dampening = 0.1, .weightDecay = 0.01});
+         return std::make_unique<SGD>(ps,
+                                      SGDOptions{.lr = 0.05, .momentum = 0.9, .dampening = 0.1, .weightDecay = 0.01});
        },
        {0.268244773, -0.97339052, 2.30640388, 0.554382026, -0.500781357, 1.53196752},
        {0.122772656, -0.218685806, 1.06929791, -1.09085178, 0.00402178708, 0.637858629}},
       {"SGD nesterov wd",
        [](auto ps) {
-         return std::make_unique<SGD>(ps, SGDOptions{.lr = 0.05, .momentum = 0.8, .weightDecay = 0.05, .nesterov = true});
+         return std::make_unique<SGD>(ps,
+                                      SGDOptions{.lr = 0.05, .momentum = 0.8, .weightDecay = 0.05, .nesterov = true});
        },
        {0.233420581, -0.902320743, 2.30470777, 0.525462866, -0.514303803, 1.5709852},
        {0.108665034, -0.195001006, 1.07227063, -1.01388454, -0.00737737259, 0.626611471}},
       {"SGD maximize momentum",
-       [](auto ps) { return std::make_unique<SGD>(ps, SGDOptions{.lr = 0.02, .momentum = 0.5, .maximize = true}); },
+       [](auto ps) {
+         return std::make_unique<SGD>(ps, SGDOptions{.lr = 0.02, .momentum = 0.5, .maximize = true});
+       },
        {0.56632024, -1.32324004, 1.92086375, 0.809111953, -0.242237732, 0.986044049},
        {0.221355408, -0.453548878, 0.855268359, -1.61606061, 0.0609760135, 0.588554144}},
-      {"Adam", [](auto ps) { return std::make_unique<Adam>(ps, AdamOptions{.lr = 0.01}); },
+      {"Adam",
+       [](auto ps) {
+         return std::make_unique<Adam>(ps, AdamOptions{.lr = 0.01});
+       },
        {0.450071424, -1.20001984, 2.05003285, 0.700148106, -0.349932253, 1.15000594},
        {0.150161684, -0.350126773, 0.950029492, -1.45003927, -0.000207744539, 0.649757385}},
       {"Adam wd",
        [](auto ps) {
-         return std::make_unique<Adam>(ps, AdamOptions{.lr = 0.02, .beta1 = 0.8, .beta2 = 0.99, .eps = 1e-6, .weightDecay = 0.1});
+         return std::make_unique<Adam>(
+             ps, AdamOptions{.lr = 0.02, .beta1 = 0.8, .beta2 = 0.99, .eps = 1e-6, .weightDecay = 0.1});
        },
        {0.400614709, -1.15019, 2.10032296, 0.651110947, -0.399239868, 1.19999993},
        {0.101520188, -0.301065564, 1.00017595, -1.40030706, -0.051411029, 0.629846573}},
-      {"Adam amsgrad", [](auto ps) { return std::make_unique<Adam>(ps, AdamOptions{.lr = 0.05, .amsgrad = true}); },
+      {"Adam amsgrad",
+       [](auto ps) {
+         return std::make_unique<Adam>(ps, AdamOptions{.lr = 0.05, .amsgrad = true});
+       },
        {0.252576649, -1.00055373, 2.25066733, 0.50727576, -0.547597766, 1.35014582},
        {-0.0416669399, -0.155752182, 1.15061307, -1.25121284, -0.198731884, 0.833957374}},
-      {"AdamW", [](auto ps) { return std::make_unique<AdamW>(ps, AdamWOptions{.lr = 0.01}); },
+      {"AdamW",
+       [](auto ps) {
+         return std::make_unique<AdamW>(ps, AdamWOptions{.lr = 0.01});
+       },
        {0.449831814, -1.19940507, 2.04902267, 0.699784398, -0.349772483, 1.14944601},
        {0.150072038, -0.34993732, 0.949569285, -1.44930005, -0.000222751871, 0.649449348}},
       {"AdamW wd amsgrad",
@@ -145,10 +162,12 @@ TEST(Optim, ParamGroupsWithTheirOwnOptions) {
     EXPECT_EQ(opt.state(pr.p1)->tensors.count("momentum_buffer"), 0u);  // no momentum in that group
   }
   {
-    // torch.optim.AdamW([{"params": [p0], "weight_decay": 0.0}, {"params": [p1], "lr": 0.003}], lr=0.02, weight_decay=0.1)
+    // torch.optim.AdamW([{"params": [p0], "weight_decay": 0.0}, {"params": [p1], "lr": 0.003}], lr=0.02,
+    // weight_decay=0.1)
     Problem pr;
-    AdamW opt({{.params = {pr.p0}, .options = {{"weight_decay", 0.0}}}, {.params = {pr.p1}, .options = {{"lr", 0.003}}}},
-              {.lr = 0.02, .weightDecay = 0.1});
+    AdamW opt(
+        {{.params = {pr.p0}, .options = {{"weight_decay", 0.0}}}, {.params = {pr.p1}, .options = {{"lr", 0.003}}}},
+        {.lr = 0.02, .weightDecay = 0.1});
     pr.run(opt, 5);
     expectClose(pr.p0, {0.400313765, -1.15008163, 2.10012507, 0.650705457, -0.399703801, 1.20002389});
     expectClose(pr.p1, {0.18472217, -0.384420067, 0.913644314, -1.48276424, 0.0349056423, 0.614074647});
@@ -292,8 +311,7 @@ TEST(LRScheduler, StepLRMatchesTorch) {
   Problem pr;
   SGD opt({pr.p0}, {.lr = 0.5});
   StepLR s(opt, 3, 0.5);
-  expectLrs(lrSequence(opt, s, 12),
-            {0.5, 0.5, 0.5, 0.25, 0.25, 0.25, 0.125, 0.125, 0.125, 0.0625, 0.0625, 0.0625});
+  expectLrs(lrSequence(opt, s, 12), {0.5, 0.5, 0.5, 0.25, 0.25, 0.25, 0.125, 0.125, 0.125, 0.0625, 0.0625, 0.0625});
 }
 
 TEST(LRScheduler, LinearWarmupMatchesTorchLinearLR) {
@@ -309,10 +327,9 @@ TEST(LRScheduler, CosineWithWarmupMatchesReference) {
   Problem pr;
   SGD opt({pr.p0}, {.lr = 0.5});
   CosineWithWarmup s(opt, {.warmupSteps = 3, .totalSteps = 10, .minLr = 0.05});
-  expectLrs(lrSequence(opt, s, 12),
-            {0.16666666666666666, 0.33333333333333331, 0.5, 0.5, 0.47771799527804426, 0.41528520541821506,
-             0.3250672101401707, 0.22493278985982929, 0.13471479458178498, 0.072282004721955728, 0.050000000000000003,
-             0.050000000000000003});
+  expectLrs(lrSequence(opt, s, 12), {0.16666666666666666, 0.33333333333333331, 0.5, 0.5, 0.47771799527804426,
+                                     0.41528520541821506, 0.3250672101401707, 0.22493278985982929, 0.13471479458178498,
+                                     0.072282004721955728, 0.050000000000000003, 0.050000000000000003});
 }
 
 TEST(LRScheduler, StateRoundTripAndGroups) {
@@ -348,16 +365,24 @@ TEST(ClipGradNorm, MatchesTorch) {
     std::vector<double> g0, g1;
   };
   std::vector<Ref> refs = {
-      {2.0, 1.0, 3.36117554,
+      {2.0,
+       1.0,
+       3.36117554,
        {0.148757443, -0.371893615, 0.595029771, 0.223136157, -0.0892544687, 0.327266395},
        {0.0595029779, -0.119005956, 0.267763376, -0.446272314, 0.0148757445, 0.178508937}},
-      {kInfNorm, 0.5, 2.0,
+      {kInfNorm,
+       0.5,
+       2.0,
        {0.12499994, -0.312499851, 0.499999762, 0.187499911, -0.0749999657, 0.274999887},
        {0.0499999784, -0.0999999568, 0.22499989, -0.374999821, 0.0124999946, 0.149999931}},
-      {1.0, 100.0, 9.55000019,
+      {1.0,
+       100.0,
+       9.55000019,
        {0.5, -1.25, 2, 0.75, -0.300000012, 1.10000002},
        {0.200000003, -0.400000006, 0.899999976, -1.5, 0.0500000007, 0.600000024}},
-      {3.0, 0.7, 2.5329051,
+      {3.0,
+       0.7,
+       2.5329051,
        {0.138181195, -0.345452994, 0.552724779, 0.207271785, -0.0829087198, 0.303998649},
        {0.0552724786, -0.110544957, 0.248726144, -0.414543569, 0.0138181197, 0.16581744}},
   };
