@@ -68,8 +68,9 @@ Tensor linspace(double start, double end, int64_t steps, TensorOptions opts) {
   double step = steps > 1 ? (end - start) / static_cast<double>(steps - 1) : 0.0;
   COHORT_DISPATCH(opts.dtype, "linspace", [&]<typename T>() {
     T* p = t.data<T>();
-    // Fill from both ends, as torch does, so the last value is exactly `end`.
-    int64_t half = steps / 2;
+    // Fill from both ends, as torch does, so the last value is exactly `end` (a single step is
+    // `start`, as in torch).
+    int64_t half = steps == 1 ? 1 : steps / 2;
     for (int64_t i = 0; i < steps; ++i) {
       double v = i < half ? start + step * static_cast<double>(i) : end - step * static_cast<double>(steps - i - 1);
       p[i] = static_cast<T>(static_cast<Acc<T>>(v));
