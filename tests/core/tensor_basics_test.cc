@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <string>

@@ -181,7 +181,7 @@ TEST(Future, ThenPropagatesErrors) {
 TEST(Future, ThenFlattensAReturnedFuture) {
   Future<int> outer;
   Future<std::string> inner;
-  Future<std::string> chained = outer.then([&](Future<int> d) {
+  auto chained = outer.then([&](Future<int> d) {
     EXPECT_EQ(d.value(), 1);
     return inner;  // a Future<std::string>, flattened: chained is Future<std::string>
   });
