@@ -1,4 +1,5 @@
 #include <cohort/core/data/digits.h>
+#include <cohort/core/data/sampler.h>
 
 #include <charconv>
 #include <vector>
@@ -75,8 +76,20 @@ std::shared_ptr<TensorDataset> digitsFromFile(const std::string& path, const std
     if (split == "train") end = kDigitsTrainCount;
     else begin = kDigitsTrainCount;
   }
-  std::vector<float> px(d.pixels.begin() + begin * kPixels, d.pixels.begin() + end * kPixels);
-  std::vector<int64_t> lb(d.labels.begin() + begin, d.labels.begin() + end);
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  if (split == "all") {
+    for (int64_t i = 0; i < n; ++i) order[static_cast<size_t>(i)] = i;
+  } else {
+    order = torchRandperm(n, 0);
+  }
+  std::vector<float> px;
+  std::vector<int64_t> lb;
+  px.reserve(static_cast<size_t>((end - begin) * kPixels));
+  for (int64_t i = begin; i < end; ++i) {
+    int64_t row = order[static_cast<size_t>(i)];
+    px.insert(px.end(), d.pixels.begin() + row * kPixels, d.pixels.begin() + (row + 1) * kPixels);
+    lb.push_back(d.labels[static_cast<size_t>(row)]);
+  }
   Tensor x = fromVector(px, {end - begin, kPixels});
   Tensor y = fromVector(lb, {end - begin});
   return std::make_shared<TensorDataset>(std::move(x), std::move(y));
