@@ -6,8 +6,13 @@
  * "Prescott", running 5x slower. The only switch is the OPENBLAS_CORETYPE variable, read by that
  * constructor, which runs before any code of a program that links the library. Loading it
  * ourselves lets cohort set the right core type from the CPU's features first, so users get the
- * fast kernels without setting anything; an explicit OPENBLAS_CORETYPE is respected.
- * See docs/benchmarks.md (GEMM) for the measurements behind this choice.
+ * fast kernels without setting anything; an explicit OPENBLAS_CORETYPE is respected. (On AMD Zen 4
+ * the same OpenBLAS already picks its AVX-512 "Cooperlake" kernels, which is also what cohort asks for.)
+ * Why OpenBLAS and not BLIS or oneDNN: measured side by side on one thread, the AVX2/AVX-512 kernel
+ * families, BLIS and oneDNN's sgemm are within about 10% of each other; oneDNN has no double GEMM and
+ * brings an OpenMP pool, BLIS picks "zen3" kernels. One library for both precisions, whose threads
+ * cohort controls, wins; docs/benchmarks.md (GEMM) has the figures.
+ * The library is opened once per process and never closed (OpenBLAS keeps worker threads).
  *
  * Thread-safe: loading happens once; GEMM may be called from any thread.
  */
