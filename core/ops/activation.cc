@@ -15,12 +15,12 @@ namespace vm = vecmath;
 Tensor relu(const Tensor& a) {
   if (a.defined() && a.dtype() == DType::Bool)
     throw ValueError(fmt::format("relu: not supported for bool tensors (shape {})", shapeStr(a.sizes())));
-  Tensor out = detail::unaryOp(a, "relu", [](auto x) {
+  Tensor out = detail::unaryOp(a, "relu", [](auto x) COHORT_KERNEL_FN {
     using A = decltype(x);
     return x > A(0) ? x : (x != x ? x : A(0));  // NaN stays NaN, as torch
   });
   autograd::record("relu", {a}, {out}, {out}, [](Ctx& ctx, const GradList& g) -> GradList {
-    return {detail::binaryFloatOp(g[0], ctx.saved(0), "relu backward", [](auto gv, auto y) {
+    return {detail::binaryFloatOp(g[0], ctx.saved(0), "relu backward", [](auto gv, auto y) COHORT_KERNEL_FN {
       using A = decltype(gv);
       return y > A(0) ? gv : A(0);
     })};
@@ -29,9 +29,9 @@ Tensor relu(const Tensor& a) {
 }
 
 Tensor sigmoid(const Tensor& a) {
-  Tensor out = detail::unaryFloatOp(a, "sigmoid", [](auto x) { return vm::sigmoid(x); });
+  Tensor out = detail::unaryFloatOp(a, "sigmoid", [](auto x) COHORT_KERNEL_FN { return vm::sigmoid(x); });
   autograd::record("sigmoid", {a}, {out}, {out}, [](Ctx& ctx, const GradList& g) -> GradList {
-    return {detail::binaryFloatOp(g[0], ctx.saved(0), "sigmoid backward", [](auto gv, auto y) {
+    return {detail::binaryFloatOp(g[0], ctx.saved(0), "sigmoid backward", [](auto gv, auto y) COHORT_KERNEL_FN {
       using A = decltype(gv);
       return gv * (A(1) - y) * y;
     })};
@@ -40,9 +40,9 @@ Tensor sigmoid(const Tensor& a) {
 }
 
 Tensor tanh(const Tensor& a) {
-  Tensor out = detail::unaryFloatOp(a, "tanh", [](auto x) { return vm::tanh(x); });
+  Tensor out = detail::unaryFloatOp(a, "tanh", [](auto x) COHORT_KERNEL_FN { return vm::tanh(x); });
   autograd::record("tanh", {a}, {out}, {out}, [](Ctx& ctx, const GradList& g) -> GradList {
-    return {detail::binaryFloatOp(g[0], ctx.saved(0), "tanh backward", [](auto gv, auto y) {
+    return {detail::binaryFloatOp(g[0], ctx.saved(0), "tanh backward", [](auto gv, auto y) COHORT_KERNEL_FN {
       using A = decltype(gv);
       return gv * (A(1) - y * y);
     })};
@@ -51,9 +51,9 @@ Tensor tanh(const Tensor& a) {
 }
 
 Tensor silu(const Tensor& a) {
-  Tensor out = detail::unaryFloatOp(a, "silu", [](auto x) { return vm::silu(x); });
+  Tensor out = detail::unaryFloatOp(a, "silu", [](auto x) COHORT_KERNEL_FN { return vm::silu(x); });
   autograd::record("silu", {a}, {out}, {a}, [](Ctx& ctx, const GradList& g) -> GradList {
-    return {detail::binaryFloatOp(g[0], ctx.saved(0), "silu backward", [](auto gv, auto x) {
+    return {detail::binaryFloatOp(g[0], ctx.saved(0), "silu backward", [](auto gv, auto x) COHORT_KERNEL_FN {
       using A = decltype(gv);
       const A s = vm::sigmoid(x);
       return gv * s * (A(1) + x * (A(1) - s));
@@ -63,11 +63,11 @@ Tensor silu(const Tensor& a) {
 }
 
 Tensor gelu(const Tensor& a, bool tanhApprox) {
-  Tensor out = tanhApprox ? detail::unaryFloatOp(a, "gelu", [](auto x) { return vm::geluTanh(x); })
-                          : detail::unaryFloatOp(a, "gelu", [](auto x) { return vm::geluErf(x); });
+  Tensor out = tanhApprox ? detail::unaryFloatOp(a, "gelu", [](auto x) COHORT_KERNEL_FN { return vm::geluTanh(x); })
+                          : detail::unaryFloatOp(a, "gelu", [](auto x) COHORT_KERNEL_FN { return vm::geluErf(x); });
   autograd::record("gelu", {a}, {out}, {a}, [tanhApprox](Ctx& ctx, const GradList& g) -> GradList {
     if (tanhApprox)
-      return {detail::binaryFloatOp(g[0], ctx.saved(0), "gelu backward", [](auto gv, auto x) {
+      return {detail::binaryFloatOp(g[0], ctx.saved(0), "gelu backward", [](auto gv, auto x) COHORT_KERNEL_FN {
         using A = decltype(gv);
         const A kBeta = A(0.79788456080286535588), kKappa = A(0.044715);
         const A x2 = x * x;
@@ -77,7 +77,7 @@ Tensor gelu(const Tensor& a, bool tanhApprox) {
         const A dRight = left * (A(1) - t * t) * kBeta * (A(1) + A(3) * kKappa * x2);
         return gv * (A(0.5) * right + dRight);
       })};
-    return {detail::binaryFloatOp(g[0], ctx.saved(0), "gelu backward", [](auto gv, auto x) {
+    return {detail::binaryFloatOp(g[0], ctx.saved(0), "gelu backward", [](auto gv, auto x) COHORT_KERNEL_FN {
       using A = decltype(gv);
       const A cdf = A(0.5) * (A(1) + vm::erf(x * A(0.70710678118654752440)));
       const A pdf = vm::exp(A(-0.5) * x * x) * A(0.39894228040143267794);  // 1/sqrt(2 pi)

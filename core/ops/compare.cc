@@ -14,22 +14,22 @@ using GradList = std::vector<Tensor>;
 // ---- comparisons ---------------------------------------------------------------------------------
 
 Tensor eq(const Tensor& a, const Tensor& b) {
-  return detail::compareOp(a, b, "eq", [](auto x, auto y) { return x == y; });
+  return detail::compareOp(a, b, "eq", [](auto x, auto y) COHORT_KERNEL_FN { return x == y; });
 }
 Tensor ne(const Tensor& a, const Tensor& b) {
-  return detail::compareOp(a, b, "ne", [](auto x, auto y) { return x != y; });
+  return detail::compareOp(a, b, "ne", [](auto x, auto y) COHORT_KERNEL_FN { return x != y; });
 }
 Tensor lt(const Tensor& a, const Tensor& b) {
-  return detail::compareOp(a, b, "lt", [](auto x, auto y) { return x < y; });
+  return detail::compareOp(a, b, "lt", [](auto x, auto y) COHORT_KERNEL_FN { return x < y; });
 }
 Tensor le(const Tensor& a, const Tensor& b) {
-  return detail::compareOp(a, b, "le", [](auto x, auto y) { return x <= y; });
+  return detail::compareOp(a, b, "le", [](auto x, auto y) COHORT_KERNEL_FN { return x <= y; });
 }
 Tensor gt(const Tensor& a, const Tensor& b) {
-  return detail::compareOp(a, b, "gt", [](auto x, auto y) { return x > y; });
+  return detail::compareOp(a, b, "gt", [](auto x, auto y) COHORT_KERNEL_FN { return x > y; });
 }
 Tensor ge(const Tensor& a, const Tensor& b) {
-  return detail::compareOp(a, b, "ge", [](auto x, auto y) { return x >= y; });
+  return detail::compareOp(a, b, "ge", [](auto x, auto y) COHORT_KERNEL_FN { return x >= y; });
 }
 
 // ---- maximum / minimum ---------------------------------------------------------------------------
@@ -56,7 +56,7 @@ inline A minValue(A x, A y) {
 // `wins(x, y)` says whether x is the selected one.
 template <typename Wins>
 Tensor maxMinGrad(const Tensor& g, const Tensor& x, const Tensor& y, Wins wins) {
-  return detail::ternaryFloatOp(g, x, y, "maximum/minimum backward", [wins](auto gv, auto xv, auto yv) {
+  return detail::ternaryFloatOp(g, x, y, "maximum/minimum backward", [wins](auto gv, auto xv, auto yv) COHORT_KERNEL_FN {
     using A = decltype(gv);
     return xv == yv ? gv * A(0.5) : (wins(xv, yv) ? gv : A(0));
   });
@@ -64,13 +64,13 @@ Tensor maxMinGrad(const Tensor& g, const Tensor& x, const Tensor& y, Wins wins) 
 
 Tensor maxMin(const Tensor& a, const Tensor& b, bool isMax) {
   const char* op = isMax ? "maximum" : "minimum";
-  Tensor out = isMax ? detail::binaryOp(a, b, op, [](auto x, auto y) { return maxValue(x, y); })
-                     : detail::binaryOp(a, b, op, [](auto x, auto y) { return minValue(x, y); });
+  Tensor out = isMax ? detail::binaryOp(a, b, op, [](auto x, auto y) COHORT_KERNEL_FN { return maxValue(x, y); })
+                     : detail::binaryOp(a, b, op, [](auto x, auto y) COHORT_KERNEL_FN { return minValue(x, y); });
   autograd::record(op, {a, b}, {out}, {a, b}, [isMax](Ctx& ctx, const GradList& g) -> GradList {
     GradList r(2);
     Tensor x = ctx.saved(0), y = ctx.saved(1);
-    auto greater = [](auto p, auto q) { return p > q; };
-    auto less = [](auto p, auto q) { return p < q; };
+    auto greater = [](auto p, auto q) COHORT_KERNEL_FN { return p > q; };
+    auto less = [](auto p, auto q) COHORT_KERNEL_FN { return p < q; };
     if (ctx.needsInputGrad(0)) r[0] = isMax ? maxMinGrad(g[0], x, y, greater) : maxMinGrad(g[0], x, y, less);
     if (ctx.needsInputGrad(1)) r[1] = isMax ? maxMinGrad(g[0], y, x, greater) : maxMinGrad(g[0], y, x, less);
     return r;
@@ -100,10 +100,14 @@ void whereKernel(const Tensor& out, const Tensor& cond, const Tensor& a, const T
   detail::forEachStrided<4>(shape, ptrs, strides, [](std::array<char*, 4> p, const std::array<int64_t, 4>& s, int64_t n) {
     if (s[0] == sizeof(T) && s[1] == 1 && s[2] == sizeof(T) && s[3] == sizeof(T)) {
       T* o = reinterpret_cast<T*>(p[0]);
-      const bool* c = reinterpret_cast<const bool*>(p[1]);
+      const uint8_t* c = reinterpret_cast<const uint8_t*>(p[1]);  // bool storage; uint8 vectorizes
       const T* x = reinterpret_cast<const T*>(p[2]);
       const T* y = reinterpret_cast<const T*>(p[3]);
-      for (int64_t i = 0; i < n; ++i) o[i] = c[i] ? x[i] : y[i];
+      // Both loads unconditional, so the select is branch-free and vectorizes.
+      for (int64_t i = 0; i < n; ++i) {
+        const T xv = x[i], yv = y[i];
+        o[i] = c[i] != 0 ? xv : yv;
+      }
     } else {
       for (int64_t i = 0; i < n; ++i)
         *reinterpret_cast<T*>(p[0] + i * s[0]) = *reinterpret_cast<const bool*>(p[1] + i * s[1])

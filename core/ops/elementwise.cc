@@ -54,9 +54,9 @@ Tensor add(const Tensor& a, const Tensor& b, Scalar alpha) {
   Tensor out;
   bool unitAlpha = alpha.toDouble() == 1.0;
   if (unitAlpha) {
-    out = detail::binaryOp(a, b, "add", [](auto x, auto y) { return x + y; });
+    out = detail::binaryOp(a, b, "add", [](auto x, auto y) COHORT_KERNEL_FN { return x + y; });
   } else {
-    out = detail::binaryOpWithScalar(a, b, alpha, "add", [](auto x, auto y, auto s) { return x + s * y; });
+    out = detail::binaryOpWithScalar(a, b, alpha, "add", [](auto x, auto y, auto s) COHORT_KERNEL_FN { return x + s * y; });
   }
   double al = alpha.toDouble();
   autograd::record("add", {a, b}, {out}, {}, [al](Ctx&, const GradList& g) -> GradList {
@@ -70,9 +70,9 @@ Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) {
     throw ValueError("sub: subtraction of two bool tensors is not supported; use logical operations");
   Tensor out;
   if (alpha.toDouble() == 1.0) {
-    out = detail::binaryOp(a, b, "sub", [](auto x, auto y) { return x - y; });
+    out = detail::binaryOp(a, b, "sub", [](auto x, auto y) COHORT_KERNEL_FN { return x - y; });
   } else {
-    out = detail::binaryOpWithScalar(a, b, alpha, "sub", [](auto x, auto y, auto s) { return x - s * y; });
+    out = detail::binaryOpWithScalar(a, b, alpha, "sub", [](auto x, auto y, auto s) COHORT_KERNEL_FN { return x - s * y; });
   }
   double al = alpha.toDouble();
   autograd::record("sub", {a, b}, {out}, {}, [al](Ctx&, const GradList& g) -> GradList {
@@ -82,7 +82,7 @@ Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) {
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
-  Tensor out = detail::binaryOp(a, b, "mul", [](auto x, auto y) { return x * y; });
+  Tensor out = detail::binaryOp(a, b, "mul", [](auto x, auto y) COHORT_KERNEL_FN { return x * y; });
   autograd::record("mul", {a, b}, {out}, {a, b}, [](Ctx& ctx, const GradList& g) -> GradList {
     GradList r(2);
     if (ctx.needsInputGrad(0)) r[0] = g[0] * ctx.saved(1);
@@ -99,7 +99,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
     af = a.to(DType::Float32);
     bf = b.to(DType::Float32);
   }
-  Tensor out = detail::binaryOp(af, bf, "div", [](auto x, auto y) { return x / y; });
+  Tensor out = detail::binaryOp(af, bf, "div", [](auto x, auto y) COHORT_KERNEL_FN { return x / y; });
   autograd::record("div", {a, b}, {out}, {a, b}, [](Ctx& ctx, const GradList& g) -> GradList {
     GradList r(2);
     Tensor bb = ctx.saved(1);
@@ -111,13 +111,13 @@ Tensor div(const Tensor& a, const Tensor& b) {
 }
 
 Tensor add(const Tensor& a, Scalar s) {
-  Tensor out = detail::scalarOp(a, s, "add", [](auto x, auto v) { return x + v; });
+  Tensor out = detail::scalarOp(a, s, "add", [](auto x, auto v) COHORT_KERNEL_FN { return x + v; });
   autograd::record("add", {a}, {out}, {}, [](Ctx&, const GradList& g) -> GradList { return {g[0]}; });
   return out;
 }
 
 Tensor mul(const Tensor& a, Scalar s) {
-  Tensor out = detail::scalarOp(a, s, "mul", [](auto x, auto v) { return x * v; });
+  Tensor out = detail::scalarOp(a, s, "mul", [](auto x, auto v) COHORT_KERNEL_FN { return x * v; });
   double sv = s.toDouble();
   autograd::record("mul", {a}, {out}, {}, [sv](Ctx&, const GradList& g) -> GradList { return {g[0] * sv}; });
   return out;
@@ -126,20 +126,20 @@ Tensor mul(const Tensor& a, Scalar s) {
 Tensor div(const Tensor& a, Scalar s) {
   Tensor af = a.defined() && !isFloating(a.dtype()) ? a.to(DType::Float32) : a;
   double sv = s.toDouble();
-  Tensor out = detail::scalarOp(af, Scalar(sv), "div", [](auto x, auto v) { return x / v; });
+  Tensor out = detail::scalarOp(af, Scalar(sv), "div", [](auto x, auto v) COHORT_KERNEL_FN { return x / v; });
   autograd::record("div", {a}, {out}, {}, [sv](Ctx&, const GradList& g) -> GradList { return {g[0] / sv}; });
   return out;
 }
 
 Tensor rsub(const Tensor& a, Scalar s) {
-  Tensor out = detail::scalarOp(a, s, "rsub", [](auto x, auto v) { return v - x; });
+  Tensor out = detail::scalarOp(a, s, "rsub", [](auto x, auto v) COHORT_KERNEL_FN { return v - x; });
   autograd::record("rsub", {a}, {out}, {}, [](Ctx&, const GradList& g) -> GradList { return {-g[0]}; });
   return out;
 }
 
 Tensor neg(const Tensor& a) {
   if (a.defined() && a.dtype() == DType::Bool) throw ValueError("neg: negation of a bool tensor is not supported");
-  Tensor out = detail::unaryOp(a, "neg", [](auto x) { return -x; });
+  Tensor out = detail::unaryOp(a, "neg", [](auto x) COHORT_KERNEL_FN { return -x; });
   autograd::record("neg", {a}, {out}, {}, [](Ctx&, const GradList& g) -> GradList { return {-g[0]}; });
   return out;
 }
@@ -179,15 +179,15 @@ Tensor powScalarKernel(const Tensor& x, double e) {
   Tensor out = empty(x.sizes(), {.dtype = x.dtype(), .device = x.device()});
   COHORT_DISPATCH_FLOAT(x.dtype(), "pow", [&]<typename T>() {
     using A = Acc<T>;
-    if (e == 0) detail::mapKernel<T, T, 1>(out, {x}, [](A) { return A(1); });
-    else if (e == 1) detail::mapKernel<T, T, 1>(out, {x}, [](A v) { return v; });
-    else if (e == 2) detail::mapKernel<T, T, 1>(out, {x}, [](A v) { return v * v; });
-    else if (e == 3) detail::mapKernel<T, T, 1>(out, {x}, [](A v) { return v * v * v; });
-    else if (e == 0.5) detail::mapKernel<T, T, 1>(out, {x}, [](A v) { return std::sqrt(v); });
-    else if (e == -0.5) detail::mapKernel<T, T, 1>(out, {x}, [](A v) { return A(1) / std::sqrt(v); });
-    else if (e == -1) detail::mapKernel<T, T, 1>(out, {x}, [](A v) { return A(1) / v; });
-    else if (e == -2) detail::mapKernel<T, T, 1>(out, {x}, [](A v) { return A(1) / (v * v); });
-    else detail::mapKernel<T, T, 1>(out, {x}, [e](A v) { return vm::pow(v, e); });  // exponent kept in double
+    if (e == 0) detail::mapKernel<T, T, 1>(out, {x}, [](A) COHORT_KERNEL_FN { return A(1); });
+    else if (e == 1) detail::mapKernel<T, T, 1>(out, {x}, [](A v) COHORT_KERNEL_FN { return v; });
+    else if (e == 2) detail::mapKernel<T, T, 1>(out, {x}, [](A v) COHORT_KERNEL_FN { return v * v; });
+    else if (e == 3) detail::mapKernel<T, T, 1>(out, {x}, [](A v) COHORT_KERNEL_FN { return v * v * v; });
+    else if (e == 0.5) detail::mapKernel<T, T, 1>(out, {x}, [](A v) COHORT_KERNEL_FN { return std::sqrt(v); });
+    else if (e == -0.5) detail::mapKernel<T, T, 1>(out, {x}, [](A v) COHORT_KERNEL_FN { return A(1) / std::sqrt(v); });
+    else if (e == -1) detail::mapKernel<T, T, 1>(out, {x}, [](A v) COHORT_KERNEL_FN { return A(1) / v; });
+    else if (e == -2) detail::mapKernel<T, T, 1>(out, {x}, [](A v) COHORT_KERNEL_FN { return A(1) / (v * v); });
+    else detail::mapKernel<T, T, 1>(out, {x}, [e](A v) COHORT_KERNEL_FN { return vm::pow(v, e); });  // exponent kept in double
   });
   return out;
 }
@@ -211,7 +211,7 @@ Tensor pow(const Tensor& a, Scalar exponent) {
     COHORT_DISPATCH_NUMERIC(dt, "pow", [&]<typename T>() {
       if constexpr (std::is_integral_v<T>) {
         const T ev = static_cast<T>(e);
-        detail::mapKernel<T, T, 1>(out, {x}, [ev](T v) { return intPow<T>(v, ev); });
+        detail::mapKernel<T, T, 1>(out, {x}, [ev](T v) COHORT_KERNEL_FN { return intPow<T>(v, ev); });
       }
     });
   }
@@ -231,7 +231,7 @@ Tensor pow(const Tensor& a, const Tensor& b) {
   if (dt == DType::Bool)
     throw ValueError(fmt::format("pow: not supported for two bool tensors (shapes {} and {})", shapeStr(a.sizes()),
                                  shapeStr(b.sizes())));
-  Tensor out = detail::binaryOp(a, b, "pow", [](auto x, auto y) {
+  Tensor out = detail::binaryOp(a, b, "pow", [](auto x, auto y) COHORT_KERNEL_FN {
     if constexpr (std::is_floating_point_v<decltype(x)>) return vm::pow(x, y);
     else return intPow(x, y);
   });
@@ -240,12 +240,12 @@ Tensor pow(const Tensor& a, const Tensor& b) {
     Tensor x = ctx.saved(0), y = ctx.saved(1);
     // d/da = b a^(b-1) (0 where b == 0); d/db = a^b log(a) (0 where a == 0 and b >= 0), as torch.
     if (ctx.needsInputGrad(0))
-      r[0] = detail::ternaryFloatOp(g[0], x, y, "pow backward", [](auto gv, auto xv, auto yv) {
+      r[0] = detail::ternaryFloatOp(g[0], x, y, "pow backward", [](auto gv, auto xv, auto yv) COHORT_KERNEL_FN {
         using A = decltype(gv);
         return yv == A(0) ? A(0) : gv * yv * vm::pow(xv, yv - A(1));
       });
     if (ctx.needsInputGrad(1))
-      r[1] = detail::ternaryFloatOp(g[0], x, y, "pow backward", [](auto gv, auto xv, auto yv) {
+      r[1] = detail::ternaryFloatOp(g[0], x, y, "pow backward", [](auto gv, auto xv, auto yv) COHORT_KERNEL_FN {
         using A = decltype(gv);
         return (xv == A(0)) & (yv >= A(0)) ? A(0) : gv * vm::pow(xv, yv) * vm::log(xv);
       });
@@ -257,7 +257,7 @@ Tensor pow(const Tensor& a, const Tensor& b) {
 // ---- unary math ----------------------------------------------------------------------------------
 
 Tensor exp(const Tensor& a) {
-  Tensor out = detail::unaryFloatOp(a, "exp", [](auto x) { return vm::exp(x); });
+  Tensor out = detail::unaryFloatOp(a, "exp", [](auto x) COHORT_KERNEL_FN { return vm::exp(x); });
   autograd::record("exp", {a}, {out}, {out}, [](Ctx& ctx, const GradList& g) -> GradList {
     return {g[0] * ctx.saved(0)};
   });
@@ -265,7 +265,7 @@ Tensor exp(const Tensor& a) {
 }
 
 Tensor log(const Tensor& a) {
-  Tensor out = detail::unaryFloatOp(a, "log", [](auto x) { return vm::log(x); });
+  Tensor out = detail::unaryFloatOp(a, "log", [](auto x) COHORT_KERNEL_FN { return vm::log(x); });
   autograd::record("log", {a}, {out}, {a}, [](Ctx& ctx, const GradList& g) -> GradList {
     return {g[0] / ctx.saved(0)};
   });
@@ -273,19 +273,19 @@ Tensor log(const Tensor& a) {
 }
 
 Tensor sqrt(const Tensor& a) {
-  Tensor out = detail::unaryFloatOp(a, "sqrt", [](auto x) { return std::sqrt(x); });
+  Tensor out = detail::unaryFloatOp(a, "sqrt", [](auto x) COHORT_KERNEL_FN { return std::sqrt(x); });
   autograd::record("sqrt", {a}, {out}, {out}, [](Ctx& ctx, const GradList& g) -> GradList {
     return {detail::binaryFloatOp(g[0], ctx.saved(0), "sqrt backward",
-                                  [](auto gv, auto y) { return gv / (y + y); })};
+                                  [](auto gv, auto y) COHORT_KERNEL_FN { return gv / (y + y); })};
   });
   return out;
 }
 
 Tensor rsqrt(const Tensor& a) {
-  Tensor out = detail::unaryFloatOp(a, "rsqrt", [](auto x) { return vm::rsqrt(x); });
+  Tensor out = detail::unaryFloatOp(a, "rsqrt", [](auto x) COHORT_KERNEL_FN { return vm::rsqrt(x); });
   autograd::record("rsqrt", {a}, {out}, {out}, [](Ctx& ctx, const GradList& g) -> GradList {
     // d/dx x^(-1/2) = -x^(-3/2) / 2 = -y^3 / 2
-    return {detail::binaryFloatOp(g[0], ctx.saved(0), "rsqrt backward", [](auto gv, auto y) {
+    return {detail::binaryFloatOp(g[0], ctx.saved(0), "rsqrt backward", [](auto gv, auto y) COHORT_KERNEL_FN {
       using A = decltype(gv);
       return A(-0.5) * gv * y * y * y;
     })};
@@ -296,14 +296,14 @@ Tensor rsqrt(const Tensor& a) {
 Tensor abs(const Tensor& a) {
   if (a.defined() && a.dtype() == DType::Bool)
     throw ValueError(fmt::format("abs: not supported for bool tensors (shape {})", shapeStr(a.sizes())));
-  Tensor out = detail::unaryOp(a, "abs", [](auto x) {
+  Tensor out = detail::unaryOp(a, "abs", [](auto x) COHORT_KERNEL_FN {
     using A = decltype(x);
     if constexpr (std::is_floating_point_v<A>) return std::fabs(x);
     else if constexpr (std::is_unsigned_v<A>) return x;
     else return x < 0 ? A(-x) : x;
   });
   autograd::record("abs", {a}, {out}, {a}, [](Ctx& ctx, const GradList& g) -> GradList {
-    return {detail::binaryFloatOp(g[0], ctx.saved(0), "abs backward", [](auto gv, auto x) {
+    return {detail::binaryFloatOp(g[0], ctx.saved(0), "abs backward", [](auto gv, auto x) COHORT_KERNEL_FN {
       using A = decltype(gv);
       return x > A(0) ? gv : (x < A(0) ? -gv : A(0));
     })};
@@ -327,9 +327,9 @@ void clampKernel(const Tensor& out, const Tensor& x, const std::optional<Scalar>
   COHORT_DISPATCH_NUMERIC(out.dtype(), op, [&]<typename T>() {
     using A = Acc<T>;
     const A l = lo ? lo->to<A>() : A(0), h = hi ? hi->to<A>() : A(0);
-    if (lo && hi) mapKernel<T, T, 1>(out, {x}, [l, h](A v) { return clampValue(v, l, h, true, true); });
-    else if (lo) mapKernel<T, T, 1>(out, {x}, [l](A v) { return v < l ? l : v; });
-    else mapKernel<T, T, 1>(out, {x}, [h](A v) { return v > h ? h : v; });
+    if (lo && hi) mapKernel<T, T, 1>(out, {x}, [l, h](A v) COHORT_KERNEL_FN { return clampValue(v, l, h, true, true); });
+    else if (lo) mapKernel<T, T, 1>(out, {x}, [l](A v) COHORT_KERNEL_FN { return v < l ? l : v; });
+    else mapKernel<T, T, 1>(out, {x}, [h](A v) COHORT_KERNEL_FN { return v > h ? h : v; });
   });
 }
 
@@ -337,7 +337,7 @@ void clampKernel(const Tensor& out, const Tensor& x, const std::optional<Scalar>
 Tensor clampGrad(const Tensor& g, const Tensor& x, const std::optional<Scalar>& lo, const std::optional<Scalar>& hi) {
   const double l = lo ? lo->toDouble() : -std::numeric_limits<double>::infinity();
   const double h = hi ? hi->toDouble() : std::numeric_limits<double>::infinity();
-  return binaryFloatOp(g, x, "clamp backward", [l, h](auto gv, auto xv) {
+  return binaryFloatOp(g, x, "clamp backward", [l, h](auto gv, auto xv) COHORT_KERNEL_FN {
     using A = decltype(gv);
     return (xv >= static_cast<A>(l)) & (xv <= static_cast<A>(h)) ? gv : A(0);
   });

@@ -9,6 +9,12 @@
 #include <cohort/core/ops/ops.h>
 #include <cohort/core/tensor/iter.h>
 
+// Kernel functors are written `[](auto x) COHORT_KERNEL_FN { ... }`. Forced inlining keeps the
+// functor's body inside mapKernel's loop so the loop vectorizes: a functor that calls the
+// (inlined) vec_math functions is otherwise too big for GCC's heuristics, and one call per
+// element runs scalar, several times slower.
+#define COHORT_KERNEL_FN __attribute__((always_inline))
+
 namespace cohort::detail {
 
 DType resultType(const Tensor& a, const Tensor& b);
@@ -40,7 +46,7 @@ Tensor binaryOpWithScalar(const Tensor& a, const Tensor& b, Scalar s, const char
   Tensor bc = b.dtype() == dt ? b : b.detach().to(dt);
   COHORT_DISPATCH(dt, op, [&]<typename T>() {
     const Acc<T> sv = s.to<Acc<T>>();
-    mapKernel<T, T, 2>(out, {ac, bc}, [&](Acc<T> x, Acc<T> y) { return f(x, y, sv); });
+    mapKernel<T, T, 2>(out, {ac, bc}, [&](Acc<T> x, Acc<T> y) COHORT_KERNEL_FN { return f(x, y, sv); });
   });
   return out;
 }
@@ -54,7 +60,7 @@ Tensor scalarOp(const Tensor& a, Scalar s, const char* op, F&& f) {
   Tensor ac = a.dtype() == dt ? a : a.detach().to(dt);
   COHORT_DISPATCH(dt, op, [&]<typename T>() {
     const Acc<T> sv = s.to<Acc<T>>();
-    mapKernel<T, T, 1>(out, {ac}, [&](Acc<T> x) { return f(x, sv); });
+    mapKernel<T, T, 1>(out, {ac}, [&](Acc<T> x) COHORT_KERNEL_FN { return f(x, sv); });
   });
   return out;
 }

@@ -104,8 +104,8 @@ Tensor& Tensor::add_(const Tensor& o, Scalar alpha) {
   precheck("add_", *this, {&o});
   DType dt = withScalar(promoteTypes(dtype(), o.dtype()), alpha);
   double al = alpha.toDouble();
-  if (al == 1.0) applyInplace<1>(*this, {o}, dt, "add_", [](auto x, auto y) { return x + y; });
-  else applyInplace<1>(*this, {o}, dt, "add_", [al](auto x, auto y) { return x + static_cast<decltype(x)>(al) * y; });
+  if (al == 1.0) applyInplace<1>(*this, {o}, dt, "add_", [](auto x, auto y) COHORT_KERNEL_FN { return x + y; });
+  else applyInplace<1>(*this, {o}, dt, "add_", [al](auto x, auto y) COHORT_KERNEL_FN { return x + static_cast<decltype(x)>(al) * y; });
   autograd::recordInplace("add_", *this, {o}, {}, [al](Ctx&, const GradList& g) -> GradList {
     return {g[0], al == 1.0 ? g[0] : g[0] * al};
   });
@@ -116,7 +116,7 @@ Tensor& Tensor::add_(Scalar v) {
   precheck("add_", *this, {});
   DType dt = withScalar(dtype(), v);
   const double s = v.toDouble();
-  applyInplace<0>(*this, {}, dt, "add_", [s](auto x) { return x + static_cast<decltype(x)>(s); });
+  applyInplace<0>(*this, {}, dt, "add_", [s](auto x) COHORT_KERNEL_FN { return x + static_cast<decltype(x)>(s); });
   autograd::recordInplace("add_", *this, {}, {}, [](Ctx&, const GradList& g) -> GradList { return {g[0]}; });
   return *this;
 }
@@ -127,8 +127,8 @@ Tensor& Tensor::sub_(const Tensor& o, Scalar alpha) {
   precheck("sub_", *this, {&o});
   DType dt = withScalar(promoteTypes(dtype(), o.dtype()), alpha);
   double al = alpha.toDouble();
-  if (al == 1.0) applyInplace<1>(*this, {o}, dt, "sub_", [](auto x, auto y) { return x - y; });
-  else applyInplace<1>(*this, {o}, dt, "sub_", [al](auto x, auto y) { return x - static_cast<decltype(x)>(al) * y; });
+  if (al == 1.0) applyInplace<1>(*this, {o}, dt, "sub_", [](auto x, auto y) COHORT_KERNEL_FN { return x - y; });
+  else applyInplace<1>(*this, {o}, dt, "sub_", [al](auto x, auto y) COHORT_KERNEL_FN { return x - static_cast<decltype(x)>(al) * y; });
   autograd::recordInplace("sub_", *this, {o}, {}, [al](Ctx&, const GradList& g) -> GradList {
     return {g[0], g[0] * (-al)};
   });
@@ -144,7 +144,7 @@ Tensor& Tensor::mul_(const Tensor& o) {
   // d/d other needs self's value before the update.
   Tensor before;
   if (autograd::needsGrad({&o})) before = detach().clone();
-  applyInplace<1>(*this, {o}, dt, "mul_", [](auto x, auto y) { return x * y; });
+  applyInplace<1>(*this, {o}, dt, "mul_", [](auto x, auto y) COHORT_KERNEL_FN { return x * y; });
   autograd::recordInplace("mul_", *this, {o}, {o, before}, [](Ctx& ctx, const GradList& g) -> GradList {
     GradList r(2);
     if (ctx.needsInputGrad(0)) r[0] = g[0] * ctx.saved(0);
@@ -158,7 +158,7 @@ Tensor& Tensor::mul_(Scalar v) {
   precheck("mul_", *this, {});
   DType dt = withScalar(dtype(), v);
   double sv = v.toDouble();
-  applyInplace<0>(*this, {}, dt, "mul_", [sv](auto x) { return x * static_cast<decltype(x)>(sv); });
+  applyInplace<0>(*this, {}, dt, "mul_", [sv](auto x) COHORT_KERNEL_FN { return x * static_cast<decltype(x)>(sv); });
   autograd::recordInplace("mul_", *this, {}, {}, [sv](Ctx&, const GradList& g) -> GradList { return {g[0] * sv}; });
   return *this;
 }
@@ -167,7 +167,7 @@ Tensor& Tensor::div_(const Tensor& o) {
   precheck("div_", *this, {&o});
   DType dt = promoteTypes(dtype(), o.dtype());
   if (!isFloating(dt)) dt = DType::Float32;  // true division
-  applyInplace<1>(*this, {o}, dt, "div_", [](auto x, auto y) { return x / y; });
+  applyInplace<1>(*this, {o}, dt, "div_", [](auto x, auto y) COHORT_KERNEL_FN { return x / y; });
   // self is saved after the update: d/d other = -g * self_before / other^2 = -g * self_after / other.
   autograd::recordInplace("div_", *this, {o}, {o, *this}, [](Ctx& ctx, const GradList& g) -> GradList {
     GradList r(2);
@@ -183,7 +183,7 @@ Tensor& Tensor::div_(Scalar v) {
   precheck("div_", *this, {});
   DType dt = isFloating(dtype()) ? dtype() : DType::Float32;
   double sv = v.toDouble();
-  applyInplace<0>(*this, {}, dt, "div_", [sv](auto x) { return x / static_cast<decltype(x)>(sv); });
+  applyInplace<0>(*this, {}, dt, "div_", [sv](auto x) COHORT_KERNEL_FN { return x / static_cast<decltype(x)>(sv); });
   autograd::recordInplace("div_", *this, {}, {}, [sv](Ctx&, const GradList& g) -> GradList { return {g[0] / sv}; });
   return *this;
 }
@@ -195,7 +195,7 @@ Tensor& Tensor::addcmul_(const Tensor& t1, const Tensor& t2, Scalar value) {
   DType dt = withScalar(promoteTypes(promoteTypes(dtype(), t1.dtype()), t2.dtype()), value);
   double v = value.toDouble();
   applyInplace<2>(*this, {t1, t2}, dt, "addcmul_",
-                  [v](auto x, auto a, auto b) { return x + static_cast<decltype(x)>(v) * a * b; });
+                  [v](auto x, auto a, auto b) COHORT_KERNEL_FN { return x + static_cast<decltype(x)>(v) * a * b; });
   autograd::recordInplace("addcmul_", *this, {t1, t2}, {t1, t2}, [v](Ctx& ctx, const GradList& g) -> GradList {
     GradList r(3);
     r[0] = g[0];
@@ -215,7 +215,7 @@ Tensor& Tensor::addcdiv_(const Tensor& t1, const Tensor& t2, Scalar value) {
                                  dtype(), t1.dtype(), t2.dtype()));
   double v = value.toDouble();
   applyInplace<2>(*this, {t1, t2}, dt, "addcdiv_",
-                  [v](auto x, auto a, auto b) { return x + static_cast<decltype(x)>(v) * a / b; });
+                  [v](auto x, auto a, auto b) COHORT_KERNEL_FN { return x + static_cast<decltype(x)>(v) * a / b; });
   autograd::recordInplace("addcdiv_", *this, {t1, t2}, {t1, t2}, [v](Ctx& ctx, const GradList& g) -> GradList {
     GradList r(3);
     r[0] = g[0];
@@ -235,9 +235,9 @@ Tensor& Tensor::lerp_(const Tensor& end, Scalar weight) {
   double w = weight.toDouble();
   // torch's formula: from the nearer end, so weight 1 gives exactly `end`.
   if (std::abs(w) < 0.5)
-    applyInplace<1>(*this, {end}, dt, "lerp_", [w](auto x, auto e) { return x + static_cast<decltype(x)>(w) * (e - x); });
+    applyInplace<1>(*this, {end}, dt, "lerp_", [w](auto x, auto e) COHORT_KERNEL_FN { return x + static_cast<decltype(x)>(w) * (e - x); });
   else
-    applyInplace<1>(*this, {end}, dt, "lerp_", [w](auto x, auto e) {
+    applyInplace<1>(*this, {end}, dt, "lerp_", [w](auto x, auto e) COHORT_KERNEL_FN {
       using A = decltype(x);
       return e - (e - x) * (A(1) - static_cast<A>(w));
     });
@@ -271,12 +271,12 @@ Tensor& Tensor::clamp_(std::optional<Scalar> lo, std::optional<Scalar> hi) {
 Tensor& Tensor::sqrt_() {
   precheck("sqrt_", *this, {});
   checkCast("sqrt_", DType::Float32, *this);
-  applyInplace<0>(*this, {}, dtype(), "sqrt_", [](auto x) {
+  applyInplace<0>(*this, {}, dtype(), "sqrt_", [](auto x) COHORT_KERNEL_FN {
     if constexpr (std::is_floating_point_v<decltype(x)>) return std::sqrt(x);
     else return x;  // unreachable: checkCast refused non-floating tensors
   });
   autograd::recordInplace("sqrt_", *this, {}, {*this}, [](Ctx& ctx, const GradList& g) -> GradList {
-    return {detail::binaryFloatOp(g[0], ctx.saved(0), "sqrt_ backward", [](auto gv, auto y) { return gv / (y + y); })};
+    return {detail::binaryFloatOp(g[0], ctx.saved(0), "sqrt_ backward", [](auto gv, auto y) COHORT_KERNEL_FN { return gv / (y + y); })};
   });
   return *this;
 }
@@ -297,8 +297,8 @@ Tensor& Tensor::maskedFill_(const Tensor& mask, Scalar value) {
       detail::forEachStrided<2>(shape, ptrs, strides, [v](std::array<char*, 2> p, const std::array<int64_t, 2>& s, int64_t n) {
         if (s[0] == sizeof(T) && s[1] == 1) {
           T* o = reinterpret_cast<T*>(p[0]);
-          const bool* m = reinterpret_cast<const bool*>(p[1]);
-          for (int64_t i = 0; i < n; ++i) o[i] = m[i] ? v : o[i];
+          const uint8_t* m = reinterpret_cast<const uint8_t*>(p[1]);  // bool storage; uint8 vectorizes
+          for (int64_t i = 0; i < n; ++i) o[i] = m[i] != 0 ? v : o[i];
         } else {
           for (int64_t i = 0; i < n; ++i)
             if (*reinterpret_cast<const bool*>(p[1] + i * s[1])) *reinterpret_cast<T*>(p[0] + i * s[0]) = v;

@@ -25,7 +25,11 @@
 
 namespace cohort::vecmath {
 
-inline float fmaF(float a, float b, float c) {
+// Forced inlining: a call left in the elementwise loop would stop its vectorization, and GCC's
+// size heuristics decline to inline erf/pow into the larger kernel bodies on their own.
+#define COHORT_VM_INLINE inline __attribute__((always_inline))
+
+COHORT_VM_INLINE float fmaF(float a, float b, float c) {
 #if defined(__FMA__)
   return __builtin_fmaf(a, b, c);
 #else
@@ -33,24 +37,24 @@ inline float fmaF(float a, float b, float c) {
 #endif
 }
 
-inline uint32_t bitsOf(float x) { return std::bit_cast<uint32_t>(x); }
-inline float floatOf(uint32_t u) { return std::bit_cast<float>(u); }
+COHORT_VM_INLINE uint32_t bitsOf(float x) { return std::bit_cast<uint32_t>(x); }
+COHORT_VM_INLINE float floatOf(uint32_t u) { return std::bit_cast<float>(u); }
 
 // c ? a : b as a bit blend. GCC does not if-convert a plain `?:` whose arms were computed with
 // floating-point operations that may trap (-ftrapping-math is the default) once it has sunk the
 // computation into the branch; a blend keeps the loop branch-free and vectorizable.
-inline float select(bool c, float a, float b) {
+COHORT_VM_INLINE float select(bool c, float a, float b) {
   const uint32_t m = 0u - static_cast<uint32_t>(c);
   return floatOf((bitsOf(a) & m) | (bitsOf(b) & ~m));
 }
-inline double select(bool c, double a, double b) {
+COHORT_VM_INLINE double select(bool c, double a, double b) {
   const uint64_t m = 0ull - static_cast<uint64_t>(c);
   return std::bit_cast<double>((std::bit_cast<uint64_t>(a) & m) | (std::bit_cast<uint64_t>(b) & ~m));
 }
 
 // e^x for x in [-87.3, 88.3] (2^n stays a normal float); other inputs give garbage, which the
 // callers select away. NaN propagates. Max error about 1 ulp.
-inline float expCore(float x, float& p, int32_t& ni) {
+COHORT_VM_INLINE float expCore(float x, float& p, int32_t& ni) {
   constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
   const float t = fmaF(x, 1.44269504088896341f, kMagic);
   const float n = t - kMagic;
@@ -66,7 +70,7 @@ inline float expCore(float x, float& p, int32_t& ni) {
   p = fmaF(q, r2, r) + 1.0f;  // e^r, |r| <= ln2/2
   return n;
 }
-inline float expInRange(float x) {
+COHORT_VM_INLINE float expInRange(float x) {
   float p;
   int32_t ni;
   expCore(x, p, ni);
@@ -75,9 +79,9 @@ inline float expInRange(float x) {
 
 // e^x. Max error about 1 ulp; overflows to inf above 88.72, flushes to 0 below -103.97,
 // subnormal results are produced (two-step scaling).
-inline float exp(float x) {
-  float xc = x < -104.0f ? -104.0f : x;
-  xc = xc > 89.0f ? 89.0f : xc;  // NaN passes both selects unchanged
+COHORT_VM_INLINE float exp(float x) {
+  float xc = select(x < -104.0f, -104.0f, x);
+  xc = select(xc > 89.0f, 89.0f, xc);  // NaN passes both selects unchanged
   float p;
   int32_t ni;  // [-150, 128]
   expCore(xc, p, ni);
@@ -90,10 +94,10 @@ inline float exp(float x) {
 }
 
 // Natural log. Max error about 1 ulp; log(0) = -inf, log(x<0) = nan, log(inf) = inf.
-inline float log(float x) {
+COHORT_VM_INLINE float log(float x) {
   const bool sub = x < 1.17549435e-38f;  // subnormal (or <= 0): scale up first
-  const float xs = sub ? x * 8388608.0f : x;
-  const int32_t eadj = sub ? -23 : 0;
+  const float xs = select(sub, x * 8388608.0f, x);
+  const int32_t eadj = -23 * static_cast<int32_t>(sub);
   // Normalise the mantissa into [sqrt(1/2), sqrt(2)) so log(m) is small and symmetric.
   uint32_t u = bitsOf(xs) + (0x3f800000u - 0x3f3504f3u);
   const int32_t e = static_cast<int32_t>(u >> 23) - 127 + eadj;
@@ -121,7 +125,7 @@ inline float log(float x) {
   return select(x != x, x, r);
 }
 
-inline float tanh(float x) {
+COHORT_VM_INLINE float tanh(float x) {
   // Computed on |x| and signed at the end (tanh is odd), which also keeps tanh(-0) = -0.
   const float a = std::fabs(x);
   // |x| < 0.625: odd polynomial (Cephes tanhf).
@@ -133,19 +137,19 @@ inline float tanh(float x) {
   const float small = fmaF(p * z, a, a);
   // Otherwise 1 - 2/(e^{2|x|} + 1). From |x| = 9.1 on that rounds to 1, so clamping there
   // keeps e^{2|x|} in range.
-  const float ac = a > 9.1f ? 9.1f : a;
+  const float ac = select(a > 9.1f, 9.1f, a);
   const float large = 1.0f - 2.0f / (expInRange(2.0f * ac) + 1.0f);
-  return std::copysign(a < 0.625f ? small : large, x);
+  return std::copysign(select(a < 0.625f, small, large), x);
 }
 
 // 1 / (1 + e^-x), written so neither side overflows: for x < 0 it is e^x / (1 + e^x).
-inline float sigmoid(float x) {
+COHORT_VM_INLINE float sigmoid(float x) {
   const float e = exp(-std::fabs(x));
   const float inv = 1.0f / (1.0f + e);
-  return x >= 0.0f ? inv : e * inv;  // NaN takes the second branch: e is NaN
+  return select(x >= 0.0f, inv, e * inv);  // NaN takes the second branch: e is NaN
 }
 
-inline float erf(float x) {
+COHORT_VM_INLINE float erf(float x) {
   const float a = std::fabs(x);
   // |x| < 0.921875: x * P(x^2) (Cephes erff).
   const float z = x * x;
@@ -171,16 +175,16 @@ inline float erf(float x) {
   const float lo = fmaF(a, a, -hi);
   const float erfc = expInRange((q - hi) - lo);
   float large = 1.0f - erfc;
-  large = a >= 3.925f ? 1.0f : large;  // erf rounds to 1 in float from here (and for inf)
+  large = select(a >= 3.925f, 1.0f, large);  // erf rounds to 1 in float from here (and for inf)
   large = std::copysign(large, x);
-  return a < 0.921875f ? small : large;  // NaN: `small` is x * p = NaN
+  return select(a < 0.921875f, small, large);  // NaN: `small` is x * p = NaN
 }
 
 // x^y with IEEE pow semantics (like std::pow), computed through double-precision log2/exp2
 // polynomials so the float result is correctly rounded in all but rare cases; no library call.
 // The exponent is taken in double: x^1.7 must not become x^1.7f (a relative error of
 // 5e-8 * |log x|, 2e-6 at x = 1e-20).
-inline float pow(float x, double y) {
+COHORT_VM_INLINE float pow(float x, double y) {
   const double ax = std::fabs(static_cast<double>(x));
   // log2(ax) = e + log2(m), m in [sqrt(1/2), sqrt(2)), log(m) = 2 atanh(s), s = (m-1)/(m+1).
   const uint64_t bits = std::bit_cast<uint64_t>(ax);
@@ -245,34 +249,36 @@ inline float pow(float x, double y) {
   r = select((x == 1.0f) | (y == 0.0), 1.0f, r);
   return r;
 }
-inline float pow(float x, float y) { return pow(x, static_cast<double>(y)); }
+COHORT_VM_INLINE float pow(float x, float y) { return pow(x, static_cast<double>(y)); }
 
-inline float rsqrt(float x) { return 1.0f / std::sqrt(x); }
+COHORT_VM_INLINE float rsqrt(float x) { return 1.0f / std::sqrt(x); }
 
 // Activations on top of the primitives, in torch's formulas.
-inline float silu(float x) { return x * sigmoid(x); }
-inline float geluErf(float x) { return 0.5f * x * (1.0f + erf(x * 0.70710678118654752f)); }
-inline float geluTanh(float x) {
+COHORT_VM_INLINE float silu(float x) { return x * sigmoid(x); }
+COHORT_VM_INLINE float geluErf(float x) { return 0.5f * x * (1.0f + erf(x * 0.70710678118654752f)); }
+COHORT_VM_INLINE float geluTanh(float x) {
   const float inner = 0.79788456080286536f * (x + 0.044715f * x * x * x);
   return 0.5f * x * (1.0f + tanh(inner));
 }
 
 // ---- double: the C library -------------------------------------------------------------------
-inline double exp(double x) { return std::exp(x); }
-inline double log(double x) { return std::log(x); }
-inline double tanh(double x) { return std::tanh(x); }
-inline double erf(double x) { return std::erf(x); }
-inline double pow(double x, double y) { return std::pow(x, y); }
-inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
-inline double sigmoid(double x) {
+COHORT_VM_INLINE double exp(double x) { return std::exp(x); }
+COHORT_VM_INLINE double log(double x) { return std::log(x); }
+COHORT_VM_INLINE double tanh(double x) { return std::tanh(x); }
+COHORT_VM_INLINE double erf(double x) { return std::erf(x); }
+COHORT_VM_INLINE double pow(double x, double y) { return std::pow(x, y); }
+COHORT_VM_INLINE double rsqrt(double x) { return 1.0 / std::sqrt(x); }
+COHORT_VM_INLINE double sigmoid(double x) {
   const double e = std::exp(-std::fabs(x));
   return x >= 0.0 ? 1.0 / (1.0 + e) : e / (1.0 + e);
 }
-inline double silu(double x) { return x * sigmoid(x); }
-inline double geluErf(double x) { return 0.5 * x * (1.0 + std::erf(x * 0.70710678118654752440)); }
-inline double geluTanh(double x) {
+COHORT_VM_INLINE double silu(double x) { return x * sigmoid(x); }
+COHORT_VM_INLINE double geluErf(double x) { return 0.5 * x * (1.0 + std::erf(x * 0.70710678118654752440)); }
+COHORT_VM_INLINE double geluTanh(double x) {
   const double inner = 0.79788456080286535588 * (x + 0.044715 * x * x * x);
   return 0.5 * x * (1.0 + std::tanh(inner));
 }
+
+#undef COHORT_VM_INLINE
 
 }  // namespace cohort::vecmath
