@@ -163,7 +163,7 @@ Candidate loadCandidate(const std::string& key, const std::string& libPath, cons
 #ifdef COHORT_BENCH_HAVE_EIGEN
     c.eigen = true;
     c.desc = "Eigen " + std::to_string(EIGEN_WORLD_VERSION) + "." + std::to_string(EIGEN_MAJOR_VERSION) + "." +
-             std::to_string(EIGEN_MINOR_VERSION) + " (header-only, -O3 -march=native)";
+             std::to_string(EIGEN_MINOR_VERSION) + " (header-only, this build's -march)";
 #else
     c.why = "Eigen was not found when the benchmark was built";
 #endif
