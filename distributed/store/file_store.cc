@@ -56,7 +56,7 @@ FileStore::FileStore(std::string path, Millis timeout)
     : Store(timeout), path_(std::move(path)), lockPath_(path_ + ".lock"), pid_(getpid()) {
   if (path_.empty()) throw StoreError("FileStore: the path is empty");
   auto deadline = detail::deadlineAfter(timeout);
-  std::lock_guard<std::timed_mutex> guard(mu_);
+  Turn turn = takeTurn(deadline);
   openLockFile(deadline);  // returns holding the lock on the current lock file
   try {
     dataFd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -78,8 +78,8 @@ FileStore::~FileStore() {
     if (lockFd_ >= 0) ::close(lockFd_);
     return;
   }
-  std::lock_guard<std::timed_mutex> guard(mu_);
   try {
+    Turn turn = takeTurn(detail::deadlineAfter(std::min<Millis>(timeout_, Millis(60'000))));
     // Destructors must not hang: give up after the store's timeout, capped at a minute, and
     // leave the files behind (as after a crash) with a warning.
     lockFile(detail::deadlineAfter(std::min<Millis>(timeout_, Millis(60'000))));
@@ -114,14 +114,24 @@ void FileStore::checkOwner() const {
   }
 }
 
-std::unique_lock<std::timed_mutex> FileStore::lockMutex(Clock::time_point deadline) {
+FileStore::Turn FileStore::takeTurn(Clock::time_point deadline) {
   auto start = Clock::now();
-  std::unique_lock<std::timed_mutex> lock(mu_, deadline);
-  if (!lock.owns_lock()) {
+  std::unique_lock<std::mutex> lock(turnMu_);
+  if (!turnCv_.wait_until(lock, deadline, [&] { return !busy_; })) {
     throw TimeoutError(fmt::format("{}: another thread of this process held the store for {} ms, past the deadline",
                                    describe(), std::chrono::duration_cast<Millis>(Clock::now() - start).count()));
   }
-  return lock;
+  busy_ = true;
+  return Turn(this);
+}
+
+FileStore::Turn::~Turn() {
+  if (!s_) return;
+  {
+    std::lock_guard<std::mutex> lock(s_->turnMu_);
+    s_->busy_ = false;
+  }
+  s_->turnCv_.notify_one();
 }
 
 void FileStore::openLockFile(Clock::time_point deadline) {
@@ -293,7 +303,7 @@ std::vector<std::string> FileStore::pollUntil(const std::vector<std::string>& ke
   bool first = true;
   for (;;) {
     {
-      auto guard = lockMutex(deadline);
+      Turn turn = takeTurn(deadline);
       struct stat st{};
       // Only a grown log can hold news: skip the lock while nothing was appended.
       bool grown = ::fstat(dataFd_, &st) != 0 || st.st_size > offset_;
@@ -320,7 +330,7 @@ template <typename F>
 auto FileStore::withLock(F&& f) {
   checkOwner();
   auto deadline = detail::deadlineAfter(timeout_);
-  auto guard = lockMutex(deadline);
+  Turn turn = takeTurn(deadline);
   lockFile(deadline);
   struct Unlock {
     FileStore* self;

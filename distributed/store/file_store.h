@@ -34,8 +34,10 @@
 
 #include <sys/types.h>
 
+#include <condition_variable>
 #include <map>
 #include <mutex>
+#include <utility>
 
 #include <cohort/distributed/store/store.h>
 
@@ -67,7 +69,21 @@ class FileStore : public Store {
 
  private:
   void checkOwner() const;
-  std::unique_lock<std::timed_mutex> lockMutex(std::chrono::steady_clock::time_point deadline);
+  // This object's turn: one thread at a time inside the file lock. Taken with a deadline, so a
+  // thread queued behind one that waits for the file lock still leaves at its own deadline.
+  // (A flag under a mutex rather than std::timed_mutex, whose timed lock ThreadSanitizer does not
+  // understand.)
+  class Turn {
+   public:
+    explicit Turn(FileStore* s) : s_(s) {}
+    Turn(Turn&& o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
+    Turn(const Turn&) = delete;
+    ~Turn();
+
+   private:
+    FileStore* s_;
+  };
+  Turn takeTurn(std::chrono::steady_clock::time_point deadline);
   void openLockFile(std::chrono::steady_clock::time_point deadline);
   void lockFile(std::chrono::steady_clock::time_point deadline);
   void unlockFile();
@@ -86,9 +102,10 @@ class FileStore : public Store {
   std::string path_;
   std::string lockPath_;
   pid_t pid_;
-  // One thread at a time inside the file lock; guards everything below. Timed, so a thread
-  // queued behind another that waits for the file lock still leaves at its own deadline.
-  std::timed_mutex mu_;
+  std::mutex turnMu_;
+  std::condition_variable turnCv_;
+  bool busy_ = false;  // a thread has the turn (takeTurn), which guards everything below
+
   int lockFd_ = -1;
   int dataFd_ = -1;
   off_t offset_ = 0;  // end of the last complete record replayed into data_

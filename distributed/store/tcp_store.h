@@ -55,7 +55,8 @@
  * everyone else on: a frame longer than its limit (max key + 2 × max value + 64 bytes; a hello
  * 4160 bytes), a key or value over its limit, a first frame that is not a hello with the right
  * magic, a field running past its frame or trailing bytes, an unknown opcode, a hello that does
- * not arrive within the hello timeout, a peer that disconnects mid-frame. A hello with the right
+ * not arrive within the hello timeout, a peer that disconnects mid-frame, a peer that does not
+ * read its replies (more than 2 × max value + 16 MiB queued for it). A hello with the right
  * magic but another version, or the wrong token, gets a refused reply naming the reason first.
  * The client knows the server's limits from the hello reply and rejects an oversized key or
  * value itself with a ValueError, before anything is sent.

@@ -394,6 +394,14 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void send(Bytes frame) {
     if (closed_) return;
+    // A client that sends requests but never reads the replies must not make the server buffer
+    // without bound: past two largest values (and some room), it is dropped.
+    outBytes_ += frame.size();
+    size_t limit = 2 * server_.opts_.maxValueSize + (size_t{16} << 20);
+    if (outBytes_ > limit) {
+      drop(fmt::format("it does not read its replies ({} bytes queued, limit {})", outBytes_, limit));
+      return;
+    }
     out_.push_back(std::move(frame));
     if (out_.size() == 1) writeNext();
   }
@@ -408,6 +416,7 @@ class Session : public std::enable_shared_from_this<Session> {
         self->close();
         return;
       }
+      self->outBytes_ -= self->out_.front().size();
       self->out_.pop_front();
       if (!self->out_.empty())
         self->writeNext();
@@ -423,6 +432,7 @@ class Session : public std::enable_shared_from_this<Session> {
   uint8_t header_[4] = {};
   Bytes body_;
   std::deque<Bytes> out_;
+  size_t outBytes_ = 0;
   std::map<uint32_t, std::shared_ptr<Waiter>> waits_;
   bool helloDone_ = false;
   bool closed_ = false;

@@ -30,6 +30,20 @@ namespace cohort::dist::testing {
 
 using namespace std::chrono_literals;
 
+// ThreadSanitizer cannot follow a child that starts threads after a multi-threaded parent forked
+// it (it dies with "starting new threads after multi-threaded fork is not supported").
+#if defined(__SANITIZE_THREAD__)
+inline constexpr bool kThreadSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+inline constexpr bool kThreadSanitizer = true;
+#else
+inline constexpr bool kThreadSanitizer = false;
+#endif
+#else
+inline constexpr bool kThreadSanitizer = false;
+#endif
+
 inline Bytes toBytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
 inline std::string toString(const Bytes& b) { return std::string(b.begin(), b.end()); }
 
@@ -56,6 +70,7 @@ class TempDir {
 // kMultiProcess is true.
 struct HashKind {
   static constexpr bool kMultiProcess = false;
+  static constexpr bool kChildStartsThreads = false;
   std::shared_ptr<HashStore> base = std::make_shared<HashStore>();
   StorePtr open(Millis timeout) {
     base->setTimeout(timeout);  // one object: every handle is the same store
@@ -65,6 +80,7 @@ struct HashKind {
 
 struct FileKind {
   static constexpr bool kMultiProcess = true;
+  static constexpr bool kChildStartsThreads = false;
   TempDir dir;
   std::string path = dir.file("store");
   StorePtr open(Millis timeout) { return std::make_shared<FileStore>(path, timeout); }
@@ -72,12 +88,14 @@ struct FileKind {
 
 struct TCPKind {
   static constexpr bool kMultiProcess = true;
+  static constexpr bool kChildStartsThreads = true;  // the client's I/O thread
   std::unique_ptr<TCPStoreServer> server = std::make_unique<TCPStoreServer>();
   StorePtr open(Millis timeout) { return std::make_shared<TCPStore>("127.0.0.1", server->port(), timeout); }
 };
 
 struct PrefixKind {
   static constexpr bool kMultiProcess = false;
+  static constexpr bool kChildStartsThreads = false;
   std::shared_ptr<HashStore> base = std::make_shared<HashStore>();
   StorePtr open(Millis timeout) {
     auto s = std::make_shared<PrefixStore>("group0", base);

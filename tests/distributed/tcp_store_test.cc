@@ -78,8 +78,8 @@ TEST(TCPStore, ServerOnPortZeroServesManyClients) {
   for (int i = 0; i < kClients; ++i)
     threads.emplace_back([&, i] {
       auto c = client(server);
+      c->add("count", 1);  // before announcing itself, so whoever sees every key sees every add
       c->set("client" + std::to_string(i), std::to_string(i));
-      c->add("count", 1);
       // Everyone meets: each waits for all the others' keys.
       std::vector<std::string> all;
       for (int j = 0; j < kClients; ++j) all.push_back("client" + std::to_string(j));
@@ -285,6 +285,29 @@ TEST(TCPStoreBadClients, AClientThatVanishesWhileWaitingIsForgotten) {
   c->set("later", "now");
   c->wait({"later"}, kLong);
   expectServes(server, "waiter");
+}
+
+TEST(TCPStoreBadClients, AClientThatNeverReadsItsRepliesIsDropped) {
+  TCPStoreServerOptions so;
+  so.maxValueSize = 64 << 10;  // the reply queue limit is then 128 KiB + 16 MiB
+  TCPStoreServer server(so);
+  auto c = client(server);
+  const std::string big(60000, 'v');
+  c->set("big", big);
+  auto raw = helloedSocket(server);
+  // 2000 gets of a 60 kB value: 120 MB of replies that are never read. Loopback socket buffers
+  // may grow to tens of MB (tcp_rmem), so the volume is well past what the kernel absorbs.
+  Bytes requests;
+  for (uint32_t i = 1; i <= 2000; ++i) {
+    tcp::FrameWriter f;
+    Bytes frame = f.u8(static_cast<uint8_t>(tcp::Op::Get)).u32(i).str("big").finish();
+    requests.insert(requests.end(), frame.begin(), frame.end());
+  }
+  raw->send(requests);
+  EXPECT_TRUE(eventually([&] { return server.numDropped() == 1; }, Millis{20000}));
+  raw->close();
+  EXPECT_EQ(c->getString("big"), big);
+  expectServes(server, "unread");
 }
 
 TEST(TCPStoreBadClients, ASilentConnectionIsDroppedAfterTheHelloTimeout) {
