@@ -45,12 +45,16 @@ int main(int argc, char** argv) {
   cfg.nHead = 4;
   cfg.nEmbd = 64;
   cfg.dropout = 0.0;
+  int64_t stopAfter = 0;
   int64_t steps = 300, batchSize = 16, warmup = 30, logInterval = 25, ckptEvery = 100, sampleTokens = 300;
   double lr = 3e-3, minLr = 3e-4, weightDecay = 0.1, clip = 1.0;
   uint64_t seed = 0;
   std::string checkpoint, prompt = "And God said";
   bool resume = false;
   app.add_option("--steps", steps, "training steps")->check(CLI::PositiveNumber);
+  app.add_option("--stop-after", stopAfter,
+                 "stop (with a checkpoint) after this many steps; the schedule still spans --steps")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--batch-size", batchSize, "sequences per step")->check(CLI::PositiveNumber);
   app.add_option("--block-size", cfg.blockSize, "context length")->check(CLI::PositiveNumber);
   app.add_option("--layers", cfg.nLayer, "transformer blocks")->check(CLI::PositiveNumber);
@@ -103,9 +107,10 @@ int main(int argc, char** argv) {
     fmt::print("train_gpt: {} parameters, vocab {}, {} train / {} validation characters, {} steps\n", params,
                vocab.size(), split, text.size() - split, steps);
 
-    examples::Progress progress(steps, "tokens");
+    int64_t stopAt = stopAfter > 0 ? std::min(stopAfter, steps) : steps;
+    examples::Progress progress(stopAt, "tokens");
     progress.setStartStep(step);
-    while (step < steps) {
+    while (step < stopAt) {
       for (auto& b : loader) {
         Tensor logits = model(b.data);
         Tensor loss = nn::functional::crossEntropy(logits.reshape({-1, cfg.vocabSize}), b.target.reshape({-1}));
@@ -116,9 +121,9 @@ int main(int argc, char** argv) {
         sched.step();
         ++step;
         progress.add(b.data.numel());
-        if (step % logInterval == 0 || step == steps)
+        if (step % logInterval == 0 || step == stopAt)
           progress.log(step, loss.item<double>(), fmt::format("lr {:.2e}", opt.paramGroups()[0].lr()));
-        if (!checkpoint.empty() && (step % ckptEvery == 0 || step == steps)) {
+        if (!checkpoint.empty() && (step % ckptEvery == 0 || step == stopAt)) {
           io::TrainingState st;
           st.model = model.stateDict();
           st.optimizer = opt.stateDict();
@@ -128,7 +133,7 @@ int main(int argc, char** argv) {
           st.generators["cpu"] = defaultGenerator().state();
           io::saveCheckpoint(checkpoint, st);
         }
-        if (step >= steps) break;
+        if (step >= stopAt) break;
       }
     }
     fmt::print("validation loss: {:.4f}\n", evalLoss(model, valLoader, 20, cfg.vocabSize));

@@ -20,6 +20,7 @@ struct AllocatorStats {
   int64_t peakBytes = 0;     // high-water mark of bytesLive since the last resetPeak()
   int64_t allocations = 0;   // number of allocate() calls
   int64_t frees = 0;         // number of deallocate() calls
+  int64_t cachedBytes = 0;   // freed bytes kept for reuse (not in bytesLive)
   int64_t blocksLive() const { return allocations - frees; }
 };
 
@@ -34,6 +35,10 @@ class Allocator {
 
   AllocatorStats stats() const;
   void resetPeak();
+  // Bytes of freed blocks an allocator keeps for reuse (not counted in bytesLive), and giving them
+  // back to the system. Allocators without a cache report 0.
+  virtual size_t cachedBytes() const { return 0; }
+  virtual void emptyCache() {}
 
  protected:
   virtual void* rawAllocate(size_t nbytes) = 0;
@@ -68,5 +73,7 @@ Allocator* setAllocator(Device d, Allocator* a);
 // Profiler API: the accounting of the current allocator of `d`.
 AllocatorStats memoryStats(Device d = Device::cpu());
 void resetPeakMemory(Device d = Device::cpu());
+// Returns the blocks the device's allocator keeps for reuse to the system.
+void emptyCache(Device d = Device::cpu());
 
 }  // namespace cohort

@@ -1,0 +1,107 @@
+// Training-step time of the two reference models (issue 3), one thread, for a side-by-side ratio
+// against PyTorch 1.13 (bench/torch_train_step.py runs the same models and shapes):
+//   MLP 784-1024-1024-10, batch 64, SGD;  GPT 6 layers, 6 heads, width 384, block 256, batch 8, AdamW.
+// Prints one JSON line per model: {"model": "mlp", "ms_per_step": ...}. With --profile, also the
+// time per op family (forward, backward, optimizer) for the "where does the time go" question.
+//
+//   build/bench/train_step [--steps N] [--model mlp|gpt|all] [--profile]
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+#include <cohort/cohort.h>
+
+using namespace cohort;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double ms(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
+
+struct Phases {
+  std::vector<double> fwd, bwd, opt, total;
+  static double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0 : v[v.size() / 2];
+  }
+};
+
+template <typename Step>
+Phases timeSteps(int warmup, int steps, Step&& step) {
+  Phases p;
+  for (int i = 0; i < warmup; ++i) step(nullptr);
+  for (int i = 0; i < steps; ++i) step(&p);
+  return p;
+}
+
+void report(const char* model, const Phases& p, bool profile) {
+  fmt::print("{{\"model\": \"{}\", \"ms_per_step\": {:.3f}", model, Phases::median(p.total));
+  if (profile)
+    fmt::print(", \"forward_ms\": {:.3f}, \"backward_ms\": {:.3f}, \"optimizer_ms\": {:.3f}", Phases::median(p.fwd),
+               Phases::median(p.bwd), Phases::median(p.opt));
+  fmt::print("}}\n");
+  std::fflush(stdout);
+}
+
+template <typename Model, typename Opt>
+auto makeStep(Model& model, Opt& opt, const Tensor& x, const Tensor& y, int64_t classes) {
+  return [&, classes](Phases* p) {
+    auto t0 = Clock::now();
+    Tensor logits = model(x);
+    Tensor loss = nn::functional::crossEntropy(logits.reshape({-1, classes}), y.reshape({-1}));
+    auto t1 = Clock::now();
+    opt.zeroGrad();
+    loss.backward();
+    auto t2 = Clock::now();
+    opt.step();
+    auto t3 = Clock::now();
+    if (p) {
+      p->fwd.push_back(ms(t0, t1));
+      p->bwd.push_back(ms(t1, t2));
+      p->opt.push_back(ms(t2, t3));
+      p->total.push_back(ms(t0, t3));
+    }
+  };
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Training-step time of cohort's reference models (compare with bench/torch_train_step.py)."};
+  int steps = 30;
+  std::string which = "all";
+  bool profile = false;
+  app.add_option("--steps", steps, "timed steps (median reported)")->check(CLI::PositiveNumber);
+  app.add_option("--model", which, "mlp, gpt or all")->check(CLI::IsMember({"mlp", "gpt", "all"}));
+  app.add_flag("--profile", profile, "also report forward/backward/optimizer time");
+  CLI11_PARSE(app, argc, argv);
+  blas::setNumThreads(1);
+
+  if (which == "mlp" || which == "all") {
+    manualSeed(0);
+    auto model = std::make_shared<nn::Sequential>(nn::Linear(784, 1024), nn::ReLU(), nn::Linear(1024, 1024),
+                                                  nn::ReLU(), nn::Linear(1024, 10));
+    optim::SGD opt(model->parameters(), {.lr = 0.01});
+    Tensor x = randn({64, 784});
+    Tensor y = randint(0, 10, {64});
+    report("mlp", timeSteps(5, steps, makeStep(*model, opt, x, y, 10)), profile);
+  }
+  if (which == "gpt" || which == "all") {
+    manualSeed(0);
+    nn::GPTConfig c;
+    c.vocabSize = 65;
+    c.blockSize = 256;
+    c.nLayer = 6;
+    c.nHead = 6;
+    c.nEmbd = 384;
+    c.dropout = 0.0;
+    nn::GPT model(c);
+    optim::AdamW opt(model.parameters(), {.lr = 3e-4, .weightDecay = 0.1});
+    Tensor x = randint(0, 65, {8, 256});
+    Tensor y = randint(0, 65, {8, 256});
+    report("gpt", timeSteps(2, std::max(3, steps / 3), makeStep(model, opt, x, y, 65)), profile);
+  }
+  return 0;
+}
