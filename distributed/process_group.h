@@ -9,7 +9,13 @@
  *    same collectives in the same order — which is what COHORT_DEBUG=DETAIL checks);
  *  - is recorded in the flight recorder (op, seq, shapes, dtype, start/end, state);
  *  - returns a Work at once; Work::wait() throws TimeoutError naming the op, group, sequence
- *    number and the ranks that never reached it (each rank publishes its progress in the store).
+ *    number and the ranks that never reached it (each rank publishes "<last started> <last
+ *    completed> <last failed>" under "progress/<rank>" in the group's store, from a background
+ *    thread so the op's hot path never waits on the store).
+ * Send/recv are point to point: they take no sequence number (ranks that do not take part would
+ * fall out of step) and their Work is labelled with the peer and tag instead.
+ * The group's store() is the given store under the prefix "<name>/" for a world group, and the
+ * parent's under "sub<k>/" for a subgroup, so groups sharing one store never collide.
  *
  * Subgroups (newGroup, split) are independent ProcessGroups with their own sequence numbers,
  * store prefix and backend instances, so they may run collectives concurrently with the world.
@@ -18,6 +24,7 @@
  */
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -31,6 +38,7 @@
 namespace cohort::dist {
 
 class FlightRecorder;
+struct CollectiveFingerprint;
 
 enum class DebugLevel { Off, Info, Detail };
 DebugLevel debugLevelFromEnv();  // COHORT_DEBUG=OFF|INFO|DETAIL
@@ -60,6 +68,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   const std::vector<int>& globalRanks() const { return globalRanks_; }
   uint64_t sequenceNumber() const { return seq_; }
   FlightRecorder& flightRecorder() { return *recorder_; }
+  DebugLevel debugLevel() const { return opts_.debug; }
 
   void setBackend(DeviceType type, BackendPtr backend);
   Backend& backend(DeviceType type) const;  // NotSupportedError when none serves that device
@@ -90,7 +99,24 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   std::shared_ptr<ProcessGroup> split(int color, int key, ProcessGroupOptions opts = {});
 
  private:
+  struct Progress;  // this rank's published progress: "<group store>/progress/<rank>"
+
   ProcessGroup(StorePtr store, int rank, int size, ProcessGroupOptions opts, std::vector<int> globalRanks);
+  void initBackends();
+  std::shared_ptr<ProcessGroup> makeSubgroup(const std::string& prefix, const std::vector<int>& parentRanks,
+                                             int subRank, ProcessGroupOptions opts);
+  // Checks the backend serving `device` supports `op` (NotSupportedError otherwise).
+  const BackendPtr& backendFor(OpType op, DeviceType device) const;
+  // Assigns the next sequence number (collectives) or a label (send/recv), records the op and
+  // publishes this rank's progress; the Work updates both when it completes.
+  // Under COHORT_DEBUG=DETAIL, `fingerprint` is checked against every other rank's call first.
+  WorkPtr startWork(OpType op, Millis timeout, std::string shapes, std::string detail,
+                    const std::function<CollectiveFingerprint()>& fingerprint, std::string p2pLabel = "");
+  // Runs the backend call; a synchronous throw fails the Work and propagates.
+  template <typename F>
+  WorkPtr launch(const WorkPtr& work, const BackendPtr& backend, F&& call);
+  std::string diagnose(const Work& work) const;
+  std::string rankName(int groupRank) const;
 
   StorePtr store_;
   int rank_;
@@ -100,7 +126,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   uint64_t seq_ = 0;
   uint64_t subgroupCounter_ = 0;
   std::map<DeviceType, BackendPtr> backends_;
-  std::unique_ptr<FlightRecorder> recorder_;
+  std::shared_ptr<FlightRecorder> recorder_;
+  std::shared_ptr<Progress> progress_;
 };
 
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;

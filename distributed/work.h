@@ -3,7 +3,8 @@
  * operation runs on the backend's threads. The handle wraps the shared Future (its value is the
  * op's output tensors), so callers may wait, poll, or chain with then().
  *
- * wait(timeout) blocks at most `timeout` (the op's own timeout by default) and throws:
+ * wait() blocks until the op's deadline (creation + its timeout) plus a short grace that lets the
+ * backend report its own, more precise error; wait(timeout) blocks at most `timeout`. They throw:
  *  - TimeoutError when the op did not finish in time: the message names the op, the group, the
  *    sequence number and, when the group could find out through the store, the ranks that never
  *    reached this op;
@@ -17,6 +18,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -46,27 +48,46 @@ class Work {
   std::vector<Tensor> result() const { return future_.value(); }
   Future<std::vector<Tensor>> future() const { return future_; }
 
-  // For backends: complete the work.
+  // When the op must be over: creation + timeout. Backends give their transport what is left
+  // (remaining()), so a dead peer fails the op by the time wait() gives up.
+  std::chrono::steady_clock::time_point deadline() const { return deadline_; }
+  Millis remaining() const;  // until deadline(), at least 1 ms
+
+  // For backends: complete the work (from any thread).
   void finish(std::vector<Tensor> outputs);
   void fail(std::exception_ptr error);
-  // Called by wait() when the timeout expires before completion: returns the TimeoutError to
-  // throw (ProcessGroup installs one that asks the store which ranks are missing).
-  using TimeoutExplainer = std::function<std::exception_ptr(const Work&, Millis waited)>;
-  void setTimeoutExplainer(TimeoutExplainer fn) { explain_ = std::move(fn); }
+  // For backends: typed errors whose message names this op ("allreduce #12 in group 'world'"),
+  // the transport's `detail`, and the group's diagnosis of which ranks did not reach or finish
+  // the op (asked of the store by the diagnoser ProcessGroup installs).
+  std::exception_ptr timeoutError(const std::string& detail) const;
+  std::exception_ptr peerError(const std::string& detail) const;
+  std::exception_ptr distError(const std::string& detail) const;
+
+  // Installed by ProcessGroup: explains, from the ranks' published progress, who is missing.
+  // Returns "" when it has nothing to add. May block briefly (it reads the store).
+  using Diagnoser = std::function<std::string(const Work&)>;
+  void setDiagnoser(Diagnoser fn) { diagnose_ = std::move(fn); }
+  std::string diagnosis() const;
   // Called once when wait() times out, before throwing (backends abort the op's transport here).
   using AbortFn = std::function<void()>;
   void setAbort(AbortFn fn) { abort_ = std::move(fn); }
 
-  std::string describe() const;  // "allreduce #12 in group 'world'"
+  // Point-to-point ops carry no group sequence number; their label says who and which tag
+  // ("to rank 1, tag 7") and describe() shows it.
+  void setLabel(std::string label) { label_ = std::move(label); }
+  std::string describe() const;  // "allreduce #12 in group 'world'", "send (to rank 1, tag 7) in group 'world'"
 
  private:
   OpType op_;
   uint64_t seq_;
   std::string group_;
   Millis timeout_;
+  std::chrono::steady_clock::time_point deadline_;
   Future<std::vector<Tensor>> future_;
-  TimeoutExplainer explain_;
+  std::string label_;
+  Diagnoser diagnose_;
   AbortFn abort_;
+  std::once_flag abortOnce_;
 };
 
 using WorkPtr = std::shared_ptr<Work>;

@@ -1,0 +1,271 @@
+#include <cohort/distributed/gloo/gloo_backend.h>
+
+#include <unistd.h>
+
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <fmt/format.h>
+
+#include <cohort/core/util/env.h>
+#include <cohort/core/util/error.h>
+#include <cohort/distributed/gloo/store_adapter.h>
+
+namespace cohort::dist::gloo_backend {
+
+COHORT_ENV_KNOB(kGlooHostname, "COHORT_GLOO_HOSTNAME", "",
+                "Address gloo's TCP transport listens on (default: this host's name, else 127.0.0.1)");
+COHORT_ENV_KNOB(kGlooIface, "COHORT_GLOO_IFACE", "", "Network interface gloo's TCP transport uses (e.g. eth0)");
+
+namespace {
+
+// One TCP device (one event-loop thread) per process, shared by every group's context.
+std::shared_ptr<::gloo::transport::Device> sharedDevice() {
+  static std::mutex mu;
+  static std::shared_ptr<::gloo::transport::Device> device;
+  std::lock_guard<std::mutex> lock(mu);
+  if (device) return device;
+  ::gloo::transport::tcp::attr attr;
+  if (auto iface = kGlooIface.raw()) {
+    attr.iface = *iface;
+  } else if (auto host = kGlooHostname.raw()) {
+    attr.hostname = *host;
+  } else {
+    char name[256] = {0};
+    if (gethostname(name, sizeof(name) - 1) == 0) attr.hostname = name;
+  }
+  try {
+    device = ::gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    if (kGlooIface.raw() || kGlooHostname.raw()) {
+      throw DistError(fmt::format("gloo: cannot create a TCP device on {}: {}",
+                                  attr.iface.empty() ? attr.hostname : "interface " + attr.iface, e.what()));
+    }
+    // This host's name does not resolve to a usable address: a single-host job still works.
+    ::gloo::transport::tcp::attr loopback;
+    loopback.hostname = "127.0.0.1";
+    device = ::gloo::transport::tcp::CreateDevice(loopback);
+  }
+  return device;
+}
+
+bool isTimeoutMessage(const std::string& what) {
+  return what.find("Timed out") != std::string::npos || what.find("timed out") != std::string::npos ||
+         what.find("timeout") != std::string::npos;
+}
+
+}  // namespace
+
+GlooBackend::GlooBackend(const StorePtr& store, int rank, int size, const BackendOptions& opts)
+    : Backend("gloo", rank, size), group_(opts.groupName) {
+  auto device = sharedDevice();
+  auto context = std::make_shared<::gloo::rendezvous::Context>(rank, size);
+  context->setTimeout(opts.timeout);
+  GlooStoreAdapter adapter(store, opts.timeout);
+  try {
+    context->connectFullMesh(adapter, device);
+  } catch (const cohort::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw DistError(fmt::format("gloo: rank {} of group '{}' could not connect to its {} peers through {}: {}", rank,
+                                opts.groupName, size - 1, store->describe(), e.what()));
+  }
+  context_ = std::move(context);
+  worker_ = std::thread([this] { workerLoop(); });
+  p2pThread_ = std::thread([this] { p2pLoop(); });
+}
+
+GlooBackend::~GlooBackend() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  worker_.join();
+  {
+    std::lock_guard<std::mutex> lock(p2pMu_);
+    p2pStop_ = true;
+  }
+  p2pCv_.notify_all();
+  p2pThread_.join();
+}
+
+void GlooBackend::enqueue(const WorkPtr& work, std::function<std::vector<Tensor>()> body) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!broken_) {
+      queue_.emplace_back(work, std::move(body));
+      cv_.notify_one();
+      return;
+    }
+  }
+  work->fail(brokenError());
+}
+
+void GlooBackend::workerLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping, nothing left
+    auto [work, body] = std::move(queue_.front());
+    queue_.pop_front();
+    bool broken = broken_ != nullptr;
+    bool stopping = stop_;
+    lock.unlock();
+    if (broken) {
+      work->fail(brokenError());
+    } else if (stopping) {
+      work->fail(work->distError("the process group was destroyed before the op ran"));
+    } else {
+      runGuarded(work, body);
+    }
+    lock.lock();
+  }
+}
+
+void GlooBackend::runGuarded(const WorkPtr& work, const std::function<std::vector<Tensor>()>& body) {
+  std::vector<Tensor> outputs;
+  enum class Kind { None, Timeout, Peer, Gloo } kind = Kind::None;
+  std::string detail;
+  std::exception_ptr error;
+  try {
+    outputs = body();
+  } catch (const ::gloo::IoException& e) {
+    kind = isTimeoutMessage(e.what()) ? Kind::Timeout : Kind::Peer;
+    detail = fmt::format("gloo: {}", e.what());
+  } catch (const ::gloo::Exception& e) {
+    kind = Kind::Gloo;
+    detail = fmt::format("gloo: {}", e.what());
+  } catch (...) {
+    error = std::current_exception();
+  }
+  if (kind == Kind::None && !error) {
+    work->finish(std::move(outputs));
+    return;
+  }
+  if (kind != Kind::None) {
+    // Close the connections before diagnosing (which waits a little for the peers' reports), so
+    // peers blocked on this rank fail and report now.
+    breakWith(std::make_exception_ptr(DistError(work->describe() + " failed: " + detail)));
+    error = kind == Kind::Timeout ? work->timeoutError(detail)
+            : kind == Kind::Peer  ? work->peerError(detail)
+                                  : work->distError(detail);
+    std::lock_guard<std::mutex> lock(mu_);
+    broken_ = error;  // later ops quote the diagnosed error
+  }
+  work->fail(error);
+}
+
+void GlooBackend::breakWith(std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (broken_) return;
+    broken_ = error;
+  }
+  // Closing our side makes peers blocked on this rank fail now rather than at their timeout.
+  try {
+    context_->closeConnections();
+  } catch (...) {
+  }
+}
+
+std::exception_ptr GlooBackend::brokenError() const {
+  std::string first;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    try {
+      std::rethrow_exception(broken_);
+    } catch (const std::exception& e) {
+      first = e.what();
+    } catch (...) {
+      first = "unknown error";
+    }
+  }
+  return std::make_exception_ptr(
+      PeerError(fmt::format("gloo backend of group '{}' was aborted by an earlier error: {}", group_, first)));
+}
+
+void GlooBackend::abort(const std::string& reason) {
+  breakWith(std::make_exception_ptr(DistError(reason)));
+}
+
+// ---- point to point ----------------------------------------------------------------------------
+
+void GlooBackend::postP2P(const WorkPtr& work, const Tensor& tensor, int peer, int tag, bool isSend) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (broken_) {
+      work->fail(brokenError());
+      return;
+    }
+  }
+  PendingP2P p{work, tensor, nullptr, peer, isSend};
+  try {
+    p.buffer = context_->createUnboundBuffer(tensor.dataPtr(), tensor.nbytes());
+    if (isSend) p.buffer->send(peer, static_cast<uint64_t>(tag));
+    else p.buffer->recv(peer, static_cast<uint64_t>(tag));
+  } catch (const ::gloo::Exception& e) {
+    work->fail(work->peerError(fmt::format("gloo: {}", e.what())));
+    return;
+  }
+  std::lock_guard<std::mutex> lock(p2pMu_);
+  p2pQueue_.push_back(std::move(p));
+  p2pCv_.notify_one();
+}
+
+void GlooBackend::p2pLoop() {
+  std::unique_lock<std::mutex> lock(p2pMu_);
+  while (true) {
+    p2pCv_.wait(lock, [&] { return p2pStop_ || !p2pQueue_.empty(); });
+    if (p2pQueue_.empty()) return;
+    PendingP2P p = std::move(p2pQueue_.front());
+    p2pQueue_.pop_front();
+    lock.unlock();
+    std::exception_ptr error;
+    try {
+      Millis left = p.work->remaining();
+      bool done = p.isSend ? p.buffer->waitSend(left) : p.buffer->waitRecv(left);
+      if (!done) error = p.work->distError("gloo: the transfer was aborted");
+    } catch (const ::gloo::IoException& e) {
+      error = isTimeoutMessage(e.what()) ? p.work->timeoutError(fmt::format("gloo: {}", e.what()))
+                                         : p.work->peerError(fmt::format("gloo: {}", e.what()));
+    } catch (const std::exception& e) {
+      error = p.work->distError(fmt::format("gloo: {}", e.what()));
+    }
+    if (error) {
+      // The buffer stays registered with gloo's pair after a timeout: keep it (and the tensor)
+      // alive with the broken context rather than free memory gloo may still write.
+      breakWith(error);
+      p.work->fail(error);
+      std::lock_guard<std::mutex> g(mu_);
+      leaked_.push_back(std::move(p.buffer));
+      leakedTensors_.push_back(p.tensor);
+    } else {
+      p.work->finish({p.tensor});
+    }
+    lock.lock();
+  }
+}
+
+void GlooBackend::send(const Tensor& tensor, int dst, const SendRecvOptions& opts, const WorkPtr& work) {
+  postP2P(work, tensor, dst, opts.tag, true);
+}
+
+void GlooBackend::recv(Tensor& tensor, int src, const SendRecvOptions& opts, const WorkPtr& work) {
+  postP2P(work, tensor, src, opts.tag, false);
+}
+
+// ---- registration --------------------------------------------------------------------------
+
+namespace {
+const bool kRegistered = [] {
+  registerBackend("gloo", [](const StorePtr& store, int rank, int size, const BackendOptions& opts) -> BackendPtr {
+    return std::make_shared<GlooBackend>(store, rank, size, opts);
+  });
+  return true;
+}();
+}  // namespace
+
+}  // namespace cohort::dist::gloo_backend

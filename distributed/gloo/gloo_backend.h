@@ -1,0 +1,119 @@
+/*
+ * GlooBackend: the collectives over gloo's TCP transport (Debian's libgloo), registered as
+ * "gloo". One gloo context per process group, connected at construction through the group's
+ * store (a full mesh); the process shares one TCP device (its event loop thread) among them.
+ *
+ * Threads. The caller only enqueues: every collective runs, in issue order, on the backend's
+ * worker thread, which completes the Work. Send/recv are posted at once on gloo unbound buffers
+ * (slot = the user's tag, apart from the collectives' slots) and completed by a second thread
+ * that waits for them in order, so a recv waiting for its sender never holds up a collective.
+ *
+ * Timeouts and failures. Each op gets what is left of its Work's timeout as gloo's timeout, so a
+ * dead or stalled peer fails the op (gloo IoException → PeerError, gloo timeout → TimeoutError,
+ * both naming the op, group, sequence number and the ranks the store says are missing) instead
+ * of hanging. After such a failure the gloo context is in an unknown state: the backend closes
+ * its connections (so peers blocked on this rank fail promptly too) and every later op fails at
+ * once with the first error, as c10d does with an aborted communicator.
+ *
+ * Hot path. Contiguous float32/float64/integer allreduce runs in place on the tensor's memory
+ * (no copies); float16/bfloat16 are widened to a float32 buffer and rounded back once.
+ * reduce_scatter is an alltoall followed by a local reduction in rank order (the same bytes on
+ * the wire as a ring reduce-scatter), since gloo's reduce_scatter is a legacy algorithm class
+ * that must not share a context with gloo::allreduce (see shared/BASELINES.md).
+ */
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <cohort/distributed/backend.h>
+
+namespace gloo {
+class Context;
+namespace transport {
+class UnboundBuffer;
+}
+}  // namespace gloo
+
+namespace cohort::dist::gloo_backend {
+
+class GlooBackend : public Backend {
+ public:
+  GlooBackend(const StorePtr& store, int rank, int size, const BackendOptions& opts);
+  ~GlooBackend() override;
+
+  bool supports(OpType op) const override { return true; }
+
+  void allreduce(Tensor& tensor, const AllreduceOptions& opts, const WorkPtr& work) override;
+  void allreduceCoalesced(std::vector<Tensor>& tensors, const AllreduceOptions& opts, const WorkPtr& work) override;
+  void broadcast(Tensor& tensor, const BroadcastOptions& opts, const WorkPtr& work) override;
+  void reduce(Tensor& tensor, const ReduceOptions& opts, const WorkPtr& work) override;
+  void allgather(std::vector<Tensor>& outputs, const Tensor& input, const AllgatherOptions& opts,
+                 const WorkPtr& work) override;
+  void allgatherIntoTensor(Tensor& output, const Tensor& input, const AllgatherOptions& opts,
+                           const WorkPtr& work) override;
+  void allgatherCoalesced(std::vector<std::vector<Tensor>>& outputs, const std::vector<Tensor>& inputs,
+                          const AllgatherOptions& opts, const WorkPtr& work) override;
+  void reduceScatter(Tensor& output, std::vector<Tensor>& inputs, const ReduceScatterOptions& opts,
+                     const WorkPtr& work) override;
+  void reduceScatterTensor(Tensor& output, const Tensor& input, const ReduceScatterOptions& opts,
+                           const WorkPtr& work) override;
+  void alltoall(Tensor& output, const Tensor& input, const AlltoallOptions& opts, const WorkPtr& work) override;
+  void alltoallList(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs, const AlltoallOptions& opts,
+                    const WorkPtr& work) override;
+  void gather(std::vector<Tensor>& outputs, const Tensor& input, const GatherOptions& opts,
+              const WorkPtr& work) override;
+  void scatter(Tensor& output, const std::vector<Tensor>& inputs, const ScatterOptions& opts,
+               const WorkPtr& work) override;
+  void barrier(const BarrierOptions& opts, const WorkPtr& work) override;
+  void send(const Tensor& tensor, int dst, const SendRecvOptions& opts, const WorkPtr& work) override;
+  void recv(Tensor& tensor, int src, const SendRecvOptions& opts, const WorkPtr& work) override;
+
+  void abort(const std::string& reason) override;
+
+ private:
+  // Runs `body` on the worker thread; it returns the op's outputs, and gloo's exceptions are
+  // mapped onto the Work's typed errors.
+  void enqueue(const WorkPtr& work, std::function<std::vector<Tensor>()> body);
+  void runGuarded(const WorkPtr& work, const std::function<std::vector<Tensor>()>& body);
+  void workerLoop();
+  void p2pLoop();
+  // Marks the backend broken with `error` (first one wins) and closes the gloo connections.
+  void breakWith(std::exception_ptr error);
+  std::exception_ptr brokenError() const;
+  void postP2P(const WorkPtr& work, const Tensor& tensor, int peer, int tag, bool isSend);
+
+  std::shared_ptr<::gloo::Context> context_;
+  std::string group_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<WorkPtr, std::function<std::vector<Tensor>()>>> queue_;
+  bool stop_ = false;
+  std::exception_ptr broken_;
+  // Buffers of point-to-point ops that failed: gloo may still hold them, so they (and their
+  // tensors' memory) live as long as the backend.
+  std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> leaked_;
+  std::vector<Tensor> leakedTensors_;
+  std::thread worker_;
+
+  struct PendingP2P {
+    WorkPtr work;
+    Tensor tensor;  // keeps the memory alive
+    std::unique_ptr<::gloo::transport::UnboundBuffer> buffer;
+    int peer;
+    bool isSend;
+  };
+  std::mutex p2pMu_;
+  std::condition_variable p2pCv_;
+  std::deque<PendingP2P> p2pQueue_;
+  bool p2pStop_ = false;
+  std::thread p2pThread_;
+};
+
+}  // namespace cohort::dist::gloo_backend

@@ -1,0 +1,724 @@
+#include <cohort/distributed/process_group.h>
+
+#include <algorithm>
+#include <cctype>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cohort/core/util/env.h>
+#include <cohort/core/util/error.h>
+#include <cohort/core/util/logging.h>
+#include <cohort/distributed/debug/consistency_check.h>
+#include <cohort/distributed/debug/flight_recorder.h>
+#include <cohort/distributed/store/prefix_store.h>
+
+namespace cohort::dist {
+
+COHORT_ENV_KNOB(kDebugKnob, "COHORT_DEBUG", "OFF",
+                "Collective debugging: OFF, INFO, or DETAIL (cross-rank check of every collective's arguments)");
+
+DebugLevel debugLevelFromEnv() {
+  auto raw = kDebugKnob.raw();
+  if (!raw) return DebugLevel::Off;
+  std::string v = *raw;
+  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return std::toupper(c); });
+  if (v == "OFF" || v == "0") return DebugLevel::Off;
+  if (v == "INFO") return DebugLevel::Info;
+  if (v == "DETAIL") return DebugLevel::Detail;
+  throw ValueError(fmt::format("COHORT_DEBUG must be OFF, INFO or DETAIL, got '{}'", *raw));
+}
+
+// ---- progress publishing -------------------------------------------------------------------
+// The op's thread only bumps counters; a background thread writes them to the store, so a slow
+// store (TCP) never sits on a collective's path. diagnose() publishes synchronously first.
+struct ProcessGroup::Progress {
+  StorePtr store;
+  std::string key;
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t started = 0, completed = 0, failed = 0;
+  bool dirty = false, stop = false;
+  std::mutex publishMu;  // one store write at a time, in order
+  std::thread thread;
+
+  Progress(StorePtr s, std::string k) : store(std::move(s)), key(std::move(k)) {
+    thread = std::thread([this] { loop(); });
+  }
+  ~Progress() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stop = true;
+    }
+    cv.notify_all();
+    thread.join();
+  }
+  template <typename F>
+  void update(F&& f) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      f(*this);
+      dirty = true;
+    }
+    cv.notify_one();
+  }
+  void publish() {
+    std::lock_guard<std::mutex> plock(publishMu);
+    std::string value;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      value = fmt::format("{} {} {}", started, completed, failed);
+      dirty = false;
+    }
+    try {
+      store->set(key, value);
+    } catch (const std::exception& e) {
+      COHORT_LOG(Warning, "could not publish collective progress to {}: {}", store->describe(), e.what());
+    }
+  }
+  void loop() {
+    std::unique_lock<std::mutex> lock(mu);
+    while (true) {
+      cv.wait(lock, [&] { return dirty || stop; });
+      if (stop) return;
+      lock.unlock();
+      publish();
+      lock.lock();
+    }
+  }
+};
+
+namespace {
+struct RankProgress {
+  uint64_t started = 0, completed = 0, failed = 0;
+};
+
+RankProgress readProgress(Store& store, const std::string& key) {
+  RankProgress p;
+  if (!store.check({key})) return p;
+  std::istringstream in(store.getString(key));
+  in >> p.started >> p.completed >> p.failed;
+  return p;
+}
+
+std::string shapesOf(const std::vector<Tensor>& ts) {
+  std::string out;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    if (i) out += "; ";
+    out += ts[i].defined() ? fmt::format("{} {}", shapeStr(ts[i].sizes()), dtypeName(ts[i].dtype())) : "undefined";
+  }
+  return out;
+}
+std::string shapeOf(const Tensor& t) { return shapesOf({t}); }
+}  // namespace
+
+// ---- construction --------------------------------------------------------------------------
+
+std::shared_ptr<ProcessGroup> ProcessGroup::create(StorePtr store, int rank, int size, ProcessGroupOptions opts) {
+  if (!store) throw ValueError("ProcessGroup::create: store is null");
+  if (size < 1) throw ValueError(fmt::format("ProcessGroup::create: size must be >= 1, got {}", size));
+  if (rank < 0 || rank >= size) {
+    throw ValueError(fmt::format("ProcessGroup::create: rank {} is out of range for size {}", rank, size));
+  }
+  std::vector<int> global(size);
+  for (int i = 0; i < size; ++i) global[i] = i;
+  auto prefixed = std::make_shared<PrefixStore>(opts.name, std::move(store));
+  std::shared_ptr<ProcessGroup> pg(new ProcessGroup(std::move(prefixed), rank, size, std::move(opts), std::move(global)));
+  pg->initBackends();
+  return pg;
+}
+
+ProcessGroup::ProcessGroup(StorePtr store, int rank, int size, ProcessGroupOptions opts, std::vector<int> globalRanks)
+    : store_(std::move(store)), rank_(rank), size_(size), opts_(std::move(opts)), globalRanks_(std::move(globalRanks)) {
+  if (kDebugKnob.raw()) opts_.debug = debugLevelFromEnv();
+  if (opts_.timeout.count() <= 0) {
+    throw ValueError(fmt::format("process group '{}': timeout must be positive, got {} ms", opts_.name,
+                                 opts_.timeout.count()));
+  }
+  recorder_ = std::make_shared<FlightRecorder>(opts_.name, opts_.flightRecorderEntries);
+  progress_ = std::make_shared<Progress>(store_, fmt::format("progress/{}", rank_));
+}
+
+ProcessGroup::~ProcessGroup() {
+  // Backends first: their threads complete pending Works, whose callbacks touch progress_.
+  backends_.clear();
+  progress_.reset();
+}
+
+void ProcessGroup::initBackends() {
+  std::string name = opts_.backend;
+  if (name == "auto") {
+    if (hasBackend("gloo")) {
+      name = "gloo";
+    } else {
+      auto names = availableBackends();
+      throw NotSupportedError(fmt::format(
+          "process group '{}': backend \"auto\" needs gloo, which this build lacks (available: {})", opts_.name,
+          names.empty() ? std::string("none") : fmt::format("{}", fmt::join(names, ", "))));
+    }
+  }
+  BackendOptions bo;
+  bo.groupName = opts_.name;
+  bo.timeout = opts_.timeout;
+  bo.globalRanks = globalRanks_;
+  auto backendStore = std::make_shared<PrefixStore>("backend/" + name, store_);
+  setBackend(DeviceType::CPU, createBackend(name, backendStore, rank_, size_, bo));
+}
+
+void ProcessGroup::setBackend(DeviceType type, BackendPtr backend) {
+  COHORT_CHECK(backend != nullptr, "ProcessGroup::setBackend: null backend");
+  if (!backend->supportsDevice(type)) {
+    throw ValueError(fmt::format("process group '{}': backend {} does not serve {} tensors", opts_.name,
+                                 backend->name(), Device(type, 0)));
+  }
+  backends_[type] = std::move(backend);
+}
+
+Backend& ProcessGroup::backend(DeviceType type) const {
+  auto it = backends_.find(type);
+  if (it == backends_.end()) {
+    std::vector<std::string> have;
+    for (const auto& [t, b] : backends_) have.push_back(fmt::format("{}: {}", Device(t, 0), b->name()));
+    throw NotSupportedError(fmt::format("process group '{}' has no backend for {} tensors (it has {})", opts_.name,
+                                        Device(type, 0), fmt::join(have, ", ")));
+  }
+  return *it->second;
+}
+
+bool ProcessGroup::supports(OpType op, DeviceType type) const {
+  auto it = backends_.find(type);
+  return it != backends_.end() && it->second->supports(op);
+}
+
+const BackendPtr& ProcessGroup::backendFor(OpType op, DeviceType device) const {
+  backend(device);  // throws NotSupportedError naming what the group has
+  const BackendPtr& b = backends_.at(device);
+  if (!b->supports(op)) {
+    throw NotSupportedError(fmt::format("backend {} does not support {}", b->name(), opTypeName(op)));
+  }
+  return b;
+}
+
+// ---- work bookkeeping ----------------------------------------------------------------------
+
+WorkPtr ProcessGroup::startWork(OpType op, Millis timeout, std::string shapes, std::string detail,
+                                const std::function<CollectiveFingerprint()>& fingerprint, std::string p2pLabel) {
+  Millis t = timeout.count() < 0 ? opts_.timeout : timeout;
+  if (t.count() == 0) throw ValueError(fmt::format("{} in group '{}': timeout must be positive", opTypeName(op), opts_.name));
+  bool collective = p2pLabel.empty();
+  uint64_t seq = collective ? ++seq_ : 0;
+  auto work = std::make_shared<Work>(op, seq, opts_.name, t);
+  if (!collective) work->setLabel(p2pLabel);
+  uint64_t entry = recorder_->record(seq, opTypeName(op), std::move(shapes),
+                                     collective ? std::move(detail) : p2pLabel);
+  std::weak_ptr<ProcessGroup> self = weak_from_this();
+  work->setDiagnoser([self](const Work& w) -> std::string {
+    auto pg = self.lock();
+    return pg ? pg->diagnose(w) : std::string();
+  });
+  if (collective) progress_->update([seq](Progress& p) { p.started = seq; });
+  if (collective && opts_.debug == DebugLevel::Detail && fingerprint) {
+    try {
+      checkCollectiveConsistency(*store_, opts_.name, rank_, size_, seq, fingerprint(), t);
+    } catch (...) {
+      work->fail(std::current_exception());
+      throw;
+    }
+  }
+  auto progress = progress_;
+  auto recorder = recorder_;
+  work->future().addCallback([progress, recorder, entry, seq, collective](Future<std::vector<Tensor>> f) {
+    std::exception_ptr err = f.exception();
+    std::string what;
+    if (err) {
+      try {
+        std::rethrow_exception(err);
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+        what = "unknown error";
+      }
+    }
+    recorder->complete(entry, err == nullptr, what);
+    if (err) {
+      try {
+        std::rethrow_exception(err);
+      } catch (const DistError&) {
+        dumpFlightRecorders(what);  // a dead peer or a timeout: keep the evidence
+      } catch (...) {
+      }
+    }
+    if (!collective) return;
+    if (err) {
+      progress->update([seq](Progress& p) { p.failed = std::max(p.failed, seq); });
+    } else {
+      progress->update([seq](Progress& p) { p.completed = std::max(p.completed, seq); });
+    }
+  });
+  return work;
+}
+
+template <typename F>
+WorkPtr ProcessGroup::launch(const WorkPtr& work, const BackendPtr& backend, F&& call) {
+  // When wait() gives up, the backend stops its transport so no thread stays blocked.
+  work->setAbort([weak = std::weak_ptr<Backend>(backend), what = work->describe()] {
+    if (auto b = weak.lock()) b->abort(what + ": abandoned by wait() after its timeout");
+  });
+  try {
+    call();
+  } catch (...) {
+    if (!work->isCompleted()) work->fail(std::current_exception());
+    throw;
+  }
+  return work;
+}
+
+std::string ProcessGroup::rankName(int groupRank) const {
+  int g = groupRank >= 0 && groupRank < static_cast<int>(globalRanks_.size()) ? globalRanks_[groupRank] : groupRank;
+  return g == groupRank ? fmt::format("{}", groupRank) : fmt::format("{} (global rank {})", groupRank, g);
+}
+
+std::string ProcessGroup::diagnose(const Work& work) const {
+  if (work.sequenceNumber() == 0) return "";  // send/recv: the label names the peer
+  const uint64_t seq = work.sequenceNumber();
+  // Only failing ops are diagnosed: say so first, so the other ranks' diagnoses can tell this
+  // rank (alive, failed) from the one that died or stalled.
+  progress_->update([seq](Progress& p) { p.failed = std::max(p.failed, seq); });
+  progress_->publish();
+  // Peers publish asynchronously: give them a moment so only ranks that really went silent (or
+  // never came) are named. Stops early once every other rank is accounted for.
+  const auto graceEnd = std::chrono::steady_clock::now() + Millis(500);
+  std::vector<int> notReached, silent, failed;
+  std::map<int, RankProgress> seen;
+  while (true) {
+    notReached.clear();
+    silent.clear();
+    failed.clear();
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      RankProgress p = readProgress(*store_, fmt::format("progress/{}", r));
+      seen[r] = p;
+      if (p.started < seq) notReached.push_back(r);
+      else if (p.failed >= seq) failed.push_back(r);
+      else if (p.completed < seq) silent.push_back(r);
+    }
+    if ((notReached.empty() && silent.empty()) || std::chrono::steady_clock::now() >= graceEnd) break;
+    std::this_thread::sleep_for(Millis(50));
+  }
+  auto names = [&](const std::vector<int>& rs) {
+    std::vector<std::string> out;
+    for (int r : rs) out.push_back(rankName(r));
+    return fmt::format("{}", fmt::join(out, ", "));
+  };
+  std::string msg;
+  if (!notReached.empty()) {
+    std::vector<std::string> last;
+    for (int r : notReached) last.push_back(fmt::format("rank {} at #{}", rankName(r), seen[r].started));
+    msg = fmt::format("ranks that never reached it: [{}] (last op they started: {})", names(notReached),
+                      fmt::join(last, ", "));
+  } else if (!silent.empty()) {
+    msg = fmt::format("every rank reached it; ranks that started it but neither finished nor reported an error "
+                      "(dead or stalled): [{}]", names(silent));
+  } else {
+    msg = "every rank reached it";
+  }
+  if (!failed.empty()) msg += fmt::format("; ranks that failed it too: [{}]", names(failed));
+  return msg;
+}
+
+// ---- validation ----------------------------------------------------------------------------
+
+namespace {
+class Checker {
+ public:
+  Checker(OpType op, const std::string& group) : op_(op), group_(group) {}
+
+  [[noreturn]] void fail(const std::string& what) const {
+    throw ValueError(fmt::format("{} in group '{}': {}", opTypeName(op_), group_, what));
+  }
+  void tensor(const Tensor& t, const std::string& what) const {
+    if (!t.defined()) fail(what + " is undefined");
+    if (t.numel() > 0 && !t.isContiguous()) {
+      fail(fmt::format("{} must be contiguous, got shape {} with strides {}", what, shapeStr(t.sizes()),
+                       shapeStr(t.strides())));
+    }
+  }
+  void like(const Tensor& t, const Tensor& ref, const std::string& what, const std::string& refWhat) const {
+    tensor(t, what);
+    if (t.dtype() != ref.dtype() || t.sizes() != ref.sizes()) {
+      fail(fmt::format("{} is {} {}, but {} is {} {}", what, dtypeName(t.dtype()), shapeStr(t.sizes()), refWhat,
+                       dtypeName(ref.dtype()), shapeStr(ref.sizes())));
+    }
+    sameDevice(t, ref, what, refWhat);
+  }
+  void sameDtype(const Tensor& t, const Tensor& ref, const std::string& what, const std::string& refWhat) const {
+    if (t.dtype() != ref.dtype()) {
+      fail(fmt::format("{} has dtype {}, but {} has dtype {}", what, dtypeName(t.dtype()), refWhat,
+                       dtypeName(ref.dtype())));
+    }
+    sameDevice(t, ref, what, refWhat);
+  }
+  void sameDevice(const Tensor& t, const Tensor& ref, const std::string& what, const std::string& refWhat) const {
+    if (t.device() != ref.device()) {
+      fail(fmt::format("{} is on {}, but {} is on {}", what, t.device(), refWhat, ref.device()));
+    }
+  }
+  void count(size_t got, size_t want, const std::string& what) const {
+    if (got != want) fail(fmt::format("expected {} {} (one per rank), got {}", want, what, got));
+  }
+  void rank(int r, int size, const std::string& what) const {
+    if (r < 0 || r >= size) fail(fmt::format("{} {} is out of range for a group of size {}", what, r, size));
+  }
+  void reduction(ReduceOp op, const Tensor& t) const {
+    if (op == ReduceOp::Avg && !isFloating(t.dtype())) {
+      fail(fmt::format("reduction avg needs a floating-point tensor, got {}", dtypeName(t.dtype())));
+    }
+  }
+
+ private:
+  OpType op_;
+  const std::string& group_;
+};
+
+std::function<CollectiveFingerprint()> fp(OpType op, std::vector<Tensor> ts, std::optional<ReduceOp> reduceOp = {},
+                                          int root = -1) {
+  return [=] {
+    CollectiveFingerprint f;
+    f.op = op;
+    std::vector<std::string> dtypes;
+    for (const Tensor& t : ts) {
+      std::string d = dtypeName(t.dtype());
+      if (std::find(dtypes.begin(), dtypes.end(), d) == dtypes.end()) dtypes.push_back(d);
+      f.shapes.push_back(t.sizes());
+    }
+    f.dtype = fmt::format("{}", fmt::join(dtypes, ", "));
+    f.reduceOp = reduceOp;
+    f.root = root;
+    return f;
+  };
+}
+// For ops whose shapes may differ between ranks: only the op and the dtype must agree.
+std::function<CollectiveFingerprint()> fpDtypeOnly(OpType op, const Tensor& t) {
+  return [op, d = t.dtype()] {
+    CollectiveFingerprint f;
+    f.op = op;
+    f.dtype = dtypeName(d);
+    return f;
+  };
+}
+
+std::string reduceDetail(ReduceOp op) { return fmt::format("op={}", reduceOpName(op)); }
+std::string rootDetail(int root) { return fmt::format("root={}", root); }
+}  // namespace
+
+// ---- collectives ---------------------------------------------------------------------------
+
+WorkPtr ProcessGroup::allreduce(Tensor& tensor, const AllreduceOptions& opts) {
+  Checker c(OpType::Allreduce, opts_.name);
+  c.tensor(tensor, "tensor");
+  c.reduction(opts.op, tensor);
+  const BackendPtr& b = backendFor(OpType::Allreduce, tensor.device().type());
+  auto work = startWork(OpType::Allreduce, opts.timeout, shapeOf(tensor), reduceDetail(opts.op),
+                        fp(OpType::Allreduce, {tensor}, opts.op));
+  return launch(work, b, [&] { b->allreduce(tensor, opts, work); });
+}
+
+WorkPtr ProcessGroup::allreduceCoalesced(std::vector<Tensor>& tensors, const AllreduceOptions& opts) {
+  Checker c(OpType::AllreduceCoalesced, opts_.name);
+  if (tensors.empty()) c.fail("needs at least one tensor");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    c.tensor(tensors[i], fmt::format("tensor {}", i));
+    if (i) c.sameDtype(tensors[i], tensors[0], fmt::format("tensor {}", i), "tensor 0");
+  }
+  c.reduction(opts.op, tensors[0]);
+  const BackendPtr& b = backendFor(OpType::AllreduceCoalesced, tensors[0].device().type());
+  auto work = startWork(OpType::AllreduceCoalesced, opts.timeout, shapesOf(tensors), reduceDetail(opts.op),
+                        fp(OpType::AllreduceCoalesced, tensors, opts.op));
+  return launch(work, b, [&] { b->allreduceCoalesced(tensors, opts, work); });
+}
+
+WorkPtr ProcessGroup::broadcast(Tensor& tensor, const BroadcastOptions& opts) {
+  Checker c(OpType::Broadcast, opts_.name);
+  c.tensor(tensor, "tensor");
+  c.rank(opts.root, size_, "root");
+  const BackendPtr& b = backendFor(OpType::Broadcast, tensor.device().type());
+  auto work = startWork(OpType::Broadcast, opts.timeout, shapeOf(tensor), rootDetail(opts.root),
+                        fp(OpType::Broadcast, {tensor}, std::nullopt, opts.root));
+  return launch(work, b, [&] { b->broadcast(tensor, opts, work); });
+}
+
+WorkPtr ProcessGroup::reduce(Tensor& tensor, const ReduceOptions& opts) {
+  Checker c(OpType::Reduce, opts_.name);
+  c.tensor(tensor, "tensor");
+  c.rank(opts.root, size_, "root");
+  c.reduction(opts.op, tensor);
+  const BackendPtr& b = backendFor(OpType::Reduce, tensor.device().type());
+  auto work = startWork(OpType::Reduce, opts.timeout, shapeOf(tensor), reduceDetail(opts.op) + " " + rootDetail(opts.root),
+                        fp(OpType::Reduce, {tensor}, opts.op, opts.root));
+  return launch(work, b, [&] { b->reduce(tensor, opts, work); });
+}
+
+WorkPtr ProcessGroup::allgather(std::vector<Tensor>& outputs, const Tensor& input, const AllgatherOptions& opts) {
+  Checker c(OpType::Allgather, opts_.name);
+  c.tensor(input, "input");
+  c.count(outputs.size(), size_, "output tensors");
+  for (size_t i = 0; i < outputs.size(); ++i) c.like(outputs[i], input, fmt::format("output {}", i), "the input");
+  const BackendPtr& b = backendFor(OpType::Allgather, input.device().type());
+  auto work = startWork(OpType::Allgather, opts.timeout, shapeOf(input), "", fp(OpType::Allgather, {input}));
+  return launch(work, b, [&] { b->allgather(outputs, input, opts, work); });
+}
+
+WorkPtr ProcessGroup::allgatherIntoTensor(Tensor& output, const Tensor& input, const AllgatherOptions& opts) {
+  Checker c(OpType::AllgatherIntoTensor, opts_.name);
+  c.tensor(input, "input");
+  c.tensor(output, "output");
+  c.sameDtype(output, input, "the output", "the input");
+  if (output.numel() != input.numel() * size_) {
+    c.fail(fmt::format("output {} must hold {} x input {} = {} elements, has {}", shapeStr(output.sizes()), size_,
+                       shapeStr(input.sizes()), input.numel() * size_, output.numel()));
+  }
+  const BackendPtr& b = backendFor(OpType::AllgatherIntoTensor, input.device().type());
+  auto work = startWork(OpType::AllgatherIntoTensor, opts.timeout, shapesOf({output, input}), "",
+                        fp(OpType::AllgatherIntoTensor, {output, input}));
+  return launch(work, b, [&] { b->allgatherIntoTensor(output, input, opts, work); });
+}
+
+WorkPtr ProcessGroup::allgatherCoalesced(std::vector<std::vector<Tensor>>& outputs, const std::vector<Tensor>& inputs,
+                                         const AllgatherOptions& opts) {
+  Checker c(OpType::AllgatherCoalesced, opts_.name);
+  if (inputs.empty()) c.fail("needs at least one input tensor");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    c.tensor(inputs[i], fmt::format("input {}", i));
+    if (i) c.sameDtype(inputs[i], inputs[0], fmt::format("input {}", i), "input 0");
+  }
+  c.count(outputs.size(), size_, "output lists");
+  for (size_t r = 0; r < outputs.size(); ++r) {
+    if (outputs[r].size() != inputs.size()) {
+      c.fail(fmt::format("output list {} has {} tensors, expected {} (one per input)", r, outputs[r].size(),
+                         inputs.size()));
+    }
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      c.like(outputs[r][i], inputs[i], fmt::format("output {} of rank {}", i, r), fmt::format("input {}", i));
+    }
+  }
+  const BackendPtr& b = backendFor(OpType::AllgatherCoalesced, inputs[0].device().type());
+  auto work = startWork(OpType::AllgatherCoalesced, opts.timeout, shapesOf(inputs), "",
+                        fp(OpType::AllgatherCoalesced, inputs));
+  return launch(work, b, [&] { b->allgatherCoalesced(outputs, inputs, opts, work); });
+}
+
+WorkPtr ProcessGroup::reduceScatter(Tensor& output, std::vector<Tensor>& inputs, const ReduceScatterOptions& opts) {
+  Checker c(OpType::ReduceScatter, opts_.name);
+  c.tensor(output, "output");
+  c.count(inputs.size(), size_, "input tensors");
+  for (size_t i = 0; i < inputs.size(); ++i) c.like(inputs[i], output, fmt::format("input {}", i), "the output");
+  c.reduction(opts.op, output);
+  const BackendPtr& b = backendFor(OpType::ReduceScatter, output.device().type());
+  auto work = startWork(OpType::ReduceScatter, opts.timeout, shapeOf(output), reduceDetail(opts.op),
+                        fp(OpType::ReduceScatter, {output}, opts.op));
+  return launch(work, b, [&] { b->reduceScatter(output, inputs, opts, work); });
+}
+
+WorkPtr ProcessGroup::reduceScatterTensor(Tensor& output, const Tensor& input, const ReduceScatterOptions& opts) {
+  Checker c(OpType::ReduceScatterTensor, opts_.name);
+  c.tensor(output, "output");
+  c.tensor(input, "input");
+  c.sameDtype(input, output, "the input", "the output");
+  if (input.numel() != output.numel() * size_) {
+    c.fail(fmt::format("input {} must hold {} x output {} = {} elements, has {}", shapeStr(input.sizes()), size_,
+                       shapeStr(output.sizes()), output.numel() * size_, input.numel()));
+  }
+  c.reduction(opts.op, output);
+  const BackendPtr& b = backendFor(OpType::ReduceScatterTensor, output.device().type());
+  auto work = startWork(OpType::ReduceScatterTensor, opts.timeout, shapesOf({output, input}), reduceDetail(opts.op),
+                        fp(OpType::ReduceScatterTensor, {output, input}, opts.op));
+  return launch(work, b, [&] { b->reduceScatterTensor(output, input, opts, work); });
+}
+
+WorkPtr ProcessGroup::alltoall(Tensor& output, const Tensor& input, const AlltoallOptions& opts) {
+  bool uneven = !opts.inputSplitSizes.empty() || !opts.outputSplitSizes.empty();
+  OpType op = uneven ? OpType::AlltoallV : OpType::Alltoall;
+  Checker c(op, opts_.name);
+  c.tensor(input, "input");
+  c.tensor(output, "output");
+  c.sameDtype(output, input, "the output", "the input");
+  auto rows = [&](const Tensor& t, const char* what) -> int64_t {
+    if (t.dim() == 0) c.fail(fmt::format("{} must have at least one dimension (splits are along dim 0)", what));
+    return t.size(0);
+  };
+  int64_t inRows = rows(input, "the input"), outRows = rows(output, "the output");
+  auto checkSplits = [&](const std::vector<int64_t>& splits, int64_t total, const char* what) {
+    if (splits.empty()) {
+      if (total % size_ != 0) {
+        c.fail(fmt::format("{} has {} rows along dim 0, not divisible by the group size {}", what, total, size_));
+      }
+      return;
+    }
+    c.count(splits.size(), size_, fmt::format("{} split sizes", what));
+    int64_t sum = 0;
+    for (int64_t s : splits) {
+      if (s < 0) c.fail(fmt::format("{} split sizes must be non-negative, got [{}]", what, fmt::join(splits, ", ")));
+      sum += s;
+    }
+    if (sum != total) {
+      c.fail(fmt::format("{} split sizes [{}] add up to {}, but dim 0 has {} rows", what, fmt::join(splits, ", "), sum,
+                         total));
+    }
+  };
+  checkSplits(opts.inputSplitSizes, inRows, "input");
+  checkSplits(opts.outputSplitSizes, outRows, "output");
+  if (!uneven && input.numel() != output.numel()) {
+    c.fail(fmt::format("input {} and output {} must have the same number of elements", shapeStr(input.sizes()),
+                       shapeStr(output.sizes())));
+  }
+  auto rowShape = [](const Tensor& t) { return Shape(t.sizes().begin() + 1, t.sizes().end()); };
+  if (rowShape(input) != rowShape(output)) {
+    c.fail(fmt::format("input {} and output {} must agree beyond dim 0", shapeStr(input.sizes()),
+                       shapeStr(output.sizes())));
+  }
+  const BackendPtr& b = backendFor(op, input.device().type());
+  auto work = startWork(op, opts.timeout, shapesOf({output, input}), "",
+                        uneven ? fpDtypeOnly(op, input) : fp(op, {output, input}));
+  return launch(work, b, [&] { b->alltoall(output, input, opts, work); });
+}
+
+WorkPtr ProcessGroup::alltoallList(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs,
+                                   const AlltoallOptions& opts) {
+  Checker c(OpType::AlltoallList, opts_.name);
+  c.count(inputs.size(), size_, "input tensors");
+  c.count(outputs.size(), size_, "output tensors");
+  for (int i = 0; i < size_; ++i) {
+    c.tensor(inputs[i], fmt::format("input {}", i));
+    c.tensor(outputs[i], fmt::format("output {}", i));
+    c.sameDtype(inputs[i], inputs[0], fmt::format("input {}", i), "input 0");
+    c.sameDtype(outputs[i], inputs[0], fmt::format("output {}", i), "input 0");
+  }
+  const BackendPtr& b = backendFor(OpType::AlltoallList, inputs[0].device().type());
+  auto work = startWork(OpType::AlltoallList, opts.timeout, shapesOf(inputs), "", fpDtypeOnly(OpType::AlltoallList, inputs[0]));
+  return launch(work, b, [&] { b->alltoallList(outputs, inputs, opts, work); });
+}
+
+WorkPtr ProcessGroup::gather(std::vector<Tensor>& outputs, const Tensor& input, const GatherOptions& opts) {
+  Checker c(OpType::Gather, opts_.name);
+  c.tensor(input, "input");
+  c.rank(opts.root, size_, "root");
+  if (rank_ == opts.root) {
+    c.count(outputs.size(), size_, "output tensors on the root");
+    for (size_t i = 0; i < outputs.size(); ++i) c.like(outputs[i], input, fmt::format("output {}", i), "the input");
+  }
+  const BackendPtr& b = backendFor(OpType::Gather, input.device().type());
+  auto work = startWork(OpType::Gather, opts.timeout, shapeOf(input), rootDetail(opts.root),
+                        fp(OpType::Gather, {input}, std::nullopt, opts.root));
+  return launch(work, b, [&] { b->gather(outputs, input, opts, work); });
+}
+
+WorkPtr ProcessGroup::scatter(Tensor& output, const std::vector<Tensor>& inputs, const ScatterOptions& opts) {
+  Checker c(OpType::Scatter, opts_.name);
+  c.tensor(output, "output");
+  c.rank(opts.root, size_, "root");
+  if (rank_ == opts.root) {
+    c.count(inputs.size(), size_, "input tensors on the root");
+    for (size_t i = 0; i < inputs.size(); ++i) c.like(inputs[i], output, fmt::format("input {}", i), "the output");
+  }
+  const BackendPtr& b = backendFor(OpType::Scatter, output.device().type());
+  auto work = startWork(OpType::Scatter, opts.timeout, shapeOf(output), rootDetail(opts.root),
+                        fp(OpType::Scatter, {output}, std::nullopt, opts.root));
+  return launch(work, b, [&] { b->scatter(output, inputs, opts, work); });
+}
+
+WorkPtr ProcessGroup::barrier(const BarrierOptions& opts) {
+  const BackendPtr& b = backendFor(OpType::Barrier, DeviceType::CPU);
+  auto work = startWork(OpType::Barrier, opts.timeout, "", "", fp(OpType::Barrier, {}));
+  return launch(work, b, [&] { b->barrier(opts, work); });
+}
+
+WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, const SendRecvOptions& opts) {
+  Checker c(OpType::Send, opts_.name);
+  c.tensor(tensor, "tensor");
+  c.rank(dst, size_, "destination rank");
+  if (dst == rank_) c.fail(fmt::format("rank {} cannot send to itself", rank_));
+  if (opts.tag < 0) c.fail(fmt::format("tag must be non-negative, got {}", opts.tag));
+  const BackendPtr& b = backendFor(OpType::Send, tensor.device().type());
+  auto work = startWork(OpType::Send, opts.timeout, shapeOf(tensor), "", nullptr,
+                        fmt::format("to rank {}, tag {}", rankName(dst), opts.tag));
+  return launch(work, b, [&] { b->send(tensor, dst, opts, work); });
+}
+
+WorkPtr ProcessGroup::recv(Tensor& tensor, int src, const SendRecvOptions& opts) {
+  Checker c(OpType::Recv, opts_.name);
+  c.tensor(tensor, "tensor");
+  c.rank(src, size_, "source rank");
+  if (src == rank_) c.fail(fmt::format("rank {} cannot receive from itself", rank_));
+  if (opts.tag < 0) c.fail(fmt::format("tag must be non-negative, got {}", opts.tag));
+  const BackendPtr& b = backendFor(OpType::Recv, tensor.device().type());
+  auto work = startWork(OpType::Recv, opts.timeout, shapeOf(tensor), "", nullptr,
+                        fmt::format("from rank {}, tag {}", rankName(src), opts.tag));
+  return launch(work, b, [&] { b->recv(tensor, src, opts, work); });
+}
+
+// ---- subgroups -----------------------------------------------------------------------------
+
+std::shared_ptr<ProcessGroup> ProcessGroup::makeSubgroup(const std::string& prefix, const std::vector<int>& parentRanks,
+                                                         int subRank, ProcessGroupOptions opts) {
+  if (opts.name == "world") opts.name = opts_.name + "/" + prefix;
+  if (opts.backend == "auto") opts.backend = opts_.backend;
+  std::vector<int> global;
+  for (int r : parentRanks) global.push_back(globalRanks_[r]);
+  auto store = std::make_shared<PrefixStore>(prefix, store_);
+  std::shared_ptr<ProcessGroup> pg(
+      new ProcessGroup(std::move(store), subRank, static_cast<int>(parentRanks.size()), std::move(opts), std::move(global)));
+  pg->initBackends();
+  return pg;
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::newGroup(const std::vector<int>& ranks, ProcessGroupOptions opts) {
+  uint64_t k = ++subgroupCounter_;
+  if (ranks.empty()) throw ValueError(fmt::format("newGroup in group '{}': ranks is empty", opts_.name));
+  std::set<int> seen;
+  for (int r : ranks) {
+    if (r < 0 || r >= size_) {
+      throw ValueError(fmt::format("newGroup in group '{}': rank {} is out of range for a group of size {} (ranks [{}])",
+                                   opts_.name, r, size_, fmt::join(ranks, ", ")));
+    }
+    if (!seen.insert(r).second) {
+      throw ValueError(fmt::format("newGroup in group '{}': rank {} is listed twice (ranks [{}])", opts_.name, r,
+                                   fmt::join(ranks, ", ")));
+    }
+  }
+  auto it = std::find(ranks.begin(), ranks.end(), rank_);
+  if (it == ranks.end()) return nullptr;
+  return makeSubgroup(fmt::format("sub{}", k), ranks, static_cast<int>(it - ranks.begin()), std::move(opts));
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key, ProcessGroupOptions opts) {
+  uint64_t k = ++subgroupCounter_;
+  const std::string base = fmt::format("split{}/", k);
+  store_->set(base + std::to_string(rank_), fmt::format("{} {}", color, key));
+  std::vector<std::string> keys;
+  for (int r = 0; r < size_; ++r) keys.push_back(base + std::to_string(r));
+  store_->wait(keys, opts_.timeout);
+  if (color < 0) return nullptr;
+  std::vector<std::pair<int, int>> members;  // (key, rank)
+  for (int r = 0; r < size_; ++r) {
+    std::istringstream in(store_->getString(keys[r]));
+    int c = 0, kk = 0;
+    in >> c >> kk;
+    if (c == color) members.emplace_back(kk, r);
+  }
+  std::sort(members.begin(), members.end());
+  std::vector<int> ranks;
+  int subRank = -1;
+  for (auto [kk, r] : members) {
+    if (r == rank_) subRank = static_cast<int>(ranks.size());
+    ranks.push_back(r);
+  }
+  return makeSubgroup(fmt::format("sub{}c{}", k, color), ranks, subRank, std::move(opts));
+}
+
+}  // namespace cohort::dist

@@ -1,0 +1,229 @@
+// ProcessGroup behaviour that does not depend on the backend's transport: argument validation,
+// the uniform unsupported-op error, the backend registry, device routing, Work and its timeout
+// diagnosis, the flight recorder. Uses gloo where a real backend is needed (skipped without it).
+#include "pg_test_util.h"
+
+#include <cohort/distributed/debug/flight_recorder.h>
+
+namespace cohort::dist::testing {
+namespace {
+
+// A backend that only knows allreduce (it adds 1 to every element, without talking to anyone),
+// to test routing, supports() and the uniform error of the ops it lacks.
+class AllreduceOnlyBackend : public Backend {
+ public:
+  AllreduceOnlyBackend(int rank, int size) : Backend("allreduce_only", rank, size) {}
+  bool supports(OpType op) const override { return op == OpType::Allreduce; }
+  void allreduce(Tensor& t, const AllreduceOptions&, const WorkPtr& work) override {
+    t.add_(Scalar(1));
+    work->finish({t});
+  }
+};
+
+const bool kRegistered = [] {
+  registerBackend("allreduce_only", [](const StorePtr&, int rank, int size, const BackendOptions&) -> BackendPtr {
+    return std::make_shared<AllreduceOnlyBackend>(rank, size);
+  });
+  return true;
+}();
+
+template <typename F>
+std::string errorOf(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+std::shared_ptr<ProcessGroup> soloGroup(const std::string& backend, ProcessGroupOptions o = {}) {
+  o.backend = backend;
+  return ProcessGroup::create(std::make_shared<HashStore>(), 0, 1, o);
+}
+
+TEST(BackendRegistry, UnknownBackendListsTheAvailableOnes) {
+  EXPECT_TRUE(hasBackend("allreduce_only"));
+  auto names = availableBackends();
+  EXPECT_NE(std::find(names.begin(), names.end(), "allreduce_only"), names.end());
+  std::string msg = errorOf([] { soloGroup("carrier_pigeon"); });
+  EXPECT_NE(msg.find("no collective backend named 'carrier_pigeon'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("allreduce_only"), std::string::npos) << msg;
+  EXPECT_THROW(soloGroup("carrier_pigeon"), NotSupportedError);
+}
+
+TEST(BackendRegistry, UnsupportedOpsFailUniformlyAndSupportsAnswersInAdvance) {
+  auto pg = soloGroup("allreduce_only");
+  EXPECT_TRUE(pg->supports(OpType::Allreduce));
+  EXPECT_FALSE(pg->supports(OpType::Broadcast));
+  EXPECT_FALSE(pg->supports(OpType::Allreduce, DeviceType::CUDA));
+  Tensor t = zeros({3});
+  pg->allreduce(t)->wait();
+  EXPECT_EQ(t.toVector<float>(), (std::vector<float>{1, 1, 1}));
+  uint64_t seq = pg->sequenceNumber();
+  EXPECT_EQ(errorOf([&] { pg->broadcast(t); }), "backend allreduce_only does not support broadcast");
+  EXPECT_THROW(pg->barrier(), NotSupportedError);
+  EXPECT_EQ(pg->sequenceNumber(), seq) << "an op refused up front must not take a sequence number";
+  // The base class's default for each op says the same.
+  AllreduceOnlyBackend b(0, 1);
+  auto work = std::make_shared<Work>(OpType::Gather, 1, "g", Millis(1000));
+  std::vector<Tensor> outs;
+  EXPECT_EQ(errorOf([&] { b.gather(outs, t, {}, work); }), "backend allreduce_only does not support gather");
+  AlltoallOptions uneven;
+  uneven.inputSplitSizes = {3};
+  EXPECT_EQ(errorOf([&] { b.alltoall(t, t, uneven, work); }), "backend allreduce_only does not support alltoall_v");
+}
+
+TEST(ProcessGroupValidation, BadArgumentsNameTheOpGroupAndShapes) {
+  auto pg = soloGroup("allreduce_only", {.name = "trainers"});
+  Tensor a = zeros({2, 3});
+  std::string msg = errorOf([&] {
+    Tensor nc = a.t();
+    pg->allreduce(nc);
+  });
+  EXPECT_NE(msg.find("allreduce in group 'trainers'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("contiguous"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[3, 2]"), std::string::npos) << msg;
+  Tensor transposed = a.t();
+  EXPECT_THROW(pg->allreduce(transposed), ValueError);
+
+  Tensor ints = zeros({4}, TensorOptions{.dtype = DType::Int32});
+  msg = errorOf([&] { pg->allreduce(ints, {.op = ReduceOp::Avg}); });
+  EXPECT_NE(msg.find("avg needs a floating-point tensor, got int32"), std::string::npos) << msg;
+
+  Tensor undefined;
+  EXPECT_NE(errorOf([&] { pg->allreduce(undefined); }).find("tensor is undefined"), std::string::npos);
+}
+
+TEST(ProcessGroupValidation, EveryCollectiveChecksItsShapes) {
+  if (!hasBackend("gloo")) GTEST_SKIP() << "gloo is not built";
+  ThreadWorld world("gloo", 2);
+  world.run([&](int r) {
+    auto& pg = world.pg(r);
+    Tensor in = zeros({4});
+    auto expectValueError = [&](auto&& f, const std::string& needle) {
+      std::string msg;
+      try {
+        f();
+        msg = "(no error)";
+      } catch (const ValueError& e) {
+        msg = e.what();
+      }
+      EXPECT_NE(msg.find(needle), std::string::npos) << "expected '" << needle << "' in: " << msg;
+      EXPECT_NE(msg.find("in group 'world'"), std::string::npos) << msg;
+    };
+    std::vector<Tensor> one = {zeros({4})};
+    expectValueError([&] { pg.allgather(one, in); }, "allgather in group 'world': expected 2 output tensors (one per rank), got 1");
+    std::vector<Tensor> wrongDtype = {zeros({4}), zeros({4}, TensorOptions{.dtype = DType::Float64})};
+    expectValueError([&] { pg.allgather(wrongDtype, in); }, "output 1 is float64 [4], but the input is float32 [4]");
+    Tensor big = zeros({9});
+    expectValueError([&] { pg.allgatherIntoTensor(big, in); }, "must hold 2 x input [4] = 8 elements, has 9");
+    expectValueError([&] { pg.broadcast(in, {.root = 2}); }, "broadcast in group 'world': root 2 is out of range for a group of size 2");
+    expectValueError([&] { pg.reduce(in, {.root = -1}); }, "root -1 is out of range");
+    std::vector<Tensor> rsIn = {zeros({4}), zeros({5})};
+    expectValueError([&] { pg.reduceScatter(in, rsIn); }, "input 1 is float32 [5], but the output is float32 [4]");
+    Tensor odd = zeros({3, 2});
+    Tensor odd2 = zeros({3, 2});
+    expectValueError([&] { pg.alltoall(odd2, odd); }, "has 3 rows along dim 0, not divisible by the group size 2");
+    AlltoallOptions splits;
+    splits.inputSplitSizes = {1, 1};
+    splits.outputSplitSizes = {2, 1};
+    expectValueError([&] { pg.alltoall(odd2, odd, splits); }, "input split sizes [1, 1] add up to 2, but dim 0 has 3 rows");
+    expectValueError([&] { pg.send(in, r); }, "cannot send to itself");
+    expectValueError([&] { pg.recv(in, 5); }, "source rank 5 is out of range");
+    expectValueError([&] { pg.send(in, 1 - r, {.tag = -2}); }, "tag must be non-negative");
+    std::vector<Tensor> none;
+    expectValueError([&] { pg.allreduceCoalesced(none); }, "needs at least one tensor");
+    std::vector<Tensor> mixed = {zeros({2}), zeros({2}, TensorOptions{.dtype = DType::Int64})};
+    expectValueError([&] { pg.allreduceCoalesced(mixed); }, "tensor 1 has dtype int64, but tensor 0 has dtype float32");
+    EXPECT_THROW(pg.newGroup({0, 0}), ValueError);
+    EXPECT_THROW(pg.newGroup({0, 7}), ValueError);
+    // Nothing above took a sequence number, so the ranks are still in step.
+    EXPECT_EQ(pg.sequenceNumber(), 0u);
+    pg.barrier()->wait();
+  });
+}
+
+TEST(ProcessGroup, RoutesByDevice) {
+  auto pg = soloGroup("allreduce_only");
+  std::string msg = errorOf([&] { pg->backend(DeviceType::CUDA); });
+  EXPECT_NE(msg.find("has no backend for cuda"), std::string::npos) << msg;
+  EXPECT_EQ(pg->backend(DeviceType::CPU).name(), "allreduce_only");
+}
+
+TEST(ProcessGroup, FlightRecorderKeepsTheLastOps) {
+  auto pg = soloGroup("allreduce_only", {.name = "fr", .flightRecorderEntries = 3});
+  for (int k = 0; k < 5; ++k) {
+    Tensor t = zeros({2, 2});
+    pg->allreduce(t, {.op = ReduceOp::Max})->wait();
+  }
+  auto entries = pg->flightRecorder().entries();
+  ASSERT_EQ(entries.size(), 3u);
+  EXPECT_EQ(entries.front().seq, 3u);
+  EXPECT_EQ(entries.back().seq, 5u);
+  EXPECT_EQ(entries.back().op, "allreduce");
+  EXPECT_EQ(entries.back().shapes, "[2, 2] float32");
+  EXPECT_EQ(entries.back().state, FlightRecorder::State::Completed);
+  EXPECT_EQ(entries.back().detail, "op=max");
+  std::string json = pg->flightRecorder().dumpJson();
+  EXPECT_NE(json.find("\"group\": \"fr\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"completed\""), std::string::npos) << json;
+}
+
+TEST(ProcessGroup, ProgressIsPublishedInTheStore) {
+  auto store = std::make_shared<HashStore>();
+  ProcessGroupOptions o;
+  o.backend = "allreduce_only";
+  auto pg = ProcessGroup::create(store, 0, 1, o);
+  Tensor t = zeros({1});
+  pg->allreduce(t)->wait();
+  pg->allreduce(t)->wait();
+  // Published from a background thread: wait for it to catch up.
+  std::string v;
+  for (int i = 0; i < 200; ++i) {
+    v = store->check({"world/progress/0"}) ? store->getString("world/progress/0") : "";
+    if (v == "2 2 0") break;
+    std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_EQ(v, "2 2 0");
+}
+
+TEST(Work, WaitTimeoutNamesTheRanksThatNeverArrived) {
+  if (!hasBackend("gloo")) GTEST_SKIP() << "gloo is not built";
+  ThreadWorld world("gloo", 3);
+  world.run([&](int r) {
+    auto& pg = world.pg(r);
+    Tensor t = zeros({10});
+    pg.allreduce(t)->wait();  // #1 everyone
+    if (r == 2) return;       // rank 2 never calls #2
+    auto w = pg.allreduce(t, {.timeout = Millis(500)});
+    auto start = std::chrono::steady_clock::now();
+    std::string msg;
+    try {
+      w->wait();
+      msg = "(no error)";
+    } catch (const TimeoutError& e) {
+      msg = e.what();
+    }
+    auto took = std::chrono::steady_clock::now() - start;
+    EXPECT_LT(took, 5s);
+    EXPECT_NE(msg.find("allreduce #2 in group 'world'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("never reached it: [2]"), std::string::npos) << msg;
+    EXPECT_FALSE(w->isSuccess());
+    // The backend is aborted after a timeout: later ops fail at once instead of hanging.
+    EXPECT_THROW(pg.allreduce(t)->wait(), DistError);
+  });
+}
+
+TEST(Work, FutureCarriesTheOutputs) {
+  auto pg = soloGroup("allreduce_only");
+  Tensor t = zeros({2});
+  auto w = pg->allreduce(t);
+  auto doubled = w->future().then([](Future<std::vector<Tensor>> f) { return f.value()[0].numel() * 2; });
+  EXPECT_EQ(doubled.value(), 4);
+  EXPECT_TRUE(w->result()[0].isSameAs(t));
+  EXPECT_EQ(w->describe(), "allreduce #1 in group 'world'");
+}
+
+}  // namespace
+}  // namespace cohort::dist::testing

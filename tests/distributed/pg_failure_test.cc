@@ -1,0 +1,217 @@
+// Failure tests with real processes: ranks are forked children meeting through a FileStore; one
+// is killed (SIGKILL) and the survivors must fail with a DistError naming it, within the timeout,
+// and the test must finish (a watchdog in the parent kills everything past a deadline).
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <cohort/core/ops/ops.h>
+#include <cohort/distributed/process_group.h>
+#include <cohort/distributed/store/file_store.h>
+
+namespace cohort::dist::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "cohort_pg_XXXXXX").string();
+    if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+struct ChildResult {
+  int status = 0;  // from waitpid
+  std::string report;
+  bool killedByWatchdog = false;
+};
+
+// Forks `size` children running body(rank, report-file) and waits for all of them, killing the
+// stragglers after `deadline`. Each child writes what it saw into its report file.
+std::vector<ChildResult> runForked(int size, std::chrono::seconds deadline,
+                                   const std::function<int(int rank, std::ofstream& report)>& body, const TempDir& dir) {
+  std::vector<pid_t> pids(size);
+  for (int r = 0; r < size; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      int code = 1;
+      {
+        std::ofstream report(dir.file(fmt::format("report{}", r)));
+        try {
+          code = body(r, report);
+        } catch (const std::exception& e) {
+          report << "uncaught: " << e.what();
+        }
+      }
+      std::_Exit(code);
+    }
+    pids[r] = pid;
+  }
+  std::vector<ChildResult> results(size);
+  auto end = std::chrono::steady_clock::now() + deadline;
+  int left = size;
+  while (left > 0) {
+    for (int r = 0; r < size; ++r) {
+      if (pids[r] == 0) continue;
+      int status = 0;
+      pid_t got = waitpid(pids[r], &status, WNOHANG);
+      if (got == pids[r]) {
+        results[r].status = status;
+        pids[r] = 0;
+        --left;
+      }
+    }
+    if (left == 0) break;
+    if (std::chrono::steady_clock::now() > end) {
+      for (int r = 0; r < size; ++r) {
+        if (pids[r] == 0) continue;
+        kill(pids[r], SIGKILL);
+        waitpid(pids[r], &results[r].status, 0);
+        results[r].killedByWatchdog = true;
+        pids[r] = 0;
+      }
+      break;
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  for (int r = 0; r < size; ++r) {
+    std::ifstream in(dir.file(fmt::format("report{}", r)));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    results[r].report = ss.str();
+  }
+  return results;
+}
+
+std::shared_ptr<ProcessGroup> joinGroup(const TempDir& dir, int rank, int size, Millis opTimeout) {
+  auto store = std::make_shared<FileStore>(dir.file("store"), Millis(30'000));
+  ProcessGroupOptions o;
+  o.backend = "gloo";
+  o.timeout = opTimeout;
+  return ProcessGroup::create(store, rank, size, o);
+}
+
+// Survivors report: exit 0 and "<error type>|<seconds>|<message>".
+int survivorBody(ProcessGroup& pg, std::ofstream& report, Tensor t) {
+  auto start = std::chrono::steady_clock::now();
+  std::string kind = "none", msg;
+  try {
+    pg.allreduce(t)->wait();
+  } catch (const PeerError& e) {
+    kind = "PeerError", msg = e.what();
+  } catch (const TimeoutError& e) {
+    kind = "TimeoutError", msg = e.what();
+  } catch (const DistError& e) {
+    kind = "DistError", msg = e.what();
+  }
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  report << kind << "|" << secs << "|" << msg;
+  return 0;
+}
+
+void checkSurvivors(const std::vector<ChildResult>& results, int dead, double maxSeconds) {
+  for (size_t r = 0; r < results.size(); ++r) {
+    const auto& res = results[r];
+    EXPECT_FALSE(res.killedByWatchdog) << "rank " << r << " hung; report: " << res.report;
+    if (static_cast<int>(r) == dead) {
+      EXPECT_TRUE(WIFSIGNALED(res.status) && WTERMSIG(res.status) == SIGKILL) << "rank " << r << " should have died";
+      continue;
+    }
+    ASSERT_TRUE(WIFEXITED(res.status) && WEXITSTATUS(res.status) == 0)
+        << "rank " << r << " status " << res.status << " report: " << res.report;
+    std::string report = res.report;
+    auto bar1 = report.find('|'), bar2 = report.find('|', bar1 + 1);
+    ASSERT_NE(bar2, std::string::npos) << report;
+    std::string kind = report.substr(0, bar1);
+    double secs = std::stod(report.substr(bar1 + 1, bar2 - bar1 - 1));
+    std::string msg = report.substr(bar2 + 1);
+    std::cout << "rank " << r << " (" << secs << " s): " << kind << ": " << msg << "\n";
+    EXPECT_NE(kind, "none") << "rank " << r << " got no error";
+    EXPECT_LT(secs, maxSeconds) << "rank " << r << ": " << msg;
+    EXPECT_NE(msg.find("allreduce #"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("in group 'world'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(fmt::format("[{}]", dead)), std::string::npos) << "rank " << r << " did not name rank " << dead << ": " << msg;
+  }
+}
+
+TEST(ProcessGroupFailure, KilledRankBeforeTheOpIsNamedBySurvivors) {
+  if (!hasBackend("gloo")) GTEST_SKIP() << "gloo is not built";
+  TempDir dir;
+  constexpr int kSize = 3, kDead = 1;
+  auto results = runForked(kSize, 60s, [&](int rank, std::ofstream& report) {
+    auto pg = joinGroup(dir, rank, kSize, Millis(2000));
+    Tensor t = ones({1000});
+    for (int k = 0; k < 3; ++k) pg->allreduce(t)->wait();
+    pg->barrier()->wait();
+    if (rank == kDead) raise(SIGKILL);
+    return survivorBody(*pg, report, t);
+  }, dir);
+  checkSurvivors(results, kDead, 5.0);
+}
+
+TEST(ProcessGroupFailure, KilledRankMidCollectiveIsNamedBySurvivors) {
+  if (!hasBackend("gloo")) GTEST_SKIP() << "gloo is not built";
+  TempDir dir;
+  constexpr int kSize = 3, kDead = 2;
+  auto results = runForked(kSize, 60s, [&](int rank, std::ofstream& report) {
+    auto pg = joinGroup(dir, rank, kSize, Millis(2000));
+    Tensor warm = ones({10});
+    pg->allreduce(warm)->wait();
+    Tensor big = ones({1 << 22});  // 16 MiB: long enough to be in flight when rank 2 dies
+    if (rank == kDead) {
+      auto w = pg->allreduce(big);
+      std::this_thread::sleep_for(20ms);
+      raise(SIGKILL);
+    }
+    return survivorBody(*pg, report, big);
+  }, dir);
+  checkSurvivors(results, kDead, 5.0);
+}
+
+TEST(ProcessGroupFailure, StalledRankTimesOutWithItsName) {
+  if (!hasBackend("gloo")) GTEST_SKIP() << "gloo is not built";
+  TempDir dir;
+  constexpr int kSize = 3, kStalled = 0;
+  auto results = runForked(kSize, 60s, [&](int rank, std::ofstream& report) {
+    auto pg = joinGroup(dir, rank, kSize, Millis(1500));
+    Tensor t = ones({100});
+    pg->allreduce(t)->wait();
+    if (rank == kStalled) {
+      std::this_thread::sleep_for(3s);  // alive but never calls the next op
+      raise(SIGKILL);
+    }
+    return survivorBody(*pg, report, t);
+  }, dir);
+  checkSurvivors(results, kStalled, 5.0);
+  for (int r = 1; r < kSize; ++r) EXPECT_EQ(results[r].report.substr(0, 12), "TimeoutError") << results[r].report;
+}
+
+}  // namespace
+}  // namespace cohort::dist::testing
