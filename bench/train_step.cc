@@ -1,7 +1,7 @@
 // Training-step time of the two reference models (issue 3), one thread, for a side-by-side ratio
 // against PyTorch 1.13 (bench/torch_train_step.py runs the same models and shapes):
 //   MLP 784-1024-1024-10, batch 64, SGD;  GPT 6 layers, 6 heads, width 384, block 256, batch 8, AdamW.
-// Prints one JSON line per model: {"model": "mlp", "ms_per_step": ...}. With --profile, also the
+// Prints one JSON line per model: {"model": "mlp", "ms_per_step": ...} (process CPU time per step). With --profile, also the
 // time per op family (forward, backward, optimizer) for the "where does the time go" question.
 //
 //   build/bench/train_step [--steps N] [--model mlp|gpt|all] [--profile]
@@ -9,16 +9,26 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <vector>
 
 #include <cohort/cohort.h>
 
 using namespace cohort;
-using Clock = std::chrono::steady_clock;
+// Process CPU time: on the shared, loaded machines wall-clock time measures the neighbours; with
+// one thread, CPU time is the step's own work (docs/benchmarks.md explains the method).
+struct Clock {
+  using time_point = std::chrono::duration<double>;
+  static time_point now() {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return time_point(static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec));
+  }
+};
 
 namespace {
 
-double ms(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
+double ms(Clock::time_point a, Clock::time_point b) { return (b - a).count() * 1e3; }
 
 struct Phases {
   std::vector<double> fwd, bwd, opt, total;

@@ -9,6 +9,7 @@
 
 #include <cohort/core/autograd/function.h>
 #include <cohort/core/ops/functional.h>
+#include <cohort/core/ops/vec_math.h>
 #include <cohort/core/ops/reduce_impl.h>
 #include <cohort/core/tensor/generator.h>
 
@@ -38,6 +39,77 @@ void requireFloat(const Tensor& t, const char* op, const char* what) {
 // ---- softmax / log_softmax ------------------------------------------------------------------
 
 // y[o, :, i] = softmax or log_softmax of x[o, :, i]; x and y contiguous [O, R, I].
+// Float32 rows along the last dim (I == 1, attention and classifier logits): 16 independent lanes
+// for max and sum and the vectorizable vecmath::exp, so the loops vectorize; sums of lanes are
+// combined in double.
+template <bool Log>
+void softmaxRowsF32(const float* x, float* y, int64_t O, int64_t R) {
+  constexpr int64_t L = 16;
+  for (int64_t o = 0; o < O; ++o) {
+    const float* xr = x + o * R;
+    float* yr = y + o * R;
+    float m[L];
+    for (int64_t j = 0; j < L; ++j) m[j] = -std::numeric_limits<float>::infinity();
+    int64_t i = 0;
+    for (; i + L <= R; i += L)
+      for (int64_t j = 0; j < L; ++j) {
+        float v = xr[i + j];
+        m[j] = (v > m[j] || v != v) ? v : m[j];
+      }
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < L; ++j) mx = (m[j] > mx || m[j] != m[j]) ? m[j] : mx;
+    for (; i < R; ++i) mx = (xr[i] > mx || xr[i] != xr[i]) ? xr[i] : mx;
+    // A row of -inf keeps max -inf; shift by 0 then so that exp gives 0 and the result NaN, as torch.
+    if (std::isinf(mx) && mx < 0) mx = 0.0f;
+    float acc[L] = {};
+    i = 0;
+    for (; i + L <= R; i += L)
+      for (int64_t j = 0; j < L; ++j) {
+        float e = vecmath::exp(xr[i + j] - mx);
+        if constexpr (!Log) yr[i + j] = e;
+        acc[j] += e;
+      }
+    double total = 0;
+    for (int64_t j = 0; j < L; ++j) total += static_cast<double>(acc[j]);
+    for (; i < R; ++i) {
+      float e = vecmath::exp(xr[i] - mx);
+      if constexpr (!Log) yr[i] = e;
+      total += static_cast<double>(e);
+    }
+    if constexpr (Log) {
+      const float ls = static_cast<float>(std::log(total));
+      for (int64_t k = 0; k < R; ++k) yr[k] = (xr[k] - mx) - ls;
+    } else {
+      const float inv = static_cast<float>(1.0 / total);
+      for (int64_t k = 0; k < R; ++k) yr[k] *= inv;
+    }
+  }
+}
+
+// Backward of softmaxRowsF32: softmax dx = y * (g - sum(g * y)); log_softmax dx = g - exp(y) * sum(g).
+template <bool Log>
+void softmaxRowsBackwardF32(const float* y, const float* g, float* dx, int64_t O, int64_t R) {
+  constexpr int64_t L = 16;
+  for (int64_t o = 0; o < O; ++o) {
+    const float* yr = y + o * R;
+    const float* gr = g + o * R;
+    float* dr = dx + o * R;
+    float acc[L] = {};
+    int64_t i = 0;
+    for (; i + L <= R; i += L)
+      for (int64_t j = 0; j < L; ++j) acc[j] += Log ? gr[i + j] : gr[i + j] * yr[i + j];
+    double total = 0;
+    for (int64_t j = 0; j < L; ++j) total += static_cast<double>(acc[j]);
+    for (; i < R; ++i) total += static_cast<double>(Log ? gr[i] : gr[i] * yr[i]);
+    const float t = static_cast<float>(total);
+    if constexpr (Log) {
+      for (int64_t k = 0; k < R; ++k) dr[k] = gr[k] - vecmath::exp(yr[k]) * t;
+    } else {
+      for (int64_t k = 0; k < R; ++k) dr[k] = yr[k] * (gr[k] - t);
+    }
+  }
+}
+
 template <typename T, bool Log>
 void softmaxKernel(const T* x, T* y, int64_t O, int64_t R, int64_t I) {
   using C = Acc<T>;
@@ -105,14 +177,22 @@ Tensor softmaxImpl(const Tensor& x, int64_t dim, const char* op) {
   const int64_t O = p.outer, R = p.reduced, I = p.inner;
   Tensor y = empty(x.sizes(), {.dtype = x.dtype()});
   COHORT_DISPATCH_FLOAT(x.dtype(), op, [&]<typename T>() {
-    if (y.numel() > 0) softmaxKernel<T, Log>(p.src.data<T>(), y.data<T>(), O, R, I);
+    if (y.numel() == 0) return;
+    if constexpr (std::is_same_v<T, float>) {
+      if (I == 1) return softmaxRowsF32<Log>(p.src.data<float>(), y.data<float>(), O, R);
+    }
+    softmaxKernel<T, Log>(p.src.data<T>(), y.data<T>(), O, R, I);
   });
   autograd::record(op, {x}, {y}, {y}, [O, R, I, op](Ctx& ctx, const GradList& g) -> GradList {
     Tensor yv = ctx.saved(0);
     Tensor gc = g[0].contiguous();
     Tensor dx = empty(yv.sizes(), {.dtype = yv.dtype()});
     COHORT_DISPATCH_FLOAT(yv.dtype(), op, [&]<typename T>() {
-      if (dx.numel() > 0) softmaxBackwardKernel<T, Log>(yv.data<T>(), gc.data<T>(), dx.data<T>(), O, R, I);
+      if (dx.numel() == 0) return;
+      if constexpr (std::is_same_v<T, float>) {
+        if (I == 1) return softmaxRowsBackwardF32<Log>(yv.data<float>(), gc.data<float>(), dx.data<float>(), O, R);
+      }
+      softmaxBackwardKernel<T, Log>(yv.data<T>(), gc.data<T>(), dx.data<T>(), O, R, I);
     });
     return {dx};
   });
