@@ -27,7 +27,7 @@ struct Setup {
   int64_t classes = 0;
 };
 
-fs::path scriptPath() { return fs::path(__FILE__).parent_path().parent_path() / "parity" / "torch_reference.py"; }
+fs::path scriptPath() { return fs::path(COHORT_SOURCE_DIR) / "tests" / "parity" / "torch_reference.py"; }
 
 fs::path freshDir(const std::string& name) {
   fs::path d = fs::temp_directory_path() / fmt::format("cohort_parity_{}_{}", name, ::getpid());
