@@ -6,7 +6,10 @@
  * Which file implements what:
  *   core/tensor/factories.cc   factories
  *   core/tensor/views.cc       view ops (Tensor members), cat, stack, contiguous, clone, to
- *   core/ops/elementwise.cc    arithmetic, unary math, activations, comparisons, where, in-place
+ *   core/ops/elementwise.cc    arithmetic and unary math (vectorizable float math in vec_math.h)
+ *   core/ops/compare.cc        comparisons, where, maximum/minimum
+ *   core/ops/activation.cc     relu, gelu, silu, sigmoid, tanh
+ *   core/ops/inplace.cc        the in-place Tensor members (add_, mul_, addcmul_, ...)
  *   core/ops/reduce.cc         reductions
  *   core/ops/linalg.cc         matmul, bmm, linear, addmm (through core/blas)
  *   core/ops/nn_ops.cc         softmax, log_softmax, losses, layer_norm, dropout, embedding
