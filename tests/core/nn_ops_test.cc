@@ -9,7 +9,10 @@
 
 #include "core/gradcheck.h"
 
+#include "core/test_util.h"
+
 using namespace cohort;
+using namespace cohort::testing;
 using namespace cohort::nn::functional;
 using cohort::testing::gradcheck;
 using cohort::testing::randArg;
@@ -31,28 +34,6 @@ Tensor L(DType dt = DType::Float64) { return fromVector<double>(kL, {4, 5}).to(d
 Tensor T() { return fromVector<int64_t>({1, 0, 4, -100}); }
 Tensor X() { return fromVector<double>(kX, {2, 3, 4}); }
 
-void expectNear(const Tensor& t, const std::vector<double>& want, double tol = 1e-9) {
-  std::vector<double> got = t.to(DType::Float64).toVector<double>();
-  ASSERT_EQ(got.size(), want.size()) << t.toString();
-  for (size_t i = 0; i < want.size(); ++i) {
-    if (std::isnan(want[i])) {
-      EXPECT_TRUE(std::isnan(got[i])) << "element " << i;
-    } else {
-      EXPECT_NEAR(got[i], want[i], tol * std::max(1.0, std::abs(want[i]))) << "element " << i;
-    }
-  }
-}
-
-template <typename E, typename F>
-void expectThrowsNaming(F&& f, std::initializer_list<const char*> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an exception";
-  } catch (const E& e) {
-    std::string msg = e.what();
-    for (const char* p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-  }
-}
 
 }  // namespace
 

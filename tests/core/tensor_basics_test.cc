@@ -23,27 +23,10 @@
 #include <immintrin.h>
 #endif
 
+#include "core/test_util.h"
+
 using namespace cohort;
-
-namespace {
-
-template <typename E, typename F>
-std::string messageOf(F&& fn) {
-  try {
-    fn();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw the wrong type: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "did not throw";
-  return {};
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-}  // namespace
+using namespace cohort::testing;
 
 // ---- dtypes --------------------------------------------------------------------------------
 

@@ -18,29 +18,11 @@
 #include <cohort/core/util/future.h>
 #include <cohort/core/util/logging.h>
 
+#include "core/test_util.h"
+
 using namespace cohort;
+using namespace cohort::testing;
 using namespace std::chrono_literals;
-
-namespace {
-
-// Runs fn and returns the message of the exception of type E it throws (fails the test otherwise).
-template <typename E, typename F>
-std::string messageOf(F&& fn) {
-  try {
-    fn();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw the wrong type: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "did not throw";
-  return {};
-}
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-}  // namespace
 
 // ---- Future ------------------------------------------------------------------------------------
 
