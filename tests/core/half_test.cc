@@ -1,0 +1,259 @@
+// float16 and bfloat16 conversions: round-to-nearest-even against IEEE, exhaustively for float16.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <iterator>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <cohort/cohort.h>
+#include <cohort/core/tensor/allocator.h>
+#include <cohort/core/tensor/half.h>
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#include "core/test_util.h"
+
+using namespace cohort;
+using namespace cohort::testing;
+
+// ---- float16 ---------------------------------------------------------------------------------
+
+namespace {
+
+// An IEEE binary16 value decoded independently of Half (exact in double).
+double halfValue(uint16_t h) {
+  int sign = (h & 0x8000) ? -1 : 1;
+  int exp = (h >> 10) & 0x1f;
+  int man = h & 0x3ff;
+  if (exp == 31) return man ? std::numeric_limits<double>::quiet_NaN() : sign * std::numeric_limits<double>::infinity();
+  if (exp == 0) return sign * std::ldexp(man, -24);
+  return sign * std::ldexp(1024 + man, exp - 25);
+}
+
+bool isHalfNan(uint16_t h) { return (h & 0x7c00) == 0x7c00 && (h & 0x3ff) != 0; }
+
+// Reference float -> half with round-to-nearest-even: the nearest of all finite halves, ties to
+// the even bit pattern; magnitudes from 65520 (halfway to the next power of two) become inf.
+uint16_t referenceHalf(float f) {
+  if (std::isnan(f)) return 0x7e00;
+  uint16_t sign = std::signbit(f) ? 0x8000 : 0;
+  double a = std::fabs(static_cast<double>(f));
+  if (a >= 65520.0) return sign | 0x7c00;
+  // Binary search over the 0x7c00 non-negative finite halves, which are ordered like their bits.
+  uint16_t lo = 0, hi = 0x7bff;
+  while (hi - lo > 1) {
+    uint16_t mid = static_cast<uint16_t>((lo + hi) / 2);
+    if (halfValue(mid) <= a)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  double dl = a - halfValue(lo), dh = halfValue(hi) - a;
+  uint16_t pick;
+  if (dl < dh)
+    pick = lo;
+  else if (dh < dl)
+    pick = hi;
+  else
+    pick = (lo & 1) ? hi : lo;
+  if (a >= halfValue(hi)) pick = hi;  // a == 65504 exactly
+  return sign | pick;
+}
+
+}  // namespace
+
+TEST(Half, DecodesEveryBitPatternExactly) {
+  for (uint32_t b = 0; b < 65536; ++b) {
+    uint16_t h = static_cast<uint16_t>(b);
+    float f = Half::fromBits(h);
+    double want = halfValue(h);
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(f)) << std::hex << b;
+    } else {
+      ASSERT_EQ(static_cast<double>(f), want) << std::hex << b;
+      ASSERT_EQ(std::signbit(f), (h & 0x8000) != 0) << std::hex << b;  // -0 stays -0
+    }
+  }
+}
+
+TEST(Half, EveryBitPatternRoundTripsThroughFloat) {
+  for (uint32_t b = 0; b < 65536; ++b) {
+    uint16_t h = static_cast<uint16_t>(b);
+    float f = Half::toFloat(h);
+    uint16_t back = Half::fromFloat(f);
+    if (isHalfNan(h)) {
+      EXPECT_TRUE(isHalfNan(back)) << std::hex << b;
+      EXPECT_EQ(back & 0x8000, h & 0x8000) << std::hex << b;
+    } else {
+      ASSERT_EQ(back, h) << std::hex << b << " -> " << f;
+    }
+  }
+}
+
+TEST(Half, TiesRoundToEvenEverywhere) {
+  // Between every pair of adjacent finite halves (subnormals included) the midpoint is a float;
+  // it must round to the neighbour with the even bit pattern, and the floats just either side of
+  // it to the nearer neighbour.
+  for (uint16_t lo = 0; lo < 0x7bff; ++lo) {
+    uint16_t hi = lo + 1;
+    float mid = static_cast<float>((halfValue(lo) + halfValue(hi)) / 2);
+    ASSERT_EQ(static_cast<double>(mid), (halfValue(lo) + halfValue(hi)) / 2);  // exact
+    uint16_t even = (lo & 1) ? hi : lo;
+    ASSERT_EQ(Half::fromFloat(mid), even) << "midpoint of " << std::hex << lo;
+    ASSERT_EQ(Half::fromFloat(-mid), 0x8000 | even) << "midpoint of -" << std::hex << lo;
+    ASSERT_EQ(Half::fromFloat(std::nextafter(mid, 0.0f)), lo) << std::hex << lo;
+    ASSERT_EQ(Half::fromFloat(std::nextafter(mid, 1e9f)), hi) << std::hex << lo;
+  }
+}
+
+TEST(Half, SpecialValues) {
+  EXPECT_EQ(Half(0.0f).bits, 0x0000);
+  EXPECT_EQ(Half(-0.0f).bits, 0x8000);
+  EXPECT_EQ(Half(1.0f).bits, 0x3c00);
+  EXPECT_EQ(Half(-2.0f).bits, 0xc000);
+  EXPECT_EQ(Half(0.1f).bits, 0x2e66);      // torch.tensor(0.1, dtype=torch.half).view(torch.int16) == 0x2e66
+  EXPECT_EQ(Half(65504.0f).bits, 0x7bff);  // largest finite
+  // Subnormals: 2^-24 is the smallest; half of it is a tie that rounds to (even) zero,
+  // three halves of it a tie that rounds to (even) 2 * 2^-24.
+  EXPECT_EQ(Half(std::ldexp(1.0f, -24)).bits, 0x0001);
+  EXPECT_EQ(Half(std::ldexp(1.0f, -25)).bits, 0x0000);
+  EXPECT_EQ(Half(std::nextafter(std::ldexp(1.0f, -25), 1.0f)).bits, 0x0001);
+  EXPECT_EQ(Half(3 * std::ldexp(1.0f, -25)).bits, 0x0002);
+  EXPECT_EQ(Half(-std::ldexp(1.0f, -26)).bits, 0x8000);  // underflow keeps the sign
+  EXPECT_EQ(Half(std::ldexp(1.0f, -14)).bits, 0x0400);   // smallest normal
+  EXPECT_EQ(Half(std::numeric_limits<float>::denorm_min()).bits, 0x0000);
+  // Overflow: up to 65519.99 rounds down to 65504; from 65520 (the tie with 2^16) it is inf.
+  EXPECT_EQ(Half(65519.0f).bits, 0x7bff);
+  EXPECT_EQ(Half(std::nextafter(65520.0f, 0.0f)).bits, 0x7bff);
+  EXPECT_EQ(Half(65520.0f).bits, 0x7c00);
+  EXPECT_EQ(Half(-1e6f).bits, 0xfc00);
+  EXPECT_EQ(Half(std::numeric_limits<float>::max()).bits, 0x7c00);
+  EXPECT_EQ(Half(std::numeric_limits<float>::infinity()).bits, 0x7c00);
+  EXPECT_EQ(Half(-std::numeric_limits<float>::infinity()).bits, 0xfc00);
+  EXPECT_TRUE(isHalfNan(Half(std::numeric_limits<float>::quiet_NaN()).bits));
+  EXPECT_TRUE(isHalfNan(Half(bitsFloat(0x7f800001u)).bits));  // a signalling NaN must not become inf
+  EXPECT_TRUE(std::isnan(static_cast<float>(Half::fromBits(0x7e00))));
+  EXPECT_TRUE(std::isinf(static_cast<float>(Half::fromBits(0xfc00))));
+}
+
+TEST(Half, MatchesReferenceOnManyFloats) {
+  std::mt19937 rng(12345);
+  std::vector<float> samples;
+  // Random bit patterns (every exponent) and random floats within the half range.
+  for (int i = 0; i < 200000; ++i) samples.push_back(bitsFloat(static_cast<uint32_t>(rng())));
+  std::uniform_int_distribution<uint32_t> exp(100, 143), man(0, (1u << 23) - 1);
+  for (int i = 0; i < 400000; ++i) samples.push_back(bitsFloat((rng() & 0x80000000u) | exp(rng) << 23 | man(rng)));
+  for (float f : samples) {
+    uint16_t got = Half::fromFloat(f);
+    if (std::isnan(f)) {
+      ASSERT_TRUE(isHalfNan(got));
+      continue;
+    }
+    ASSERT_EQ(got, referenceHalf(f)) << std::hexfloat << f;
+#if defined(__F16C__)
+    // The CPU's own conversion (IEEE, round to nearest even) agrees too.
+    ASSERT_EQ(got, static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT))) << std::hexfloat << f;
+#endif
+  }
+}
+
+// ---- bfloat16 --------------------------------------------------------------------------------
+
+namespace {
+
+bool isBf16Nan(uint16_t b) { return (b & 0x7f80) == 0x7f80 && (b & 0x7f) != 0; }
+
+// Reference float -> bfloat16 with round-to-nearest-even, choosing between the two neighbours
+// by exact distance in double (past the largest finite value the upper neighbour is 2^128).
+uint16_t referenceBf16(float f) {
+  if (std::isnan(f)) return 0x7fc0;
+  uint32_t u = floatBits(f);
+  uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000);
+  uint16_t t = static_cast<uint16_t>((u >> 16) & 0x7fff);  // truncated magnitude
+  if (t == 0x7f80) return sign | 0x7f80;                   // inf
+  double a = std::fabs(static_cast<double>(f));
+  double lo = bitsFloat(static_cast<uint32_t>(t) << 16);
+  double hi =
+      (t + 1) == 0x7f80 ? std::ldexp(1.0, 128) : static_cast<double>(bitsFloat(static_cast<uint32_t>(t + 1) << 16));
+  uint16_t pick;
+  if (a - lo < hi - a)
+    pick = t;
+  else if (hi - a < a - lo)
+    pick = t + 1;
+  else
+    pick = (t & 1) ? t + 1 : t;
+  return sign | pick;
+}
+
+}  // namespace
+
+TEST(BFloat16, EveryBitPatternRoundTripsThroughFloat) {
+  for (uint32_t b = 0; b < 65536; ++b) {
+    uint16_t h = static_cast<uint16_t>(b);
+    float f = BFloat16::fromBits(h);
+    EXPECT_EQ(floatBits(f), b << 16);  // decoding is exact: the high half of a float
+    uint16_t back = BFloat16::fromFloat(f);
+    if (isBf16Nan(h)) {
+      ASSERT_TRUE(isBf16Nan(back)) << std::hex << b;
+    } else {
+      ASSERT_EQ(back, h) << std::hex << b;
+    }
+  }
+}
+
+TEST(BFloat16, RoundsToNearestEven) {
+  // For every bfloat16 pattern, the low 16 float bits decide: below half, exactly half (a tie,
+  // to even), above half.
+  for (uint32_t hiBits = 0; hiBits < 65536; ++hiBits) {
+    for (uint32_t low : {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu}) {
+      float f = bitsFloat(hiBits << 16 | low);
+      uint16_t got = BFloat16::fromFloat(f);
+      if (std::isnan(f)) {
+        ASSERT_TRUE(isBf16Nan(got)) << std::hex << (hiBits << 16 | low);
+      } else {
+        ASSERT_EQ(got, referenceBf16(f)) << std::hex << (hiBits << 16 | low);
+      }
+    }
+  }
+  EXPECT_EQ(BFloat16(bitsFloat(0x3f808000u)).bits, 0x3f80);  // tie, even below
+  EXPECT_EQ(BFloat16(bitsFloat(0x3f818000u)).bits, 0x3f82);  // tie, even above
+  EXPECT_EQ(BFloat16(bitsFloat(0x3f808001u)).bits, 0x3f81);
+  EXPECT_EQ(BFloat16(std::numeric_limits<float>::max()).bits, 0x7f80);  // rounds past the largest finite
+  EXPECT_EQ(BFloat16(-std::numeric_limits<float>::infinity()).bits, 0xff80);
+  EXPECT_EQ(BFloat16(-0.0f).bits, 0x8000);
+  EXPECT_EQ(BFloat16(std::numeric_limits<float>::denorm_min()).bits, 0x0000);
+  EXPECT_TRUE(isBf16Nan(BFloat16(bitsFloat(0x7f800001u)).bits));  // signalling NaN stays NaN
+  EXPECT_TRUE(isBf16Nan(BFloat16(bitsFloat(0xffffffffu)).bits));
+  // torch.tensor(0.1, dtype=torch.bfloat16).view(torch.int16) == 0x3dcd
+  EXPECT_EQ(BFloat16(0.1f).bits, 0x3dcd);
+}
+
+TEST(HalfTensors, StoreHalfWidthAndConvertOnce) {
+  // to(dtype) rounds each element once; back to float32 is exact.
+  std::vector<float> v = {0.1f, 1.0f / 3, 65519.0f, 70000.0f, -std::ldexp(3.0f, -25), 1e-8f};
+  Tensor f32 = fromVector<float>(v);
+  Tensor h = f32.to(DType::Float16);
+  Tensor b = f32.to(DType::BFloat16);
+  EXPECT_EQ(h.dtype(), DType::Float16);
+  EXPECT_EQ(h.nbytes(), v.size() * 2);
+  EXPECT_EQ(b.nbytes(), v.size() * 2);
+  auto hv = h.to(DType::Float32).toVector<float>();
+  auto bv = b.to(DType::Float32).toVector<float>();
+  for (size_t i = 0; i < v.size(); ++i) {
+    EXPECT_EQ(floatBits(hv[i]), floatBits(static_cast<float>(Half(v[i])))) << v[i];
+    EXPECT_EQ(floatBits(bv[i]), floatBits(static_cast<float>(BFloat16(v[i])))) << v[i];
+  }
+  const Half* hp = h.data<Half>();
+  EXPECT_EQ(hp[0].bits, 0x2e66);
+  EXPECT_EQ(hp[3].bits, 0x7c00);  // 70000 overflows to inf
+}
