@@ -9,6 +9,9 @@ packages=(
   build-essential cmake ninja-build ccache
   # core: BLAS (OpenBLAS loaded at run time, cblas.h at build time), fmt, JSON, CLI parsing
   libopenblas-dev libfmt-dev nlohmann-json3-dev libcli11-dev
+  # core: float32 GEMM through oneDNN's dnnl_sgemm (loaded at run time; without it cohort falls back
+  # to OpenBLAS, see core/blas/blas.h and docs/benchmarks.md "GEMM")
+  libdnnl2
   # tests
   libgtest-dev
   # PyTorch reference checks (run with /usr/bin/python3)

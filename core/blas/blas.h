@@ -1,18 +1,29 @@
 /*
- * cohort's BLAS: single- and double-precision GEMM through OpenBLAS, loaded at first use.
+ * cohort's BLAS: single- and double-precision GEMM, loaded at first use.
  *
- * Why loaded rather than linked: Debian's OpenBLAS (0.3.21, DYNAMIC_ARCH) picks its kernels in a
- * library constructor from the CPU model, and misdetects newer Xeons (family 6 model 207) as
- * "Prescott", running 5x slower. The only switch is the OPENBLAS_CORETYPE variable, read by that
- * constructor, which runs before any code of a program that links the library. Loading it
- * ourselves lets cohort set the right core type from the CPU's features first, so users get the
- * fast kernels without setting anything; an explicit OPENBLAS_CORETYPE is respected. (On AMD Zen 4
- * the same OpenBLAS already picks its AVX-512 "Cooperlake" kernels, which is also what cohort asks for.)
- * Why OpenBLAS and not BLIS or oneDNN: measured side by side on one thread, the AVX2/AVX-512 kernel
- * families, BLIS and oneDNN's sgemm are within about 10% of each other; oneDNN has no double GEMM and
- * brings an OpenMP pool, BLIS picks "zen3" kernels. One library for both precisions, whose threads
- * cohort controls, wins; docs/benchmarks.md (GEMM) has the figures.
- * The library is opened once per process and never closed (OpenBLAS keeps worker threads).
+ * Which library (measured in docs/benchmarks.md, "GEMM"):
+ *  - float32 runs on oneDNN's dnnl_sgemm (Debian's libdnnl2, libdnnl.so.2) when that library can be
+ *    loaded: on this project's CPUs it is 10-15% faster than every OpenBLAS kernel family, BLIS and
+ *    Eigen, and issue 2's bar is 90% of the best BLAS on the machine. Otherwise float32 runs on
+ *    OpenBLAS. The environment variable COHORT_BLAS=auto|openblas|onednn (read once, at the first
+ *    float32 GEMM) forces one; COHORT_BLAS=onednn when oneDNN cannot be loaded is a
+ *    NotSupportedError, not a silent fallback.
+ *  - float64 always runs on OpenBLAS (oneDNN has no double GEMM), and so does float32 without oneDNN.
+ *
+ * Why OpenBLAS is loaded rather than linked: Debian's OpenBLAS (0.3.21, DYNAMIC_ARCH) picks its
+ * kernels in a library constructor from the CPU model, and misdetects newer Xeons (family 6 model
+ * 207) as "Prescott", running 5x slower. The only switch is the OPENBLAS_CORETYPE variable, read by
+ * that constructor, which runs before any code of a program that links the library. Loading it
+ * ourselves lets cohort set the right core type from the CPU's features first, so users get the fast
+ * kernels without setting anything; an explicit OPENBLAS_CORETYPE is respected. oneDNN is loaded the
+ * same way so that a machine without libdnnl2 still runs cohort.
+ * Both libraries are opened once per process and never closed (both keep worker threads).
+ *
+ * Threads: one count, setNumThreads(n), governs both libraries from every thread. OpenBLAS's count
+ * is process-wide; Debian's oneDNN threads through OpenMP, whose thread count is per calling thread,
+ * so before each oneDNN call cohort sets the calling thread's OpenMP count to numThreads() when it
+ * differs. Until setNumThreads is called the count is OpenBLAS's own default (OPENBLAS_NUM_THREADS,
+ * else OMP_NUM_THREADS, else the number of cores).
  *
  * Thread-safe: loading happens once; GEMM may be called from any thread.
  */
@@ -25,18 +36,41 @@ namespace cohort::blas {
 
 enum class Trans { No, Yes };
 
-// Row-major C[m,n] = alpha * op(A)[m,k] * op(B)[k,n] + beta * C.
+// Row-major C[m,n] = alpha * op(A)[m,k] * op(B)[k,n] + beta * C, where op(X) is X or X^T:
+// A is stored [m,k] (Trans::No) or [k,m] (Trans::Yes) with row stride lda, B [k,n] or [n,k] with
+// ldb, C [m,n] with ldc. Requires m, n, k >= 0, lda >= max(1, stored columns of A), likewise ldb,
+// and ldc >= max(1, n); anything else is a ValueError naming the argument (never a BLAS message on
+// stderr and an untouched C). As in reference BLAS, when k == 0 or alpha == 0 the product is not
+// formed and C = beta * C, and when beta == 0 C is only written (NaN in it does not propagate).
 void sgemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
            const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 void dgemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
            const double* b, int64_t ldb, double beta, double* c, int64_t ldc);
 
-// What was loaded: library path and the core type OpenBLAS runs ("CooperLake", "Haswell", ...).
+// The libraries float32 GEMM can run on.
+enum class Backend { OpenBlas, OneDnn };
+// "openblas" / "onednn" (the values COHORT_BLAS takes).
+const char* backendName(Backend b);
+// The backend sgemm uses in this process, chosen at the first call from COHORT_BLAS.
+// Throws ValueError for an unknown COHORT_BLAS value, NotSupportedError for COHORT_BLAS=onednn
+// when oneDNN cannot be loaded.
+Backend sgemmBackend();
+// Whether `b` can run here; when it cannot, `why` (if given) says why (the loader's message).
+bool backendAvailable(Backend b, std::string* why = nullptr);
+// sgemm on a given backend whatever COHORT_BLAS says (tests and benchmarks compare the two);
+// NotSupportedError when that backend is unavailable. Same contract as sgemm.
+void sgemmOn(Backend backend, Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+// What was loaded: OpenBLAS's library path and the core type it runs ("CooperLake", "Haswell", ...).
 std::string libraryName();
 std::string coreName();
 // The core type cohort would choose for this CPU (empty when the CPU needs no override).
 std::string chosenCoreType();
-// BLAS threads (OpenBLAS obeys OPENBLAS_NUM_THREADS / OMP_NUM_THREADS at load).
+// One line saying which library runs each precision, e.g. "float32: oneDNN 2.6.3 (libdnnl.so.2,
+// OpenMP); float64: OpenBLAS /usr/lib/.../libopenblas.so.0 (Cooperlake kernels); 1 thread".
+std::string describe();
+// BLAS threads for both libraries and every calling thread (see above). n >= 1, else ValueError.
 void setNumThreads(int n);
 int numThreads();
 

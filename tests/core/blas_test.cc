@@ -1,0 +1,480 @@
+// core/blas: float32 GEMM on oneDNN or OpenBLAS, float64 on OpenBLAS, one thread count for both.
+//
+// Every product is checked against a naive reference computed in long double, within the
+// worst-case float bound (k + 2) * eps * (|alpha| * sum_p |a_ip b_pj| + |beta c_ij|): a wrong
+// transpose, leading dimension or beta shows up as an O(1) error, far outside it. Paths that need
+// oneDNN skip when libdnnl.so.2 is not installed; the OpenBLAS fallback is tested in child
+// processes of this binary with COHORT_BLAS=openblas (and with oneDNN made unloadable), since the
+// backend is chosen once per process.
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <condition_variable>
+#include <cstdlib>
+#include <limits>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <cohort/cohort.h>
+#include <cohort/core/blas/blas.h>
+
+#include "core/test_util.h"
+
+namespace cohort {
+namespace {
+
+using blas::Backend;
+using blas::Trans;
+using testing::contains;
+using testing::expectThrowsNaming;
+
+struct Case {
+  Trans ta, tb;
+  int64_t m, n, k, lda, ldb, ldc;
+  double alpha, beta;
+};
+
+std::string str(const Case& c) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "ta=%s tb=%s m=%lld n=%lld k=%lld lda=%lld ldb=%lld ldc=%lld alpha=%g beta=%g",
+                c.ta == Trans::Yes ? "T" : "N", c.tb == Trans::Yes ? "T" : "N", (long long)c.m, (long long)c.n,
+                (long long)c.k, (long long)c.lda, (long long)c.ldb, (long long)c.ldc, c.alpha, c.beta);
+  return buf;
+}
+
+// Random shapes including 1 and 0, both transposes, padded leading dimensions and several betas.
+std::vector<Case> randomCases(unsigned seed, int count) {
+  std::mt19937 rng(seed);
+  const int64_t dims[] = {1, 2, 3, 7, 16, 17, 33, 64, 65, 130};
+  const double alphas[] = {1.0, -0.75, 2.0};
+  const double betas[] = {0.0, 1.0, 0.5, -1.5};
+  auto pick = [&](auto& arr) { return arr[rng() % (sizeof(arr) / sizeof(arr[0]))]; };
+  std::vector<Case> out;
+  // Fixed corner cases first: m, n or k equal to 1, k = 0, beta != 0 with k = 0.
+  out.push_back({Trans::No, Trans::No, 1, 1, 1, 1, 1, 1, 1.0, 0.0});
+  out.push_back({Trans::Yes, Trans::Yes, 1, 5, 3, 1, 3, 5, 1.0, 0.5});
+  out.push_back({Trans::No, Trans::Yes, 5, 1, 3, 3, 3, 1, -0.75, 1.0});
+  out.push_back({Trans::Yes, Trans::No, 4, 6, 1, 4, 6, 6, 2.0, -1.5});
+  out.push_back({Trans::No, Trans::No, 3, 4, 0, 1, 4, 7, 1.0, 2.0});
+  out.push_back({Trans::Yes, Trans::No, 3, 4, 0, 3, 4, 4, 1.0, 0.0});
+  for (int i = 0; i < count; ++i) {
+    Case c;
+    c.ta = rng() % 2 ? Trans::Yes : Trans::No;
+    c.tb = rng() % 2 ? Trans::Yes : Trans::No;
+    c.m = pick(dims), c.n = pick(dims), c.k = pick(dims);
+    int64_t pad = rng() % 3 == 0 ? 0 : 1 + rng() % 9;  // lda > stored columns in two cases of three
+    c.lda = std::max<int64_t>(1, c.ta == Trans::No ? c.k : c.m) + pad;
+    pad = rng() % 3 == 0 ? 0 : 1 + rng() % 9;
+    c.ldb = std::max<int64_t>(1, c.tb == Trans::No ? c.n : c.k) + pad;
+    c.ldc = c.n + (rng() % 2 ? 0 : 1 + rng() % 5);
+    c.alpha = pick(alphas), c.beta = pick(betas);
+    out.push_back(c);
+  }
+  return out;
+}
+
+template <typename T>
+struct Operands {
+  std::vector<T> a, b, c;
+  std::vector<long double> want, bound;
+};
+
+// Fills A, B, C for case `c` (C is NaN when beta == 0: it must not be read) and the reference.
+template <typename T>
+Operands<T> makeOperands(const Case& c, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  Operands<T> o;
+  int64_t aRows = c.ta == Trans::No ? c.m : c.k, bRows = c.tb == Trans::No ? c.k : c.n;
+  o.a.resize(std::max<int64_t>(1, aRows * c.lda));
+  o.b.resize(std::max<int64_t>(1, bRows * c.ldb));
+  o.c.resize(std::max<int64_t>(1, c.m * c.ldc));
+  for (auto& x : o.a) x = static_cast<T>(u(rng));
+  for (auto& x : o.b) x = static_cast<T>(u(rng));
+  for (auto& x : o.c) x = c.beta == 0 ? std::numeric_limits<T>::quiet_NaN() : static_cast<T>(u(rng));
+  auto A = [&](int64_t i, int64_t p) { return c.ta == Trans::No ? o.a[i * c.lda + p] : o.a[p * c.lda + i]; };
+  auto B = [&](int64_t p, int64_t j) { return c.tb == Trans::No ? o.b[p * c.ldb + j] : o.b[j * c.ldb + p]; };
+  const long double eps = std::numeric_limits<T>::epsilon();
+  for (int64_t i = 0; i < c.m; ++i)
+    for (int64_t j = 0; j < c.n; ++j) {
+      long double s = 0, sa = 0;
+      for (int64_t p = 0; p < c.k; ++p) {
+        s += (long double)A(i, p) * B(p, j);
+        sa += std::fabs((long double)A(i, p) * B(p, j));
+      }
+      long double cij = c.beta == 0 ? 0 : (long double)o.c[i * c.ldc + j];
+      o.want.push_back(c.alpha * s + c.beta * cij);
+      o.bound.push_back((c.k + 2) * eps * (std::fabs((long double)c.alpha) * sa + std::fabs(c.beta * cij)) + 1e-30L);
+    }
+  return o;
+}
+
+// C after the call: the m x n block matches the reference, and the padding columns are untouched.
+template <typename T>
+void expectResult(const Case& c, const Operands<T>& before, const std::vector<T>& got, const std::string& what) {
+  for (int64_t i = 0; i < c.m; ++i) {
+    for (int64_t j = 0; j < c.n; ++j) {
+      long double g = got[i * c.ldc + j], w = before.want[i * c.n + j], bnd = before.bound[i * c.n + j];
+      ASSERT_TRUE(std::isfinite((double)g) && std::fabs(g - w) <= bnd)
+          << what << " " << str(c) << " at (" << i << "," << j << "): got " << (double)g << " want " << (double)w
+          << " bound " << (double)bnd;
+    }
+    for (int64_t j = c.n; j < c.ldc; ++j) {
+      T g = got[i * c.ldc + j], was = before.c[i * c.ldc + j];
+      ASSERT_TRUE(std::isnan(was) ? std::isnan(g) : g == was) << what << " wrote padding " << str(c);
+    }
+  }
+}
+
+std::vector<float> runSgemm(Backend backend, const Case& c, const Operands<float>& o) {
+  std::vector<float> out = o.c;
+  blas::sgemmOn(backend, c.ta, c.tb, c.m, c.n, c.k, (float)c.alpha, o.a.data(), c.lda, o.b.data(), c.ldb,
+                (float)c.beta, out.data(), c.ldc);
+  return out;
+}
+
+bool oneDnnAvailable(std::string* why) { return blas::backendAvailable(Backend::OneDnn, why); }
+
+TEST(Sgemm, OpenBlasMatchesReference) {
+  unsigned seed = 1;
+  for (const Case& c : randomCases(11, 60)) {
+    auto o = makeOperands<float>(c, seed++);
+    expectResult(c, o, runSgemm(Backend::OpenBlas, c, o), "openblas");
+  }
+}
+
+TEST(Sgemm, OneDnnMatchesReferenceAndOpenBlas) {
+  std::string why;
+  if (!oneDnnAvailable(&why)) GTEST_SKIP() << "oneDNN not available: " << why;
+  unsigned seed = 1;
+  for (const Case& c : randomCases(12, 80)) {
+    auto o = makeOperands<float>(c, seed++);
+    std::vector<float> dnnl = runSgemm(Backend::OneDnn, c, o), ob = runSgemm(Backend::OpenBlas, c, o);
+    expectResult(c, o, dnnl, "onednn");
+    for (int64_t i = 0; i < c.m; ++i)
+      for (int64_t j = 0; j < c.n; ++j)
+        ASSERT_LE(std::fabs((long double)dnnl[i * c.ldc + j] - ob[i * c.ldc + j]), 2 * o.bound[i * c.n + j])
+            << "onednn vs openblas " << str(c) << " at (" << i << "," << j << ")";
+  }
+}
+
+TEST(Sgemm, DefaultBackendIsOneDnnWhenItLoads) {
+  const char* forced = std::getenv("COHORT_BLAS");
+  if (forced && *forced) GTEST_SKIP() << "COHORT_BLAS is set to " << forced;
+  EXPECT_EQ(blas::sgemmBackend(), oneDnnAvailable(nullptr) ? Backend::OneDnn : Backend::OpenBlas);
+  EXPECT_TRUE(contains(blas::describe(), "float64: OpenBLAS")) << blas::describe();
+  // The public entry point goes through the chosen backend and gives the same results.
+  unsigned seed = 100;
+  for (const Case& c : randomCases(13, 20)) {
+    auto o = makeOperands<float>(c, seed++);
+    std::vector<float> out = o.c;
+    blas::sgemm(c.ta, c.tb, c.m, c.n, c.k, (float)c.alpha, o.a.data(), c.lda, o.b.data(), c.ldb, (float)c.beta,
+                out.data(), c.ldc);
+    expectResult(c, o, out, "blas::sgemm");
+  }
+}
+
+TEST(Dgemm, MatchesReference) {
+  unsigned seed = 1;
+  for (const Case& c : randomCases(14, 60)) {
+    auto o = makeOperands<double>(c, seed++);
+    std::vector<double> out = o.c;
+    blas::dgemm(c.ta, c.tb, c.m, c.n, c.k, c.alpha, o.a.data(), c.lda, o.b.data(), c.ldb, c.beta, out.data(), c.ldc);
+    expectResult(c, o, out, "dgemm");
+  }
+}
+
+// k == 0 and alpha == 0: C = beta * C without touching A or B, identical on both backends.
+TEST(Sgemm, EmptyProductScalesC) {
+  std::vector<Backend> backends = {Backend::OpenBlas};
+  if (oneDnnAvailable(nullptr)) backends.push_back(Backend::OneDnn);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> a(6, nan), b(6, nan);
+  for (Backend be : backends) {
+    SCOPED_TRACE(blas::backendName(be));
+    std::vector<float> c = {1, 2, 3, 4, 5, 6};
+    blas::sgemmOn(be, Trans::No, Trans::No, 2, 3, 0, 1.f, a.data(), 1, b.data(), 3, 2.f, c.data(), 3);
+    EXPECT_EQ(c, (std::vector<float>{2, 4, 6, 8, 10, 12}));
+    blas::sgemmOn(be, Trans::No, Trans::No, 2, 3, 2, 0.f, a.data(), 2, b.data(), 3, -1.f, c.data(), 3);
+    EXPECT_EQ(c, (std::vector<float>{-2, -4, -6, -8, -10, -12}));
+    std::vector<float> cn(6, nan);
+    blas::sgemmOn(be, Trans::Yes, Trans::Yes, 2, 3, 0, 1.f, a.data(), 2, b.data(), 1, 0.f, cn.data(), 3);
+    EXPECT_EQ(cn, std::vector<float>(6, 0.f));
+    // m == 0 or n == 0: nothing is read or written.
+    blas::sgemmOn(be, Trans::No, Trans::No, 0, 3, 2, 1.f, a.data(), 2, b.data(), 3, 0.f, cn.data(), 3);
+    EXPECT_EQ(cn, std::vector<float>(6, 0.f));
+  }
+  std::vector<double> ad(6, NAN), bd(6, NAN), cd = {1, 2, 3, 4, 5, 6};
+  blas::dgemm(Trans::No, Trans::No, 2, 3, 0, 1.0, ad.data(), 1, bd.data(), 3, 0.5, cd.data(), 3);
+  EXPECT_EQ(cd, (std::vector<double>{0.5, 1, 1.5, 2, 2.5, 3}));
+}
+
+TEST(Sgemm, BadArgumentsAreValueErrors) {
+  std::vector<float> a(64), b(64), c(64);
+  std::vector<double> ad(64), bd(64), cd(64);
+  expectThrowsNaming<ValueError>(
+      [&] { blas::sgemm(Trans::No, Trans::No, 2, 3, 4, 1.f, a.data(), 3, b.data(), 3, 0.f, c.data(), 3); },
+      {"sgemm", "lda=3", "4 columns", "m=2 n=3 k=4"});
+  expectThrowsNaming<ValueError>(
+      [&] { blas::sgemm(Trans::Yes, Trans::No, 5, 3, 4, 1.f, a.data(), 4, b.data(), 3, 0.f, c.data(), 3); },
+      {"sgemm", "lda=4", "5 columns", "transposed"});
+  expectThrowsNaming<ValueError>(
+      [&] { blas::sgemm(Trans::No, Trans::Yes, 2, 3, 4, 1.f, a.data(), 4, b.data(), 3, 0.f, c.data(), 3); },
+      {"sgemm", "ldb=3", "4 columns"});
+  expectThrowsNaming<ValueError>(
+      [&] { blas::sgemm(Trans::No, Trans::No, 2, 3, 4, 1.f, a.data(), 4, b.data(), 3, 0.f, c.data(), 2); },
+      {"sgemm", "ldc=2", "n=3"});
+  expectThrowsNaming<ValueError>(
+      [&] { blas::sgemm(Trans::No, Trans::No, -1, 3, 4, 1.f, a.data(), 4, b.data(), 3, 0.f, c.data(), 3); },
+      {"sgemm", "negative size", "m=-1"});
+  expectThrowsNaming<ValueError>(
+      [&] { blas::sgemmOn(Backend::OpenBlas, Trans::No, Trans::No, 2, 3, 4, 1.f, a.data(), 1, b.data(), 3, 0.f,
+                          c.data(), 3); },
+      {"sgemm", "lda=1"});
+  expectThrowsNaming<ValueError>(
+      [&] { blas::dgemm(Trans::No, Trans::No, 2, 3, 4, 1.0, ad.data(), 4, bd.data(), 2, 0.0, cd.data(), 3); },
+      {"dgemm", "ldb=2", "3 columns"});
+  // ld = 0 is an error even for an empty matrix, as in BLAS.
+  expectThrowsNaming<ValueError>(
+      [&] { blas::dgemm(Trans::No, Trans::No, 2, 0, 0, 1.0, ad.data(), 0, bd.data(), 1, 0.0, cd.data(), 1); },
+      {"dgemm", "lda=0"});
+  expectThrowsNaming<ValueError>([] { blas::setNumThreads(0); }, {"setNumThreads", "n = 0"});
+}
+
+// cohort::mm on float32 (through the chosen backend) against float64 (through OpenBLAS) on
+// transposed and sliced views, which reach BLAS as Trans::Yes and as lda > columns.
+TEST(Sgemm, MmOnViewsMatchesFloat64) {
+  Generator gen(7);
+  Tensor big = randn({40, 50}, {}, &gen);
+  Tensor a = big.slice(1, 3, 33);                        // [40, 30], row stride 50: lda > columns
+  Tensor b = randn({20, 30}, {}, &gen).transpose(0, 1);  // [30, 20], column-major: Trans::Yes
+  auto expectClose = [](const Tensor& got32, const Tensor& want64) {
+    std::vector<float> g = got32.toVector<float>();
+    std::vector<double> w = want64.toVector<double>();
+    ASSERT_EQ(g.size(), w.size());
+    for (size_t i = 0; i < w.size(); ++i) ASSERT_NEAR(g[i], w[i], 1e-4 * (1 + std::fabs(w[i]))) << i;
+  };
+  expectClose(mm(a, b), mm(a.to(DType::Float64), b.to(DType::Float64)));
+  // addmm with beta != 0, a transposed first operand and a sliced second one.
+  Tensor bias = randn({30, 20}, {}, &gen);
+  Tensor at = randn({40, 30}, {}, &gen).transpose(0, 1);  // [30, 40]
+  Tensor m2 = big.slice(1, 10, 30);                        // [40, 20], row stride 50
+  expectClose(addmm(bias, at, m2, 0.5, 2.0),
+              addmm(bias.to(DType::Float64), at.to(DType::Float64), m2.to(DType::Float64), 0.5, 2.0));
+  // m, n or k equal to 1.
+  Tensor row = big.slice(0, 0, 1), col = big.slice(1, 0, 1);
+  expectClose(mm(row, big.transpose(0, 1)), mm(row.to(DType::Float64), big.transpose(0, 1).to(DType::Float64)));
+  expectClose(mm(col, row), mm(col.to(DType::Float64), row.to(DType::Float64)));
+}
+
+// ---- threads -----------------------------------------------------------------------------------
+
+// The OpenMP runtime oneDNN threads through, reached the way a user's code would (it is already
+// loaded once oneDNN is).
+struct Omp {
+  int (*getMaxThreads)() = nullptr;
+  void (*setNumThreads)(int) = nullptr;
+};
+Omp ompOfOneDnn() {
+  Omp o;
+  if (void* h = dlopen("libgomp.so.1", RTLD_NOW | RTLD_NOLOAD)) {
+    o.getMaxThreads = reinterpret_cast<int (*)()>(dlsym(h, "omp_get_max_threads"));
+    o.setNumThreads = reinterpret_cast<void (*)(int)>(dlsym(h, "omp_set_num_threads"));
+  }
+  return o;
+}
+
+int openBlasThreads() {
+  void* h = dlopen(blas::libraryName().c_str(), RTLD_NOW | RTLD_NOLOAD);
+  if (!h) return -1;
+  auto get = reinterpret_cast<int (*)()>(dlsym(h, "openblas_get_num_threads"));
+  return get ? get() : -1;
+}
+
+// One small product on oneDNN, checked, so that each thread's call is a real call.
+void oneDnnProduct() {
+  std::vector<float> a = {1, 2, 3, 4}, b = {1, 0, 1, 1}, c(4, -1.f);
+  blas::sgemmOn(Backend::OneDnn, Trans::No, Trans::No, 2, 2, 2, 1.f, a.data(), 2, b.data(), 2, 0.f, c.data(), 2);
+  EXPECT_EQ(c, (std::vector<float>{3, 2, 7, 4}));
+}
+
+TEST(SgemmThreads, SettingGovernsEveryThread) {
+  std::string why;
+  if (!oneDnnAvailable(&why)) GTEST_SKIP() << "oneDNN not available: " << why;
+  oneDnnProduct();
+  Omp omp = ompOfOneDnn();
+  if (!omp.getMaxThreads || !omp.setNumThreads) GTEST_SKIP() << "oneDNN does not thread through libgomp here";
+  int saved = blas::numThreads();
+
+  for (int n : {2, 1, 3}) {
+    SCOPED_TRACE("setNumThreads(" + std::to_string(n) + ")");
+    blas::setNumThreads(n);
+    EXPECT_EQ(blas::numThreads(), n);
+    EXPECT_EQ(openBlasThreads(), n);  // OpenBLAS kept in step
+    oneDnnProduct();
+    EXPECT_EQ(omp.getMaxThreads(), n) << "calling thread";
+    int seen = -1, seenAfterOwn = -1;
+    std::thread t([&] {
+      oneDnnProduct();
+      seen = omp.getMaxThreads();
+      omp.setNumThreads(7);  // the thread's own OpenMP setting is overridden by cohort's at the next call
+      oneDnnProduct();
+      seenAfterOwn = omp.getMaxThreads();
+    });
+    t.join();
+    EXPECT_EQ(seen, n) << "a second std::thread";
+    EXPECT_EQ(seenAfterOwn, n) << "a second std::thread after its own omp_set_num_threads(7)";
+  }
+  // A long-lived thread follows a change made by another thread after its first call.
+  blas::setNumThreads(2);
+  std::mutex mu;
+  std::condition_variable cv;
+  int phase = 0, first = -1, second = -1;
+  std::thread worker([&] {
+    oneDnnProduct();
+    first = omp.getMaxThreads();
+    std::unique_lock<std::mutex> lock(mu);
+    phase = 1;
+    cv.notify_all();
+    cv.wait(lock, [&] { return phase == 2; });
+    lock.unlock();
+    oneDnnProduct();
+    second = omp.getMaxThreads();
+  });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return phase == 1; });
+    blas::setNumThreads(1);
+    phase = 2;
+    cv.notify_all();
+  }
+  worker.join();
+  EXPECT_EQ(first, 2);
+  EXPECT_EQ(second, 1);
+  blas::setNumThreads(saved);
+}
+
+// Products computed with several threads on both backends match the reference too.
+TEST(SgemmThreads, TwoThreadsMatchReference) {
+  int saved = blas::numThreads();
+  blas::setNumThreads(2);
+  std::vector<Backend> backends = {Backend::OpenBlas};
+  if (oneDnnAvailable(nullptr)) backends.push_back(Backend::OneDnn);
+  Case c{Trans::Yes, Trans::No, 150, 130, 170, 160, 131, 133, 1.0, 0.5};
+  auto o = makeOperands<float>(c, 5);
+  for (Backend be : backends) expectResult(c, o, runSgemm(be, c, o), blas::backendName(be));
+  blas::setNumThreads(saved);
+}
+
+// ---- COHORT_BLAS, in child processes of this binary ---------------------------------------------
+
+// Runs this binary again with `env` prepended and one child test; returns its output and status.
+std::pair<int, std::string> runChild(const std::string& env, const std::string& test) {
+  char self[4096];
+  ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+  EXPECT_GT(len, 0);
+  self[std::max<ssize_t>(len, 0)] = '\0';
+  std::string cmd = env + " COHORT_BLAS_TEST_CHILD=1 '" + self + "' --gtest_also_run_disabled_tests --gtest_filter=" +
+                    "SgemmEnvChild.DISABLED_" + test + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  EXPECT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t got;
+  while (p && (got = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, got);
+  int status = p ? pclose(p) : -1;
+  return {status, out};
+}
+
+void expectChildPasses(const std::string& env, const std::string& test) {
+  auto [status, out] = runChild(env, test);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_TRUE(contains(out, "[  PASSED  ] 1 test")) << out;
+  EXPECT_FALSE(contains(out, "SKIPPED")) << out;
+}
+
+const char* kNoDnnl = "COHORT_ONEDNN_LIBRARY=libcohort-test-no-such-dnnl.so.2";
+
+TEST(SgemmEnv, ForcedOpenBlas) { expectChildPasses("COHORT_BLAS=openblas", "OpenBlasChosen"); }
+TEST(SgemmEnv, ForcedOpenBlasIgnoresMissingOneDnn) {
+  expectChildPasses(std::string("COHORT_BLAS=openblas ") + kNoDnnl, "OpenBlasChosen");
+}
+TEST(SgemmEnv, AutoFallsBackWhenOneDnnIsAbsent) {
+  expectChildPasses(std::string("COHORT_BLAS=auto ") + kNoDnnl, "OpenBlasChosen");
+}
+TEST(SgemmEnv, ForcedOneDnnAbsentIsNotSupported) {
+  expectChildPasses(std::string("COHORT_BLAS=onednn ") + kNoDnnl, "OneDnnMissing");
+}
+TEST(SgemmEnv, ForcedOneDnn) {
+  std::string why;
+  if (!oneDnnAvailable(&why)) GTEST_SKIP() << "oneDNN not available: " << why;
+  expectChildPasses("COHORT_BLAS=OneDNN", "OneDnnChosen");
+}
+TEST(SgemmEnv, UnknownValueIsValueError) { expectChildPasses("COHORT_BLAS=mkl", "UnknownValue"); }
+
+bool isChild() {
+  const char* v = std::getenv("COHORT_BLAS_TEST_CHILD");
+  return v && std::string(v) == "1";
+}
+
+// Through blas::sgemm and through cohort::mm, the whole float32 stack works on the chosen backend.
+void expectFloat32Works() {
+  unsigned seed = 200;
+  for (const Case& c : randomCases(15, 30)) {
+    auto o = makeOperands<float>(c, seed++);
+    std::vector<float> out = o.c;
+    blas::sgemm(c.ta, c.tb, c.m, c.n, c.k, (float)c.alpha, o.a.data(), c.lda, o.b.data(), c.ldb, (float)c.beta,
+                out.data(), c.ldc);
+    expectResult(c, o, out, blas::backendName(blas::sgemmBackend()));
+  }
+  Tensor a = fromVector(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor b = fromVector(std::vector<float>{1, 0, 0, 1, 1, 1}, {3, 2});
+  testing::expectNear(mm(a, b), {4, 5, 10, 11}, 0);
+  testing::expectNear(mm(b.transpose(0, 1), a.transpose(0, 1)), {4, 10, 5, 11}, 0);
+}
+
+TEST(SgemmEnvChild, DISABLED_OpenBlasChosen) {
+  if (!isChild()) GTEST_SKIP() << "run by SgemmEnv.*";
+  EXPECT_EQ(blas::sgemmBackend(), Backend::OpenBlas);
+  EXPECT_TRUE(contains(blas::describe(), "float32: OpenBLAS")) << blas::describe();
+  expectFloat32Works();
+}
+
+TEST(SgemmEnvChild, DISABLED_OneDnnChosen) {
+  if (!isChild()) GTEST_SKIP() << "run by SgemmEnv.*";
+  EXPECT_EQ(blas::sgemmBackend(), Backend::OneDnn);
+  EXPECT_TRUE(contains(blas::describe(), "float32: oneDNN")) << blas::describe();
+  expectFloat32Works();
+}
+
+TEST(SgemmEnvChild, DISABLED_OneDnnMissing) {
+  if (!isChild()) GTEST_SKIP() << "run by SgemmEnv.*";
+  std::vector<float> x(4, 1.f), y(4);
+  expectThrowsNaming<NotSupportedError>(
+      [&] { blas::sgemm(Trans::No, Trans::No, 2, 2, 2, 1.f, x.data(), 2, x.data(), 2, 0.f, y.data(), 2); },
+      {"COHORT_BLAS=onednn", "libcohort-test-no-such-dnnl.so.2", "libdnnl2"});
+  Tensor a = ones({2, 2});
+  expectThrowsNaming<NotSupportedError>([&] { mm(a, a); }, {"COHORT_BLAS=onednn"});
+  // float64 does not need oneDNN.
+  testing::expectNear(mm(a.to(DType::Float64), a.to(DType::Float64)), {2, 2, 2, 2}, 0);
+  std::string why;
+  EXPECT_FALSE(blas::backendAvailable(Backend::OneDnn, &why));
+  EXPECT_TRUE(contains(why, "libcohort-test-no-such-dnnl.so.2")) << why;
+}
+
+TEST(SgemmEnvChild, DISABLED_UnknownValue) {
+  if (!isChild()) GTEST_SKIP() << "run by SgemmEnv.*";
+  std::vector<float> x(4, 1.f), y(4);
+  for (int i = 0; i < 2; ++i)  // not remembered as a choice: every call says so
+    expectThrowsNaming<ValueError>(
+        [&] { blas::sgemm(Trans::No, Trans::No, 2, 2, 2, 1.f, x.data(), 2, x.data(), 2, 0.f, y.data(), 2); },
+        {"COHORT_BLAS='mkl'", "auto, openblas, onednn"});
+}
+
+}  // namespace
+}  // namespace cohort
