@@ -353,8 +353,14 @@ Tensor& Tensor::copy_(const Tensor& src) {
   {
     autograd::NoGradGuard ng;
     // Fast path: same dtype, both contiguous, same shape.
-    if (src.dtype() == dtype() && src.isContiguous() && isContiguous() && src.sizes() == sizes()) {
+    const bool flat = src.isContiguous() && isContiguous() && src.sizes() == sizes();
+    if (src.dtype() == dtype() && flat) {
       if (numel() > 0 && dataPtr() != src.dataPtr()) std::memcpy(dataPtr(), src.dataPtr(), nbytes());
+    } else if (flat && src.dtype() == DType::Float32 && dtype() == DType::Float16) {
+      // Vectorized float <-> half (F16C), bit-identical to the per-element conversion below.
+      floatToHalfN(src.data<float>(), data<Half>(), numel());
+    } else if (flat && src.dtype() == DType::Float16 && dtype() == DType::Float32) {
+      halfToFloatN(src.data<Half>(), data<float>(), numel());
     } else {
       COHORT_DISPATCH(dtype(), "copy_", [&]<typename D>() {
         COHORT_DISPATCH(src.dtype(), "copy_", [&]<typename S>() {
