@@ -39,46 +39,66 @@ void requireFloat(const Tensor& t, const char* op, const char* what) {
 // ---- softmax / log_softmax ------------------------------------------------------------------
 
 // y[o, :, i] = softmax or log_softmax of x[o, :, i]; x and y contiguous [O, R, I].
-// Float32 rows along the last dim (I == 1, attention and classifier logits): 16 independent lanes
-// for max and sum and the vectorizable vecmath::exp, so the loops vectorize; sums of lanes are
-// combined in double.
+// Float32 rows along the last dim (I == 1, attention and classifier logits) take a fused row pass:
+// the max with 64 select lanes (GCC vectorizes that width, not 16), then one loop that computes
+// e = exp(x - max) with the vectorizable vecmath::exp, stores it (log_softmax stores x - max) and
+// sums it in 32 lanes, then a scale (or shift) of the row while it is still in L1. Lane sums are
+// combined in double. While a row is computed the next one is prefetched, so its read from memory
+// overlaps the exp work instead of stalling the next max pass.
+constexpr int64_t kSoftmaxMaxLanes = 64;
+constexpr int64_t kSoftmaxSumLanes = 32;
+
+// Max of n floats; a NaN anywhere gives NaN.
+inline float rowMaxF32(const float* x, int64_t n) {
+  constexpr int64_t L = kSoftmaxMaxLanes;
+  float m[L];
+  for (int64_t j = 0; j < L; ++j) m[j] = -std::numeric_limits<float>::infinity();
+  int64_t i = 0;
+  for (; i + L <= n; i += L)
+    for (int64_t j = 0; j < L; ++j) {
+      const float v = x[i + j];
+      m[j] = ((v > m[j]) | (v != v)) ? v : m[j];
+    }
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < L; ++j) mx = ((m[j] > mx) | (m[j] != m[j])) ? m[j] : mx;
+  for (; i < n; ++i) mx = ((x[i] > mx) | (x[i] != x[i])) ? x[i] : mx;
+  return mx;
+}
+
 template <bool Log>
 void softmaxRowsF32(const float* x, float* y, int64_t O, int64_t R) {
-  constexpr int64_t L = 16;
+  constexpr int64_t L = kSoftmaxSumLanes;
   for (int64_t o = 0; o < O; ++o) {
     const float* xr = x + o * R;
     float* yr = y + o * R;
-    float m[L];
-    for (int64_t j = 0; j < L; ++j) m[j] = -std::numeric_limits<float>::infinity();
-    int64_t i = 0;
-    for (; i + L <= R; i += L)
-      for (int64_t j = 0; j < L; ++j) {
-        float v = xr[i + j];
-        m[j] = (v > m[j] || v != v) ? v : m[j];
-      }
-    float mx = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < L; ++j) mx = (m[j] > mx || m[j] != m[j]) ? m[j] : mx;
-    for (; i < R; ++i) mx = (xr[i] > mx || xr[i] != xr[i]) ? xr[i] : mx;
+    float mx = rowMaxF32(xr, R);
     // A row of -inf keeps max -inf; shift by 0 then so that exp gives 0 and the result NaN, as torch.
     if (std::isinf(mx) && mx < 0) mx = 0.0f;
+    const float* next = o + 1 < O ? xr + R : xr;  // prefetch target (the next row, or this one again)
     float acc[L] = {};
-    i = 0;
-    for (; i + L <= R; i += L)
+    int64_t i = 0;
+    for (; i + L <= R; i += L) {
+      __builtin_prefetch(next + i);
+      __builtin_prefetch(next + i + 16);
       for (int64_t j = 0; j < L; ++j) {
-        float e = vecmath::exp(xr[i + j] - mx);
-        if constexpr (!Log) yr[i + j] = e;
+        const float d = xr[i + j] - mx;
+        const float e = vecmath::exp(d);
+        yr[i + j] = Log ? d : e;
         acc[j] += e;
       }
+    }
     double total = 0;
     for (int64_t j = 0; j < L; ++j) total += static_cast<double>(acc[j]);
     for (; i < R; ++i) {
-      float e = vecmath::exp(xr[i] - mx);
-      if constexpr (!Log) yr[i] = e;
+      const float d = xr[i] - mx;
+      const float e = vecmath::exp(d);
+      yr[i] = Log ? d : e;
       total += static_cast<double>(e);
     }
     if constexpr (Log) {
+      // (x - max) - log(sum): subtracting max first keeps the float rounding of a huge lse out.
       const float ls = static_cast<float>(std::log(total));
-      for (int64_t k = 0; k < R; ++k) yr[k] = (xr[k] - mx) - ls;
+      for (int64_t k = 0; k < R; ++k) yr[k] -= ls;
     } else {
       const float inv = static_cast<float>(1.0 / total);
       for (int64_t k = 0; k < R; ++k) yr[k] *= inv;

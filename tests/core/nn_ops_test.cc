@@ -73,6 +73,39 @@ TEST(NnOps, SoftmaxValues) {
   expectThrowsNaming<ValueError>([] { logSoftmax(fromVector<int64_t>({1, 2}), 0); }, {"logSoftmax", "int64"});
 }
 
+// The fused float32 row kernel (last dim): lane tails (lengths around the 32/64-lane widths),
+// several rows (the next row is prefetched), against float64; -inf entries, an all -inf row
+// (NaN, as torch) and a NaN entry (its row NaN, the others untouched). Tolerance: x - max is
+// rounded to float before exp, a relative error up to |x - max| * 6e-8 in tiny probabilities.
+TEST(NnOps, SoftmaxRowKernel) {
+  Generator g(17);
+  for (int64_t R : {1, 2, 31, 32, 33, 63, 64, 65, 100, 4096, 5003}) {
+    Tensor x = randn({3, R}, {.dtype = DType::Float32}, &g) * 8;
+    Tensor x64 = x.to(DType::Float64);
+    std::vector<double> want = softmax(x64, 1).toVector<double>();
+    std::vector<float> got = softmax(x, 1).toVector<float>();
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 5e-6 * want[i] + 1e-30) << R << " " << i;
+    std::vector<double> wantL = logSoftmax(x64, -1).toVector<double>();
+    std::vector<float> gotL = logSoftmax(x, -1).toVector<float>();
+    for (size_t i = 0; i < gotL.size(); ++i)
+      ASSERT_NEAR(gotL[i], wantL[i], 1e-6 * std::abs(wantL[i]) + 2e-6) << R << " " << i;
+  }
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> v(3 * 40, 0.0f);
+  v[3] = -inf;                                           // row 0: one -inf -> 0 there
+  for (int k = 40; k < 80; ++k) v[k] = -inf;             // row 1: all -inf -> NaN
+  v[80 + 39] = nan;                                      // row 2: NaN -> NaN row
+  Tensor t = fromVector(v, {3, 40});
+  std::vector<float> s = softmax(t, 1).toVector<float>();
+  EXPECT_EQ(s[3], 0.0f);
+  EXPECT_NEAR(s[0], 1.0 / 39, 1e-7);
+  for (int k = 40; k < 120; ++k) EXPECT_TRUE(std::isnan(s[k])) << k;
+  std::vector<float> ls = logSoftmax(t, 1).toVector<float>();
+  EXPECT_EQ(ls[3], -inf);
+  EXPECT_NEAR(ls[0], -std::log(39.0), 1e-6);
+  for (int k = 80; k < 120; ++k) EXPECT_TRUE(std::isnan(ls[k])) << k;
+}
+
 TEST(NnOpsGrad, Softmax) {
   Tensor a = randArg({3, 4, 5}, 1);
   for (int64_t d : {0, 1, 2}) {
