@@ -21,6 +21,7 @@
 
 #include <cohort/core/autograd/function.h>
 #include <cohort/core/ops/reduce_impl.h>
+#include <cohort/core/ops/vec_math.h>
 #include <cohort/core/tensor/iter.h>
 
 namespace cohort {
@@ -418,15 +419,104 @@ namespace {
 // Values (optional) and int64 indices of the first extreme element along the reduced dim; a NaN
 // counts as the extreme (the first NaN wins), as in PyTorch.
 template <typename T, bool IsMax>
+bool betterThan(Acc<T> v, Acc<T> best) {
+  bool b = IsMax ? v > best : v < best;
+  if constexpr (kIsFloat<T>) b = b || (v != v && best == best);
+  return b;
+}
+
+template <typename T>
+bool sameValue(Acc<T> a, Acc<T> b) {
+  if constexpr (kIsFloat<T>) return (a == b) | ((a != a) & (b != b));
+  else return a == b;
+}
+
+// Value and index of the first extreme element of x[0, n), n >= 1, in one pass: 32 lanes each keep
+// their extreme and its position (a strict comparison keeps a lane's first occurrence; the
+// compare-and-blend on a float and an int32 vectorizes), then lanes merge by value, ties going to
+// the lower position. NaN counts as the extreme, the first NaN wins.
+template <typename T, bool IsMax>
+void argBlock(const Acc<T>* x, int64_t n, Acc<T>& bestV, int64_t& bestI) {
+  using C = Acc<T>;
+  constexpr int64_t L = 32;
+  C bv = x[0];
+  int64_t bi = 0;
+  int64_t i = 1;
+  if (n >= 2 * L) {
+    C m[L];
+    int32_t id[L];
+    for (int64_t j = 0; j < L; ++j) {
+      m[j] = x[j];
+      id[j] = static_cast<int32_t>(j);
+    }
+    for (i = L; i + L <= n; i += L)
+      for (int64_t j = 0; j < L; ++j) {
+        const C v = x[i + j];
+        bool take = IsMax ? v > m[j] : v < m[j];
+        if constexpr (kIsFloat<T>) take = take | ((v != v) & (m[j] == m[j]));
+        m[j] = take ? v : m[j];
+        id[j] = take ? static_cast<int32_t>(i + j) : id[j];
+      }
+    bv = m[0];
+    bi = id[0];
+    for (int64_t j = 1; j < L; ++j)
+      if (betterThan<T, IsMax>(m[j], bv) || (sameValue<T>(m[j], bv) && id[j] < bi)) {
+        bv = m[j];
+        bi = id[j];
+      }
+  }
+  for (; i < n; ++i)  // positions after every lane's: only a strictly better value replaces
+    if (betterThan<T, IsMax>(x[i], bv)) {
+      bv = x[i];
+      bi = i;
+    }
+  bestV = bv;
+  bestI = bi;
+}
+
+// Rows along the last dim (inner == 1, contiguous): argBlock over blocks of kRowBlock elements
+// (half types converted to float per block), a later block replacing the best only when strictly
+// better. Same results as the general loop below: the first extreme element, the first NaN if
+// there is one.
+template <typename T, bool IsMax>
+void argRows(const T* x, int64_t O, int64_t R, T* vals, int64_t* idx) {
+  using C = Acc<T>;
+  C buf[detail::kIsHalf<T> ? detail::kRowBlock : 1];
+  for (int64_t o = 0; o < O; ++o) {
+    const T* row = x + o * R;
+    C best{};
+    int64_t bestI = 0;
+    for (int64_t start = 0; start < R; start += detail::kRowBlock) {
+      const int64_t len = std::min(detail::kRowBlock, R - start);
+      const C* blk;
+      if constexpr (detail::kIsHalf<T>) {
+        detail::toCompute(row + start, buf, len);
+        blk = buf;
+      } else {
+        blk = row + start;
+      }
+      C m;
+      int64_t k;
+      argBlock<T, IsMax>(blk, len, m, k);
+      if (start == 0 || betterThan<T, IsMax>(m, best)) {
+        best = m;
+        bestI = start + k;
+      }
+    }
+    if (vals) vals[o] = static_cast<T>(best);
+    idx[o] = bestI;
+  }
+}
+
+template <typename T, bool IsMax>
 void argKernel(const detail::ReducePlan& p, T* vals, int64_t* idx) {
   using C = Acc<T>;
   const T* x = static_cast<const T*>(p.src.dataPtr());
   const int64_t R = p.reduced, I = p.inner, O = p.outer;
-  auto better = [](C v, C best) {
-    bool b = IsMax ? v > best : v < best;
-    if constexpr (kIsFloat<T>) b = b || (v != v && best == best);
-    return b;
-  };
+  if constexpr (!std::is_same_v<T, bool>) {
+    if (I == 1 && R >= 2 * detail::kLanes) return argRows<T, IsMax>(x, O, R, vals, idx);
+  }
+  auto better = [](C v, C best) { return betterThan<T, IsMax>(v, best); };
   std::vector<C> bestV(static_cast<size_t>(I));
   std::vector<int64_t> bestI(static_cast<size_t>(I));
   for (int64_t o = 0; o < O; ++o) {
@@ -541,6 +631,85 @@ void varKernel(const detail::ReducePlan& p, T* out, double divisor, bool takeSqr
   }
 }
 
+// Rows along the last dim (inner == 1) of float32 / float16 / bfloat16: one pass over memory.
+// Each block of kRowBlock elements (in L1 after the first touch) is reduced twice: its sum in
+// float lanes gives an approximate block mean mf, then d = x - mf is summed (sd) and squared-summed
+// (sd2) in float lanes over 256-element chunks that fold into double lanes. The block's exact
+// statistics follow as mean = mf + sd/n, M2 = sd2 - sd^2/n (the corrected two-pass formula, so
+// the error of mf cancels), and blocks merge in double with Chan's parallel update
+// (M2 += M2_b + delta^2 n_a n_b / (n_a + n_b)). A block whose float sums overflow is redone in
+// double. Relative error about 1e-9 on 1e4 + N(0, 1) data (tests/core/reduce_test.cc).
+template <typename T>
+void varRows(const T* x, int64_t O, int64_t R, T* out, double divisor, bool takeSqrt) {
+  constexpr int64_t L = 32;
+  constexpr int64_t kChunk = 8 * L;
+  float buf[detail::kIsHalf<T> ? detail::kRowBlock : 1];
+  const detail::SumOp<float, float, detail::Identity> sumOp{};
+  for (int64_t o = 0; o < O; ++o) {
+    const T* row = x + o * R;
+    double count = 0, mean = 0, m2 = 0;
+    for (int64_t start = 0; start < R; start += detail::kRowBlock) {
+      const int64_t len = std::min(detail::kRowBlock, R - start);
+      const float* b;
+      if constexpr (detail::kIsHalf<T>) {
+        detail::toCompute(row + start, buf, len);
+        b = buf;
+      } else {
+        b = row + start;
+      }
+      const float mf = static_cast<float>(static_cast<double>(detail::laneBlock(b, len, sumOp)) / len);
+      double sdD[L] = {}, sd2D[L] = {};
+      int64_t i = 0;
+      // The next block streams in from memory while this one is in the float loop below.
+      const uintptr_t next = reinterpret_cast<uintptr_t>(row + start + len);
+      for (; i + kChunk <= len; i += kChunk) {
+        for (int64_t q = 0; q < kChunk * static_cast<int64_t>(sizeof(T)); q += 64)
+          __builtin_prefetch(reinterpret_cast<const void*>(next + i * sizeof(T) + q));
+        float sd[L] = {}, sd2[L] = {};
+        for (int64_t c = 0; c < kChunk; c += L)
+          for (int64_t j = 0; j < L; ++j) {
+            const float d = b[i + c + j] - mf;
+            sd[j] += d;
+            sd2[j] = vecmath::fmaF(d, d, sd2[j]);
+          }
+        for (int64_t j = 0; j < L; ++j) {
+          sdD[j] += sd[j];
+          sd2D[j] += sd2[j];
+        }
+      }
+      double d1 = 0, d2 = 0;
+      for (int64_t j = 0; j < L; ++j) {
+        d1 += sdD[j];
+        d2 += sd2D[j];
+      }
+      for (; i < len; ++i) {
+        const double d = static_cast<double>(b[i]) - mf;
+        d1 += d;
+        d2 += d * d;
+      }
+      const double nb = static_cast<double>(len);
+      double mb, m2b;
+      if (std::isfinite(mf) && std::isfinite(d2)) {
+        mb = static_cast<double>(mf) + d1 / nb;
+        m2b = d2 - d1 * d1 / nb;
+      } else {  // float overflow, or inf/NaN in the data (which then gives NaN): redo in double
+        double sum = 0;
+        for (int64_t k = 0; k < len; ++k) sum += static_cast<double>(b[k]);
+        mb = sum / nb;
+        m2b = 0;
+        for (int64_t k = 0; k < len; ++k) m2b += (static_cast<double>(b[k]) - mb) * (static_cast<double>(b[k]) - mb);
+      }
+      const double total = count + nb;
+      const double delta = mb - mean;
+      mean += delta * nb / total;
+      m2 += m2b + delta * delta * (count * nb / total);
+      count = total;
+    }
+    const double v = m2 / divisor;
+    out[o] = static_cast<T>(takeSqrt ? std::sqrt(v) : v);
+  }
+}
+
 Tensor varStd(const Tensor& a, const Shape& dims, int64_t correction, bool keepdim, bool takeSqrt, const char* op) {
   detail::requireFloat(a, op);
   detail::ReducePlan p = detail::planReduce(a, dims, keepdim, op);
@@ -551,7 +720,13 @@ Tensor varStd(const Tensor& a, const Shape& dims, int64_t correction, bool keepd
   const double divisor = static_cast<double>(std::max<int64_t>(0, p.reduced - correction));
   Tensor out = empty(p.outShape, {.dtype = a.dtype()});
   COHORT_DISPATCH_FLOAT(a.dtype(), op, [&]<typename T>() {
-    if (p.outer * p.inner > 0) varKernel<T>(p, out.data<T>(), divisor, takeSqrt);
+    if (p.outer * p.inner == 0) return;
+    if constexpr (std::is_same_v<T, float> || detail::kIsHalf<T>) {
+      if (p.inner == 1 && p.reduced >= 2 * detail::kLanes)
+        return varRows<T>(static_cast<const T*>(p.src.dataPtr()), p.outer, p.reduced, out.data<T>(), divisor,
+                          takeSqrt);
+    }
+    varKernel<T>(p, out.data<T>(), divisor, takeSqrt);
   });
   Shape kept = p.keptShape, rdims = dims;
   autograd::record(op, {a}, {out}, {a, out}, [kept, rdims, divisor, takeSqrt](Ctx& ctx, const GradList& g) -> GradList {

@@ -185,6 +185,102 @@ TEST(Reduce, KernelPathsMatchReference) {
   EXPECT_EQ(sum(col, {0}).toVector<float>(), (std::vector<float>{(1 << 22) + 3, (1 << 22) + 3}));
 }
 
+// var/std rows along the last dim (the blocked float32 kernel): against a float64 reference on
+// data with a large mean, where a naive one-pass sum of squares in float would lose every digit.
+TEST(Reduce, VarStdRowKernelLargeMean) {
+  Generator g(21);
+  for (Shape shape : {Shape{(1 << 20) + 77}, Shape{3, 9000}, Shape{5, 300}, Shape{2, 4096}}) {
+    Tensor x32 = randn(shape, {.dtype = DType::Float32}, &g) + 1e4;
+    Tensor x64 = x32.to(DType::Float64);  // the same float32 values, reduced in double
+    const int64_t last = x32.dim() - 1;
+    for (int64_t correction : {0, 1}) {
+      std::vector<double> want = var(x64, {last}, correction).toVector<double>();
+      std::vector<float> got = var(x32, {last}, correction).toVector<float>();
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 2e-6 * want[i]) << i;
+      std::vector<double> wantS = cohort::std(x64, {last}, correction).toVector<double>();
+      std::vector<float> gotS = cohort::std(x32, {last}, correction).toVector<float>();
+      for (size_t i = 0; i < gotS.size(); ++i) EXPECT_NEAR(gotS[i], wantS[i], 2e-6 * wantS[i]) << i;
+    }
+    EXPECT_NEAR(var(x32).item<double>(), var(x64).item<double>(), 2e-6 * var(x64).item<double>());
+  }
+  // Blocks with very different means (Chan's merge): half the row at 0, half at 1e4.
+  std::vector<float> v(20000);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = (i < v.size() / 2 ? 0.0f : 1e4f) + static_cast<float>(i % 7);
+  Tensor steps = fromVector(v, {static_cast<int64_t>(v.size())});
+  EXPECT_NEAR(var(steps).item<double>(), var(steps.to(DType::Float64)).item<double>(), 1e-6 * 2.5e7);
+  // Overflowing float sums fall back to double; inf and NaN give NaN, as torch.
+  Tensor huge = full({5000}, 3e37, {.dtype = DType::Float32});
+  huge.narrow(0, 0, 2500).fill_(-3e37);
+  EXPECT_TRUE(std::isinf(var(huge).item<float>()));  // 9e74 does not fit a float
+  EXPECT_NEAR(cohort::std(huge).item<double>() / 3e37, std::sqrt(5000.0 / 4999.0), 1e-6);
+  Tensor withInf = zeros({1000}, {.dtype = DType::Float32});
+  withInf.narrow(0, 600, 1).fill_(std::numeric_limits<double>::infinity());
+  EXPECT_TRUE(std::isnan(var(withInf).item<float>()));
+  Tensor withNaN = zeros({1000}, {.dtype = DType::Float32});
+  withNaN.narrow(0, 999, 1).fill_(std::numeric_limits<double>::quiet_NaN());
+  EXPECT_TRUE(std::isnan(var(withNaN).item<float>()));
+  // Half types through the same kernel.
+  for (DType dt : {DType::Float16, DType::BFloat16}) {
+    Tensor xh = (randn({4, 5000}, {.dtype = DType::Float32}, &g) * 3 + 100).to(dt);
+    expectNear(var(xh, {1}), var(xh.to(DType::Float64), {1}).toVector<double>(), 0.02);
+  }
+}
+
+// max/min/argmax along the last dim (the blocked contiguous kernel): the first extreme index,
+// the first NaN, ties across blocks, against the general strided loop (the same data transposed).
+TEST(Reduce, MaxMinLastDimKernel) {
+  Generator g(5);
+  for (Shape shape : {Shape{6, 10000}, Shape{4096, 130}, Shape{3, 4096}, Shape{2, 129}}) {
+    Tensor x = randint(0, 50, shape, {.dtype = DType::Float32}, &g);  // many ties
+    Tensor xt = x.t().contiguous().t();                                  // same values, strided rows
+    auto [mv, mi] = max(x, 1);
+    auto [mvt, mit] = max(xt, 1);
+    EXPECT_EQ(mi.toVector<int64_t>(), mit.toVector<int64_t>());
+    EXPECT_EQ(mv.toVector<float>(), mvt.toVector<float>());
+    auto [nv, ni] = min(x, 1);
+    auto [nvt, nit] = min(xt, 1);
+    EXPECT_EQ(ni.toVector<int64_t>(), nit.toVector<int64_t>());
+    EXPECT_EQ(nv.toVector<float>(), nvt.toVector<float>());
+    EXPECT_EQ(argmax(x, 1).toVector<int64_t>(), mit.toVector<int64_t>());
+    EXPECT_EQ(argmin(x, 1).toVector<int64_t>(), nit.toVector<int64_t>());
+    // First occurrence: every index returned holds the extreme and no earlier element does.
+    std::vector<float> xv = x.toVector<float>();
+    std::vector<int64_t> idx = mi.toVector<int64_t>();
+    const int64_t R = shape[1];
+    for (int64_t o = 0; o < shape[0]; ++o)
+      for (int64_t r = 0; r < idx[o]; ++r) ASSERT_LT(xv[o * R + r], xv[o * R + idx[o]]);
+  }
+  // The maximum sits in a later block and equals an element of an earlier block: the first wins.
+  std::vector<float> v(12000, 0.0f);
+  v[100] = 5.0f;
+  v[9000] = 5.0f;
+  v[11999] = -1.0f;
+  Tensor t = fromVector(v, {1, 12000});
+  EXPECT_EQ(max(t, 1).second.item<int64_t>(), 100);
+  EXPECT_EQ(argmin(t, 1).item<int64_t>(), 11999);
+  EXPECT_EQ(argmax(fromVector(v, {12000})).item<int64_t>(), 100);
+  // NaN counts as the extreme: the first NaN, for max and for min, even after a larger value.
+  v[7000] = std::numeric_limits<float>::quiet_NaN();
+  v[8000] = std::numeric_limits<float>::quiet_NaN();
+  t = fromVector(v, {1, 12000});
+  EXPECT_EQ(max(t, 1).second.item<int64_t>(), 7000);
+  EXPECT_TRUE(std::isnan(max(t, 1).first.item<float>()));
+  EXPECT_EQ(min(t, 1).second.item<int64_t>(), 7000);
+  // -inf everywhere but one element; +inf as the max.
+  std::vector<float> w(300, -std::numeric_limits<float>::infinity());
+  w[299] = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(argmax(fromVector(w, {1, 300}), 1).item<int64_t>(), 299);
+  EXPECT_EQ(argmin(fromVector(w, {1, 300}), 1).item<int64_t>(), 0);
+  // Other dtypes through the same kernel.
+  for (DType dt : {DType::Float64, DType::Float16, DType::BFloat16, DType::Int64, DType::Int32, DType::UInt8}) {
+    Tensor x = randint(0, 100, {5, 5000}, {.dtype = DType::Float32}, &g);
+    Tensor xd = x.to(dt);
+    EXPECT_EQ(max(xd, 1).second.toVector<int64_t>(), max(x, 1).second.toVector<int64_t>()) << dtypeName(dt);
+    EXPECT_EQ(argmin(xd, 1).toVector<int64_t>(), argmin(x, 1).toVector<int64_t>()) << dtypeName(dt);
+  }
+}
+
 // ---- empty and 0-dim ------------------------------------------------------------------------
 
 TEST(Reduce, EmptyAndScalar) {
