@@ -187,7 +187,14 @@ Tensor powScalarKernel(const Tensor& x, double e) {
     else if (e == -0.5) detail::mapKernel<T, T, 1>(out, {x}, [](A v) COHORT_KERNEL_FN { return A(1) / std::sqrt(v); });
     else if (e == -1) detail::mapKernel<T, T, 1>(out, {x}, [](A v) COHORT_KERNEL_FN { return A(1) / v; });
     else if (e == -2) detail::mapKernel<T, T, 1>(out, {x}, [](A v) COHORT_KERNEL_FN { return A(1) / (v * v); });
-    else detail::mapKernel<T, T, 1>(out, {x}, [e](A v) COHORT_KERNEL_FN { return vm::pow(v, e); });  // exponent kept in double
+    else if constexpr (std::is_same_v<A, float>) {
+      // The exponent's special-case flags and its float-pair split are computed once, not per
+      // element; the double exponent's low part is kept (x^1.7 is not x^1.7f).
+      const vm::PowExponent pe(e);
+      detail::mapKernel<T, T, 1>(out, {x}, [pe](A v) COHORT_KERNEL_FN { return vm::pow(v, pe); });
+    } else {
+      detail::mapKernel<T, T, 1>(out, {x}, [e](A v) COHORT_KERNEL_FN { return vm::pow(v, e); });
+    }
   });
   return out;
 }
