@@ -1,20 +1,26 @@
 /*
  * GEMM throughput on one thread: cohort::mm next to the best raw BLAS measured in the same run.
  *
- * For each size n (n x n times n x n) and dtype the program measures
+ For each shape and dtype the program measures
  *   - cohort::mm(a, b)         the user's path: Tensor in, fresh Tensor out, BLAS loaded by cohort
- *                              with no kernel variable set (core/blas/blas.cc picks the kernels);
+ *                              with no variable set (core/blas/blas.cc picks the library: oneDNN for
+ *                              float32 when libdnnl.so.2 loads, else OpenBLAS with its kernel family);
  *   - cohort::blas::sgemm      the same library called on a preallocated output;
+ *   - cohort::blas::sgemmOn(OpenBlas)  float32 only: cohort's fallback when oneDNN is absent;
  *   - raw candidates           every BLAS this machine offers, loaded into this process after
  *                              cohort's: OpenBLAS with its own CPU detection and with
  *                              OPENBLAS_CORETYPE forced to Prescott/Haswell/Zen/SkylakeX/CooperLake
  *                              (one copy of the library per kernel family), BLIS, oneDNN's
  *                              dnnl_sgemm, and Eigen when it was found at build time.
+ * Shapes: square n x n x n products (--sizes) and, with --mlp on, the products of one training
+ * step of an MLP 784 -> 1024 -> 1024 at batch 64, with the transposes nn.Linear gives them:
+ * forward x W^T (B transposed), backward dX = dY W (none) and dW = dY^T X (A transposed).
  * Every repetition calls all of them in turn, so a noisy neighbour slows them alike; figures are
  * medians. The summary compares cohort::mm with the best candidate (issue 2's bar: >= 90% at
  * float32 1024^3).
  *
- * Usage: gemm [--sizes 256,512,1024,2048] [--rounds 3] [--dtypes f32,f64] [--candidates all|none|a,b]
+ * Usage: gemm [--sizes 256,512,1024,2048] [--mlp on|off] [--rounds 3] [--dtypes f32,f64]
+ *             [--candidates all|none|a,b]
  */
 #include <dlfcn.h>
 #include <link.h>
@@ -70,10 +76,26 @@ std::vector<std::string> splitList(const std::string& s) {
   return out;
 }
 
-// Repetitions per round: a round of one size lasts ~0.1 s or more per candidate at full speed.
-int repsFor(int64_t n) { return n <= 256 ? 40 : n <= 512 ? 12 : n <= 1024 ? 4 : 2; }
+// One product C[m,n] = op(A)[m,k] op(B)[k,n], row-major, A stored [m,k] or (ta) [k,m], B [k,n] or (tb) [n,k].
+struct GemmShape {
+  int64_t m, n, k;
+  bool ta = false, tb = false;
+  std::string label;
+  int64_t lda() const { return ta ? m : k; }
+  int64_t ldb() const { return tb ? k : n; }
+  double flop() const { return 2.0 * m * n * k; }
+  std::string name() const {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "%lldx%lldx%lld %s%s", static_cast<long long>(m), static_cast<long long>(k),
+                  static_cast<long long>(n), ta ? "T" : "N", tb ? "T" : "N");
+    return buf;
+  }
+};
 
-double gflops(int64_t n, double sec) { return 2.0 * n * n * n / sec / 1e9; }
+// Repetitions per round: a round of one shape lasts ~0.08 s or more per candidate at full speed.
+int repsFor(const GemmShape& s) { return static_cast<int>(std::clamp(8e9 / s.flop(), 2.0, 60.0)); }
+
+double gflops(const GemmShape& s, double sec) { return s.flop() / sec / 1e9; }
 
 // ---- raw candidates ----------------------------------------------------------------------------
 // Row-major CBLAS and oneDNN entry points, declared here so the benchmark needs no vendor headers.
@@ -84,7 +106,7 @@ using CblasDgemm = void (*)(int, int, int, int, int, int, double, const double*,
                             double*, int);
 using DnnlSgemm = int (*)(char, char, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,
                           float, float*, int64_t);
-constexpr int kRowMajor = 101, kNoTrans = 111;
+constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
 
 struct Candidate {
   std::string key, desc;
@@ -173,22 +195,30 @@ Candidate loadCandidate(const std::string& key, const std::string& libPath, cons
   return c;
 }
 
-// One call of candidate `c` on row-major n x n buffers; false when it has no routine for T.
+// One call of candidate `c` on row-major buffers of shape `sh`; false when it has no routine for T.
 template <typename T>
-bool callCandidate(const Candidate& c, int64_t n, const T* a, const T* b, T* out) {
-  int in = static_cast<int>(n);
+bool callCandidate(const Candidate& c, const GemmShape& sh, const T* a, const T* b, T* out) {
+  int m = static_cast<int>(sh.m), n = static_cast<int>(sh.n), k = static_cast<int>(sh.k);
+  int lda = static_cast<int>(sh.lda()), ldb = static_cast<int>(sh.ldb());
+  int ta = sh.ta ? kTrans : kNoTrans, tb = sh.tb ? kTrans : kNoTrans;
   if constexpr (std::is_same_v<T, float>) {
-    if (c.s) return c.s(kRowMajor, kNoTrans, kNoTrans, in, in, in, 1.f, a, in, b, in, 0.f, out, in), true;
-    if (c.dnnl) return c.dnnl('N', 'N', n, n, n, 1.f, a, n, b, n, 0.f, out, n), true;
+    if (c.s) return c.s(kRowMajor, ta, tb, m, n, k, 1.f, a, lda, b, ldb, 0.f, out, n), true;
+    if (c.dnnl)
+      return c.dnnl(sh.ta ? 'T' : 'N', sh.tb ? 'T' : 'N', sh.m, sh.n, sh.k, 1.f, a, sh.lda(), b, sh.ldb(), 0.f, out,
+                    sh.n),
+             true;
   } else {
-    if (c.d) return c.d(kRowMajor, kNoTrans, kNoTrans, in, in, in, 1.0, a, in, b, in, 0.0, out, in), true;
+    if (c.d) return c.d(kRowMajor, ta, tb, m, n, k, 1.0, a, lda, b, ldb, 0.0, out, n), true;
   }
 #ifdef COHORT_BENCH_HAVE_EIGEN
   if (c.eigen) {
     using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-    Eigen::Map<const Mat> A(a, n, n), B(b, n, n);
-    Eigen::Map<Mat> C(out, n, n);
-    C.noalias() = A * B;
+    Eigen::Map<const Mat> A(a, sh.ta ? sh.k : sh.m, sh.ta ? sh.m : sh.k), B(b, sh.tb ? sh.n : sh.k, sh.tb ? sh.k : sh.n);
+    Eigen::Map<Mat> C(out, sh.m, sh.n);
+    if (sh.ta && sh.tb) C.noalias() = A.transpose() * B.transpose();
+    else if (sh.ta) C.noalias() = A.transpose() * B;
+    else if (sh.tb) C.noalias() = A * B.transpose();
+    else C.noalias() = A * B;
     return true;
   }
 #endif
@@ -205,6 +235,7 @@ int main(int argc, char** argv) {
                                    "openblas:SkylakeX", "openblas:CooperLake", "blis",             "onednn",
                                    "eigen"};
   int rounds = 3;
+  bool mlp = true;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -217,6 +248,8 @@ int main(int argc, char** argv) {
     if (a == "--sizes") {
       sizes.clear();
       for (auto& s : splitList(next())) sizes.push_back(std::atoll(s.c_str()));
+    } else if (a == "--mlp") {
+      mlp = next() != "off";
     } else if (a == "--dtypes") {
       dtypes = splitList(next());
     } else if (a == "--rounds") {
@@ -229,7 +262,7 @@ int main(int argc, char** argv) {
         keys = splitList(v);
     } else {
       std::fprintf(stderr,
-                   "usage: gemm [--sizes 256,512,1024,2048] [--dtypes f32,f64] [--rounds 3] "
+                   "usage: gemm [--sizes 256,512,1024,2048] [--mlp on|off] [--dtypes f32,f64] [--rounds 3] "
                    "[--candidates all|none|openblas,openblas:Haswell,blis,onednn,eigen,...]\n");
       return 2;
     }
@@ -244,11 +277,12 @@ int main(int argc, char** argv) {
 
   autograd::NoGradGuard noGrad;
   blas::setNumThreads(1);  // loads cohort's BLAS first, exactly as a user gets it
-  std::printf("cohort BLAS: %s, kernels %s (cohort's choice for this CPU: %s; OPENBLAS_CORETYPE from the user: "
-              "%s), %d thread\n",
-              blas::libraryName().c_str(), blas::coreName().c_str(),
+  std::printf("cohort BLAS: %s\n  OpenBLAS kernels %s (cohort's choice for this CPU: %s; OPENBLAS_CORETYPE from "
+              "the user: %s)\n",
+              blas::describe().c_str(), blas::coreName().c_str(),
               blas::chosenCoreType().empty() ? "none" : blas::chosenCoreType().c_str(),
-              userCoreStr.empty() ? "not set" : userCoreStr.c_str(), blas::numThreads());
+              userCoreStr.empty() ? "not set" : userCoreStr.c_str());
+  const bool fallbackRow = blas::sgemmBackend() != blas::Backend::OpenBlas;
 
   // The raw candidates, loaded after cohort's BLAS so that they cannot influence it.
   std::string libPath;
@@ -269,28 +303,46 @@ int main(int argc, char** argv) {
   }
   rmdir(tmpDir.c_str());
   if (!userCoreStr.empty()) setenv("OPENBLAS_CORETYPE", userCoreStr.c_str(), 1);
-  std::printf("GFLOP/s = 2 n^3 / time, one thread; every repetition calls cohort::mm, cohort::blas and each "
+  std::printf("GFLOP/s = 2 m n k / time, one thread; every repetition calls cohort::mm, cohort::blas and each "
               "raw candidate in turn (rotating the order), so load from other processes hits them alike; "
-              "figures are medians\n\n");
+              "figures are medians. Shapes are m x k x n with the transposes of A and B (N/T).\n\n");
+
+  std::vector<GemmShape> shapes;
+  for (int64_t n : sizes) shapes.push_back({n, n, n, false, false, "square"});
+  if (mlp) {
+    // One step of nn.Linear(784, 1024) -> nn.Linear(1024, 1024) at batch 64: y = x W^T,
+    // dX = dY W, dW = dY^T X.
+    shapes.push_back({64, 1024, 784, false, true, "MLP layer 1 forward  x W^T"});
+    shapes.push_back({64, 784, 1024, false, false, "MLP layer 1 backward dY W"});
+    shapes.push_back({1024, 784, 64, true, false, "MLP layer 1 backward dY^T X"});
+    shapes.push_back({64, 1024, 1024, false, true, "MLP layer 2 forward  x W^T"});
+    shapes.push_back({64, 1024, 1024, false, false, "MLP layer 2 backward dY W"});
+    shapes.push_back({1024, 1024, 64, true, false, "MLP layer 2 backward dY^T X"});
+  }
 
   struct Summary {
-    int64_t n;
+    GemmShape shape;
     std::string dtype;
     double cohortMm, cohortBlas, best;
     std::string bestName;
-    double cohortMmCpu, bestCpu;
+    double cohortMmCpu, fallbackCpu, bestCpu;
     std::string bestNameCpu;
   };
   std::vector<Summary> summary;
   for (const auto& dt : dtypes) {
     DType dtype = dt == "f32" ? DType::Float32 : DType::Float64;
-    for (int64_t n : sizes) {
-      int reps = repsFor(n) * rounds;
-      Tensor a = rand({n, n}, {.dtype = dtype}) - 0.5;
-      Tensor b = rand({n, n}, {.dtype = dtype}) - 0.5;
-      Tensor c = zeros({n, n}, {.dtype = dtype});
-      // Slot 0: cohort::mm, slot 1: cohort::blas on preallocated output, then the candidates.
-      size_t slots = 2 + cands.size();
+    for (const GemmShape& sh : shapes) {
+      int reps = repsFor(sh) * rounds;
+      // Stored operands; cohort::mm sees the transposed ones as transposed views (as nn.Linear does).
+      Tensor as = rand({sh.ta ? sh.k : sh.m, sh.ta ? sh.m : sh.k}, {.dtype = dtype}) - 0.5;
+      Tensor bs = rand({sh.tb ? sh.n : sh.k, sh.tb ? sh.k : sh.n}, {.dtype = dtype}) - 0.5;
+      Tensor a = sh.ta ? as.transpose(0, 1) : as, b = sh.tb ? bs.transpose(0, 1) : bs;
+      Tensor c = zeros({sh.m, sh.n}, {.dtype = dtype});
+      blas::Trans ta = sh.ta ? blas::Trans::Yes : blas::Trans::No, tb = sh.tb ? blas::Trans::Yes : blas::Trans::No;
+      // Slot 0: cohort::mm, 1: cohort::blas on a preallocated output, 2: cohort's OpenBLAS fallback
+      // (float32 with oneDNN chosen only), then the candidates.
+      const size_t first = 3;
+      size_t slots = first + cands.size();
       std::vector<std::vector<double>> t(slots), tc(slots);
       std::vector<bool> has(slots, true);
       auto runSlot = [&](size_t s) {
@@ -298,19 +350,22 @@ int main(int argc, char** argv) {
           Tensor out = mm(a, b);
           return true;
         }
-        if (s == 1) {
-          if (dtype == DType::Float32)
-            blas::sgemm(blas::Trans::No, blas::Trans::No, n, n, n, 1.f, a.data<float>(), n, b.data<float>(), n, 0.f,
-                        c.data<float>(), n);
-          else
-            blas::dgemm(blas::Trans::No, blas::Trans::No, n, n, n, 1.0, a.data<double>(), n, b.data<double>(), n,
-                        0.0, c.data<double>(), n);
+        if (s == 1 || s == 2) {
+          if (dtype == DType::Float32) {
+            if (s == 2 && !fallbackRow) return false;
+            blas::sgemmOn(s == 2 ? blas::Backend::OpenBlas : blas::sgemmBackend(), ta, tb, sh.m, sh.n, sh.k, 1.f,
+                          as.data<float>(), sh.lda(), bs.data<float>(), sh.ldb(), 0.f, c.data<float>(), sh.n);
+          } else {
+            if (s == 2) return false;
+            blas::dgemm(ta, tb, sh.m, sh.n, sh.k, 1.0, as.data<double>(), sh.lda(), bs.data<double>(), sh.ldb(), 0.0,
+                        c.data<double>(), sh.n);
+          }
           return true;
         }
-        const Candidate& cd = cands[s - 2];
+        const Candidate& cd = cands[s - first];
         return dtype == DType::Float32
-                   ? callCandidate<float>(cd, n, a.data<float>(), b.data<float>(), c.data<float>())
-                   : callCandidate<double>(cd, n, a.data<double>(), b.data<double>(), c.data<double>());
+                   ? callCandidate<float>(cd, sh, as.data<float>(), bs.data<float>(), c.data<float>())
+                   : callCandidate<double>(cd, sh, as.data<double>(), bs.data<double>(), c.data<double>());
       };
       for (size_t s = 0; s < slots; ++s) has[s] = runSlot(s);  // warm-up and availability
       for (int r = 0; r < reps; ++r)
@@ -323,19 +378,23 @@ int main(int argc, char** argv) {
           t[s].push_back(seconds(t0));
           tc[s].push_back(cpuNow() - c0);
         }
-      std::printf("%s n=%lld (%d repetitions)                              GFLOP/s: wall-clock   CPU-time\n", dt.c_str(),
-                  static_cast<long long>(n), reps);
+      std::printf("%s %s  %s (%d repetitions)          GFLOP/s: wall-clock   CPU-time\n", dt.c_str(),
+                  sh.name().c_str(), sh.label.c_str(), reps);
       auto row = [&](const std::string& name, size_t s) {
-        double g = gflops(n, median(t[s])), gc = gflops(n, median(tc[s]));
+        double g = gflops(sh, median(t[s])), gc = gflops(sh, median(tc[s]));
         std::printf("  %-58s %8.1f %10.1f\n", name.c_str(), g, gc);
         return std::make_pair(g, gc);
       };
       auto [mmG, mmC] = row("cohort::mm (allocates its output)", 0);
-      auto [blasG, blasC] = row("cohort::blas::sgemm/dgemm (preallocated output)", 1);
+      auto [blasG, blasC] = row(std::string("cohort::blas::") + (dtype == DType::Float32 ? "sgemm" : "dgemm") +
+                                    " (preallocated output)",
+                                1);
+      double fallbackC = 0;
+      if (has[2]) fallbackC = row("cohort::blas::sgemmOn(OpenBlas) (the fallback)", 2).second;
       double best = 0, bestC = 0;
       std::string bestName = "none", bestNameC = "none";
-      for (size_t s = 2; s < slots; ++s) {
-        const Candidate& cd = cands[s - 2];
+      for (size_t s = first; s < slots; ++s) {
+        const Candidate& cd = cands[s - first];
         if (!has[s]) {
           std::printf("  raw %-54s no %s GEMM\n", cd.desc.c_str(), dt.c_str());
           continue;
@@ -344,25 +403,28 @@ int main(int argc, char** argv) {
         if (g > best) best = g, bestName = cd.desc;
         if (gc > bestC) bestC = gc, bestNameC = cd.desc;
       }
-      summary.push_back({n, dt, mmG, blasG, best, bestName, mmC, bestC, bestNameC});
+      summary.push_back({sh, dt, mmG, blasG, best, bestName, mmC, fallbackC, bestC, bestNameC});
       std::fflush(stdout);
     }
   }
   // The bar is judged on CPU time: on a dedicated machine one thread's wall and CPU time agree, and
   // on a shared one CPU time is the figure the neighbours disturb least.
-  std::printf("\nsummary, CPU-time GFLOP/s  cohort::mm   best raw BLAS in this run                        ratio   "
-              "(wall-clock ratio)\n");
+  std::printf("\nsummary, CPU-time GFLOP/s        cohort::mm  (fallback)   best raw BLAS in this run"
+              "                        ratio   (wall-clock ratio)\n");
   for (const auto& s : summary) {
+    char fb[32] = "";
+    if (s.fallbackCpu > 0) std::snprintf(fb, sizeof fb, "(%.1f)", s.fallbackCpu);
     if (s.bestCpu <= 0) {
-      std::printf("%-4s %5lld^3 %21.1f  (no raw candidate measured)\n", s.dtype.c_str(), static_cast<long long>(s.n),
-                  s.cohortMmCpu);
+      std::printf("%-4s %-22s %10.1f %11s  (no raw candidate measured)\n", s.dtype.c_str(), s.shape.name().c_str(),
+                  s.cohortMmCpu, fb);
       continue;
     }
     double ratio = s.cohortMmCpu / s.bestCpu;
     const char* bar = "";
-    if (s.dtype == "f32" && s.n == 1024) bar = ratio >= 0.9 ? "PASS (bar 90%)" : "MISS (bar 90%)";
-    std::printf("%-4s %5lld^3 %21.1f %8.1f  %-38s %5.0f%%   (%3.0f%%)  %s\n", s.dtype.c_str(),
-                static_cast<long long>(s.n), s.cohortMmCpu, s.bestCpu, s.bestNameCpu.c_str(), 100 * ratio,
+    if (s.dtype == "f32" && s.shape.label == "square" && s.shape.n == 1024)
+      bar = ratio >= 0.9 ? "PASS (bar 90%)" : "MISS (bar 90%)";
+    std::printf("%-4s %-22s %10.1f %11s %8.1f  %-38s %5.0f%%   (%3.0f%%)  %s\n", s.dtype.c_str(),
+                s.shape.name().c_str(), s.cohortMmCpu, fb, s.bestCpu, s.bestNameCpu.c_str(), 100 * ratio,
                 100 * s.cohortMm / s.best, bar);
   }
   return 0;
