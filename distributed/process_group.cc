@@ -1,7 +1,9 @@
 #include <cohort/distributed/process_group.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
+#include <charconv>
 #include <condition_variable>
 #include <mutex>
 #include <optional>
@@ -36,15 +38,30 @@ DebugLevel debugLevelFromEnv() {
 }
 
 // ---- progress publishing -------------------------------------------------------------------
-// The op's thread only bumps counters; a background thread writes them to the store, so a slow
-// store (TCP) never sits on a collective's path. diagnose() publishes synchronously first.
+// The op's thread only stores to atomics (no lock, no wake-up: on a rank bound to one core, waking
+// a thread per op costs a context switch). A background thread publishes the counters to the store
+// when they changed, at most every kMinPublishInterval while ops run and backing off to
+// kMaxPublishInterval when idle, so a stalled or dead rank's last published progress is at most
+// that old. diagnose() waits longer than that for the peers (its grace) and publishes this rank's
+// own counters synchronously first.
+namespace {
+constexpr Millis kMinPublishInterval{20};
+constexpr Millis kMaxPublishInterval{200};
+void atomicMax(std::atomic<uint64_t>& a, uint64_t v) {
+  uint64_t cur = a.load(std::memory_order_relaxed);
+  while (cur < v && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
+  }
+}
+}  // namespace
+
 struct ProcessGroup::Progress {
   StorePtr store;
   std::string key;
-  std::mutex mu;
+  std::atomic<uint64_t> started{0}, completed{0}, failed{0};
+  std::mutex mu;  // guards stop and the published value; the counters are atomics
   std::condition_variable cv;
-  uint64_t started = 0, completed = 0, failed = 0;
-  bool dirty = false, stop = false;
+  bool stop = false;
+  std::string published;
   std::mutex publishMu;  // one store write at a time, in order
   std::thread thread;
 
@@ -59,37 +76,38 @@ struct ProcessGroup::Progress {
     cv.notify_all();
     thread.join();
   }
-  template <typename F>
-  void update(F&& f) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      f(*this);
-      dirty = true;
-    }
-    cv.notify_one();
+  std::string value() const {
+    return fmt::format("{} {} {}", started.load(std::memory_order_relaxed), completed.load(std::memory_order_relaxed),
+                       failed.load(std::memory_order_relaxed));
   }
-  void publish() {
+  // Writes the counters to the store if they changed since the last write; true when it wrote.
+  bool publish() {
     std::lock_guard<std::mutex> plock(publishMu);
-    std::string value;
+    std::string v = value();
     {
       std::lock_guard<std::mutex> lock(mu);
-      value = fmt::format("{} {} {}", started, completed, failed);
-      dirty = false;
+      if (v == published) return false;
     }
     try {
-      store->set(key, value);
+      store->set(key, v);
     } catch (const std::exception& e) {
       COHORT_LOG(Warning, "could not publish collective progress to {}: {}", store->describe(), e.what());
+      return false;
     }
+    std::lock_guard<std::mutex> lock(mu);
+    published = std::move(v);
+    return true;
   }
   void loop() {
+    Millis interval = kMinPublishInterval;
     std::unique_lock<std::mutex> lock(mu);
-    while (true) {
-      cv.wait(lock, [&] { return dirty || stop; });
+    while (!stop) {
+      cv.wait_for(lock, interval, [&] { return stop; });
       if (stop) return;
       lock.unlock();
-      publish();
+      bool wrote = publish();
       lock.lock();
+      interval = wrote ? kMinPublishInterval : std::min(interval * 2, kMaxPublishInterval);
     }
   }
 };
@@ -107,15 +125,35 @@ RankProgress readProgress(Store& store, const std::string& key) {
   return p;
 }
 
-std::string shapesOf(const std::vector<Tensor>& ts) {
-  std::string out;
+// "[4, 8] float32; [2] int64": the flight recorder's shapes text, appended in place with
+// std::to_chars (the hot path: no formatting library, no allocation once `out` has capacity).
+void appendShape(std::string& out, const Tensor& t) {
+  if (!t.defined()) {
+    out += "undefined";
+    return;
+  }
+  out += '[';
+  char buf[24];
+  const auto& sizes = t.sizes();
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (i) out += ", ";
+    auto r = std::to_chars(buf, buf + sizeof(buf), sizes[i]);
+    out.append(buf, r.ptr);
+  }
+  out += "] ";
+  out += dtypeName(t.dtype());
+}
+void appendShapes(std::string& out, const std::vector<Tensor>& ts) {
   for (size_t i = 0; i < ts.size(); ++i) {
     if (i) out += "; ";
-    out += ts[i].defined() ? fmt::format("{} {}", shapeStr(ts[i].sizes()), dtypeName(ts[i].dtype())) : "undefined";
+    appendShape(out, ts[i]);
   }
-  return out;
 }
-std::string shapeOf(const Tensor& t) { return shapesOf({t}); }
+template <typename... Ts>
+void appendShapes(std::string& out, const Tensor& first, const Ts&... rest) {
+  appendShape(out, first);
+  ((out += "; ", appendShape(out, rest)), ...);
+}
 }  // namespace
 
 // ---- construction --------------------------------------------------------------------------
@@ -207,22 +245,67 @@ const BackendPtr& ProcessGroup::backendFor(OpType op, DeviceType device) const {
 
 // ---- work bookkeeping ----------------------------------------------------------------------
 
-WorkPtr ProcessGroup::startWork(OpType op, Millis timeout, std::string shapes, std::string detail,
-                                const std::function<CollectiveFingerprint()>& fingerprint, std::string p2pLabel) {
+// Told by each Work of this group when it completes; explains failures. One per group.
+class ProcessGroup::Observer : public Work::Observer {
+ public:
+  Observer(std::weak_ptr<ProcessGroup> pg, std::shared_ptr<Progress> progress, std::shared_ptr<FlightRecorder> recorder)
+      : pg_(std::move(pg)), progress_(std::move(progress)), recorder_(std::move(recorder)) {}
+
+  void onComplete(const Work& work, uint64_t entry, const std::exception_ptr& error) override {
+    const uint64_t seq = work.sequenceNumber();
+    if (!error) {
+      recorder_->complete(entry, FlightRecorder::State::Completed);
+      if (seq) atomicMax(progress_->completed, seq);
+      return;
+    }
+    std::string what;
+    bool distError = false;
+    try {
+      std::rethrow_exception(error);
+    } catch (const DistError& e) {
+      what = e.what();
+      distError = true;
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+      what = "unknown error";
+    }
+    recorder_->complete(entry, FlightRecorder::State::Failed, what);
+    if (seq) atomicMax(progress_->failed, seq);
+    if (distError) dumpFlightRecorders(what);  // a dead peer or a timeout: keep the evidence
+  }
+  std::string diagnose(const Work& work) const override {
+    auto pg = pg_.lock();
+    return pg ? pg->diagnose(work) : std::string();
+  }
+
+ private:
+  std::weak_ptr<ProcessGroup> pg_;
+  std::shared_ptr<Progress> progress_;
+  std::shared_ptr<FlightRecorder> recorder_;
+};
+
+WorkPtr ProcessGroup::startWork(OpType op, Millis timeout, RecordFn record, FingerprintFn fingerprint,
+                                std::string p2pLabel) {
   Millis t = timeout.count() < 0 ? opts_.timeout : timeout;
   if (t.count() == 0) throw ValueError(fmt::format("{} in group '{}': timeout must be positive", opTypeName(op), opts_.name));
   bool collective = p2pLabel.empty();
   uint64_t seq = collective ? ++seq_ : 0;
   auto work = std::make_shared<Work>(op, seq, opts_.name, t);
-  if (!collective) work->setLabel(p2pLabel);
-  uint64_t entry = recorder_->record(seq, opTypeName(op), std::move(shapes),
-                                     collective ? std::move(detail) : p2pLabel);
-  std::weak_ptr<ProcessGroup> self = weak_from_this();
-  work->setDiagnoser([self](const Work& w) -> std::string {
-    auto pg = self.lock();
-    return pg ? pg->diagnose(w) : std::string();
-  });
-  if (collective) progress_->update([seq](Progress& p) { p.started = seq; });
+  uint64_t entry;
+  if (collective) {
+    entry = recorder_->recordInPlace(seq, op, record);
+  } else {
+    entry = recorder_->recordInPlace(seq, op, [&](std::string& shapes, std::string& detail) {
+      std::string unused;
+      record(shapes, unused);
+      detail = p2pLabel;
+    });
+    work->setLabel(std::move(p2pLabel));
+  }
+  if (!observer_) observer_ = std::make_shared<Observer>(weak_from_this(), progress_, recorder_);
+  work->setObserver(observer_, entry);
+  if (collective) progress_->started.store(seq, std::memory_order_relaxed);
   if (collective && opts_.debug == DebugLevel::Detail && fingerprint) {
     try {
       checkCollectiveConsistency(*store_, opts_.name, rank_, size_, seq, fingerprint(), t);
@@ -231,44 +314,15 @@ WorkPtr ProcessGroup::startWork(OpType op, Millis timeout, std::string shapes, s
       throw;
     }
   }
-  auto progress = progress_;
-  auto recorder = recorder_;
-  work->future().addCallback([progress, recorder, entry, seq, collective](Future<std::vector<Tensor>> f) {
-    std::exception_ptr err = f.exception();
-    std::string what;
-    if (err) {
-      try {
-        std::rethrow_exception(err);
-      } catch (const std::exception& e) {
-        what = e.what();
-      } catch (...) {
-        what = "unknown error";
-      }
-    }
-    recorder->complete(entry, err == nullptr, what);
-    if (err) {
-      try {
-        std::rethrow_exception(err);
-      } catch (const DistError&) {
-        dumpFlightRecorders(what);  // a dead peer or a timeout: keep the evidence
-      } catch (...) {
-      }
-    }
-    if (!collective) return;
-    if (err) {
-      progress->update([seq](Progress& p) { p.failed = std::max(p.failed, seq); });
-    } else {
-      progress->update([seq](Progress& p) { p.completed = std::max(p.completed, seq); });
-    }
-  });
   return work;
 }
 
 template <typename F>
 WorkPtr ProcessGroup::launch(const WorkPtr& work, const BackendPtr& backend, F&& call) {
   // When wait() gives up, the backend stops its transport so no thread stays blocked.
-  work->setAbort([weak = std::weak_ptr<Backend>(backend), what = work->describe()] {
-    if (auto b = weak.lock()) b->abort(what + ": abandoned by wait() after its timeout");
+  // (The Work owns this function, so the raw pointer is valid whenever it runs.)
+  work->setAbort([weak = std::weak_ptr<Backend>(backend), w = work.get()] {
+    if (auto b = weak.lock()) b->abort(w->describe() + ": abandoned by wait() after its timeout");
   });
   try {
     call();
@@ -289,7 +343,7 @@ std::string ProcessGroup::diagnose(const Work& work) const {
   const uint64_t seq = work.sequenceNumber();
   // Only failing ops are diagnosed: say so first, so the other ranks' diagnoses can tell this
   // rank (alive, failed) from the one that died or stalled.
-  progress_->update([seq](Progress& p) { p.failed = std::max(p.failed, seq); });
+  atomicMax(progress_->failed, seq);
   progress_->publish();
   // Peers publish asynchronously: give them a moment so only ranks that really went silent (or
   // never came) are named. Stops early once every other rank is accounted for.
@@ -413,8 +467,9 @@ std::function<CollectiveFingerprint()> fpDtypeOnly(OpType op, const Tensor& t) {
   };
 }
 
-std::string reduceDetail(ReduceOp op) { return fmt::format("op={}", reduceOpName(op)); }
-std::string rootDetail(int root) { return fmt::format("root={}", root); }
+// Short enough for std::string's inline buffer: no allocation on the hot path.
+std::string reduceDetail(ReduceOp op) { return std::string("op=") + reduceOpName(op); }
+std::string rootDetail(int root) { return "root=" + std::to_string(root); }
 }  // namespace
 
 // ---- collectives ---------------------------------------------------------------------------
@@ -424,8 +479,7 @@ WorkPtr ProcessGroup::allreduce(Tensor& tensor, const AllreduceOptions& opts) {
   c.tensor(tensor, "tensor");
   c.reduction(opts.op, tensor);
   const BackendPtr& b = backendFor(OpType::Allreduce, tensor.device().type());
-  auto work = startWork(OpType::Allreduce, opts.timeout, shapeOf(tensor), reduceDetail(opts.op),
-                        fp(OpType::Allreduce, {tensor}, opts.op));
+  auto work = startWork(OpType::Allreduce, opts.timeout, [&](std::string& s, std::string& d) { appendShapes(s, tensor); d = reduceDetail(opts.op); }, [&] { return fp(OpType::Allreduce, {tensor}, opts.op)(); });
   return launch(work, b, [&] { b->allreduce(tensor, opts, work); });
 }
 
@@ -438,8 +492,7 @@ WorkPtr ProcessGroup::allreduceCoalesced(std::vector<Tensor>& tensors, const All
   }
   c.reduction(opts.op, tensors[0]);
   const BackendPtr& b = backendFor(OpType::AllreduceCoalesced, tensors[0].device().type());
-  auto work = startWork(OpType::AllreduceCoalesced, opts.timeout, shapesOf(tensors), reduceDetail(opts.op),
-                        fp(OpType::AllreduceCoalesced, tensors, opts.op));
+  auto work = startWork(OpType::AllreduceCoalesced, opts.timeout, [&](std::string& s, std::string& d) { appendShapes(s, tensors); d = reduceDetail(opts.op); }, [&] { return fp(OpType::AllreduceCoalesced, tensors, opts.op)(); });
   return launch(work, b, [&] { b->allreduceCoalesced(tensors, opts, work); });
 }
 
@@ -448,8 +501,7 @@ WorkPtr ProcessGroup::broadcast(Tensor& tensor, const BroadcastOptions& opts) {
   c.tensor(tensor, "tensor");
   c.rank(opts.root, size_, "root");
   const BackendPtr& b = backendFor(OpType::Broadcast, tensor.device().type());
-  auto work = startWork(OpType::Broadcast, opts.timeout, shapeOf(tensor), rootDetail(opts.root),
-                        fp(OpType::Broadcast, {tensor}, std::nullopt, opts.root));
+  auto work = startWork(OpType::Broadcast, opts.timeout, [&](std::string& s, std::string& d) { appendShapes(s, tensor); d = rootDetail(opts.root); }, [&] { return fp(OpType::Broadcast, {tensor}, std::nullopt, opts.root)(); });
   return launch(work, b, [&] { b->broadcast(tensor, opts, work); });
 }
 
@@ -459,8 +511,7 @@ WorkPtr ProcessGroup::reduce(Tensor& tensor, const ReduceOptions& opts) {
   c.rank(opts.root, size_, "root");
   c.reduction(opts.op, tensor);
   const BackendPtr& b = backendFor(OpType::Reduce, tensor.device().type());
-  auto work = startWork(OpType::Reduce, opts.timeout, shapeOf(tensor), reduceDetail(opts.op) + " " + rootDetail(opts.root),
-                        fp(OpType::Reduce, {tensor}, opts.op, opts.root));
+  auto work = startWork(OpType::Reduce, opts.timeout, [&](std::string& s, std::string& d) { appendShapes(s, tensor); d = reduceDetail(opts.op) + " " + rootDetail(opts.root); }, [&] { return fp(OpType::Reduce, {tensor}, opts.op, opts.root)(); });
   return launch(work, b, [&] { b->reduce(tensor, opts, work); });
 }
 
@@ -470,7 +521,7 @@ WorkPtr ProcessGroup::allgather(std::vector<Tensor>& outputs, const Tensor& inpu
   c.count(outputs.size(), size_, "output tensors");
   for (size_t i = 0; i < outputs.size(); ++i) c.like(outputs[i], input, fmt::format("output {}", i), "the input");
   const BackendPtr& b = backendFor(OpType::Allgather, input.device().type());
-  auto work = startWork(OpType::Allgather, opts.timeout, shapeOf(input), "", fp(OpType::Allgather, {input}));
+  auto work = startWork(OpType::Allgather, opts.timeout, [&](std::string& s, std::string&) { appendShapes(s, input); }, [&] { return fp(OpType::Allgather, {input})(); });
   return launch(work, b, [&] { b->allgather(outputs, input, opts, work); });
 }
 
@@ -484,8 +535,7 @@ WorkPtr ProcessGroup::allgatherIntoTensor(Tensor& output, const Tensor& input, c
                        shapeStr(input.sizes()), input.numel() * size_, output.numel()));
   }
   const BackendPtr& b = backendFor(OpType::AllgatherIntoTensor, input.device().type());
-  auto work = startWork(OpType::AllgatherIntoTensor, opts.timeout, shapesOf({output, input}), "",
-                        fp(OpType::AllgatherIntoTensor, {output, input}));
+  auto work = startWork(OpType::AllgatherIntoTensor, opts.timeout, [&](std::string& s, std::string&) { appendShapes(s, output, input); }, [&] { return fp(OpType::AllgatherIntoTensor, {output, input})(); });
   return launch(work, b, [&] { b->allgatherIntoTensor(output, input, opts, work); });
 }
 
@@ -508,8 +558,7 @@ WorkPtr ProcessGroup::allgatherCoalesced(std::vector<std::vector<Tensor>>& outpu
     }
   }
   const BackendPtr& b = backendFor(OpType::AllgatherCoalesced, inputs[0].device().type());
-  auto work = startWork(OpType::AllgatherCoalesced, opts.timeout, shapesOf(inputs), "",
-                        fp(OpType::AllgatherCoalesced, inputs));
+  auto work = startWork(OpType::AllgatherCoalesced, opts.timeout, [&](std::string& s, std::string&) { appendShapes(s, inputs); }, [&] { return fp(OpType::AllgatherCoalesced, inputs)(); });
   return launch(work, b, [&] { b->allgatherCoalesced(outputs, inputs, opts, work); });
 }
 
@@ -520,8 +569,7 @@ WorkPtr ProcessGroup::reduceScatter(Tensor& output, std::vector<Tensor>& inputs,
   for (size_t i = 0; i < inputs.size(); ++i) c.like(inputs[i], output, fmt::format("input {}", i), "the output");
   c.reduction(opts.op, output);
   const BackendPtr& b = backendFor(OpType::ReduceScatter, output.device().type());
-  auto work = startWork(OpType::ReduceScatter, opts.timeout, shapeOf(output), reduceDetail(opts.op),
-                        fp(OpType::ReduceScatter, {output}, opts.op));
+  auto work = startWork(OpType::ReduceScatter, opts.timeout, [&](std::string& s, std::string& d) { appendShapes(s, output); d = reduceDetail(opts.op); }, [&] { return fp(OpType::ReduceScatter, {output}, opts.op)(); });
   return launch(work, b, [&] { b->reduceScatter(output, inputs, opts, work); });
 }
 
@@ -536,8 +584,7 @@ WorkPtr ProcessGroup::reduceScatterTensor(Tensor& output, const Tensor& input, c
   }
   c.reduction(opts.op, output);
   const BackendPtr& b = backendFor(OpType::ReduceScatterTensor, output.device().type());
-  auto work = startWork(OpType::ReduceScatterTensor, opts.timeout, shapesOf({output, input}), reduceDetail(opts.op),
-                        fp(OpType::ReduceScatterTensor, {output, input}, opts.op));
+  auto work = startWork(OpType::ReduceScatterTensor, opts.timeout, [&](std::string& s, std::string& d) { appendShapes(s, output, input); d = reduceDetail(opts.op); }, [&] { return fp(OpType::ReduceScatterTensor, {output, input}, opts.op)(); });
   return launch(work, b, [&] { b->reduceScatterTensor(output, input, opts, work); });
 }
 
@@ -583,8 +630,7 @@ WorkPtr ProcessGroup::alltoall(Tensor& output, const Tensor& input, const Alltoa
                        shapeStr(output.sizes())));
   }
   const BackendPtr& b = backendFor(op, input.device().type());
-  auto work = startWork(op, opts.timeout, shapesOf({output, input}), "",
-                        uneven ? fpDtypeOnly(op, input) : fp(op, {output, input}));
+  auto work = startWork(op, opts.timeout, [&](std::string& s, std::string&) { appendShapes(s, output, input); }, [&] { return (uneven ? fpDtypeOnly(op, input) : fp(op, {output, input}))(); });
   return launch(work, b, [&] { b->alltoall(output, input, opts, work); });
 }
 
@@ -600,7 +646,7 @@ WorkPtr ProcessGroup::alltoallList(std::vector<Tensor>& outputs, std::vector<Ten
     c.sameDtype(outputs[i], inputs[0], fmt::format("output {}", i), "input 0");
   }
   const BackendPtr& b = backendFor(OpType::AlltoallList, inputs[0].device().type());
-  auto work = startWork(OpType::AlltoallList, opts.timeout, shapesOf(inputs), "", fpDtypeOnly(OpType::AlltoallList, inputs[0]));
+  auto work = startWork(OpType::AlltoallList, opts.timeout, [&](std::string& s, std::string&) { appendShapes(s, inputs); }, [&] { return fpDtypeOnly(OpType::AlltoallList, inputs[0])(); });
   return launch(work, b, [&] { b->alltoallList(outputs, inputs, opts, work); });
 }
 
@@ -613,8 +659,7 @@ WorkPtr ProcessGroup::gather(std::vector<Tensor>& outputs, const Tensor& input, 
     for (size_t i = 0; i < outputs.size(); ++i) c.like(outputs[i], input, fmt::format("output {}", i), "the input");
   }
   const BackendPtr& b = backendFor(OpType::Gather, input.device().type());
-  auto work = startWork(OpType::Gather, opts.timeout, shapeOf(input), rootDetail(opts.root),
-                        fp(OpType::Gather, {input}, std::nullopt, opts.root));
+  auto work = startWork(OpType::Gather, opts.timeout, [&](std::string& s, std::string& d) { appendShapes(s, input); d = rootDetail(opts.root); }, [&] { return fp(OpType::Gather, {input}, std::nullopt, opts.root)(); });
   return launch(work, b, [&] { b->gather(outputs, input, opts, work); });
 }
 
@@ -627,14 +672,13 @@ WorkPtr ProcessGroup::scatter(Tensor& output, const std::vector<Tensor>& inputs,
     for (size_t i = 0; i < inputs.size(); ++i) c.like(inputs[i], output, fmt::format("input {}", i), "the output");
   }
   const BackendPtr& b = backendFor(OpType::Scatter, output.device().type());
-  auto work = startWork(OpType::Scatter, opts.timeout, shapeOf(output), rootDetail(opts.root),
-                        fp(OpType::Scatter, {output}, std::nullopt, opts.root));
+  auto work = startWork(OpType::Scatter, opts.timeout, [&](std::string& s, std::string& d) { appendShapes(s, output); d = rootDetail(opts.root); }, [&] { return fp(OpType::Scatter, {output}, std::nullopt, opts.root)(); });
   return launch(work, b, [&] { b->scatter(output, inputs, opts, work); });
 }
 
 WorkPtr ProcessGroup::barrier(const BarrierOptions& opts) {
   const BackendPtr& b = backendFor(OpType::Barrier, DeviceType::CPU);
-  auto work = startWork(OpType::Barrier, opts.timeout, "", "", fp(OpType::Barrier, {}));
+  auto work = startWork(OpType::Barrier, opts.timeout, [](std::string&, std::string&) {}, [&] { return fp(OpType::Barrier, {})(); });
   return launch(work, b, [&] { b->barrier(opts, work); });
 }
 
@@ -645,8 +689,7 @@ WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, const SendRecvOptions&
   if (dst == rank_) c.fail(fmt::format("rank {} cannot send to itself", rank_));
   if (opts.tag < 0) c.fail(fmt::format("tag must be non-negative, got {}", opts.tag));
   const BackendPtr& b = backendFor(OpType::Send, tensor.device().type());
-  auto work = startWork(OpType::Send, opts.timeout, shapeOf(tensor), "", nullptr,
-                        fmt::format("to rank {}, tag {}", rankName(dst), opts.tag));
+  auto work = startWork(OpType::Send, opts.timeout, [&](std::string& s, std::string&) { appendShapes(s, tensor); }, {}, fmt::format("to rank {}, tag {}", rankName(dst), opts.tag));
   return launch(work, b, [&] { b->send(tensor, dst, opts, work); });
 }
 
@@ -657,8 +700,7 @@ WorkPtr ProcessGroup::recv(Tensor& tensor, int src, const SendRecvOptions& opts)
   if (src == rank_) c.fail(fmt::format("rank {} cannot receive from itself", rank_));
   if (opts.tag < 0) c.fail(fmt::format("tag must be non-negative, got {}", opts.tag));
   const BackendPtr& b = backendFor(OpType::Recv, tensor.device().type());
-  auto work = startWork(OpType::Recv, opts.timeout, shapeOf(tensor), "", nullptr,
-                        fmt::format("from rank {}, tag {}", rankName(src), opts.tag));
+  auto work = startWork(OpType::Recv, opts.timeout, [&](std::string& s, std::string&) { appendShapes(s, tensor); }, {}, fmt::format("from rank {}, tag {}", rankName(src), opts.tag));
   return launch(work, b, [&] { b->recv(tensor, src, opts, work); });
 }
 

@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include <cohort/core/util/function_ref.h>
 #include <cohort/distributed/backend.h>
 #include <cohort/distributed/store/store.h>
 #include <cohort/distributed/types.h>
@@ -100,6 +101,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
 
  private:
   struct Progress;  // this rank's published progress: "<group store>/progress/<rank>"
+  class Observer;   // completes each Work's bookkeeping (flight recorder, progress)
 
   ProcessGroup(StorePtr store, int rank, int size, ProcessGroupOptions opts, std::vector<int> globalRanks);
   void initBackends();
@@ -110,8 +112,11 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // Assigns the next sequence number (collectives) or a label (send/recv), records the op and
   // publishes this rank's progress; the Work updates both when it completes.
   // Under COHORT_DEBUG=DETAIL, `fingerprint` is checked against every other rank's call first.
-  WorkPtr startWork(OpType op, Millis timeout, std::string shapes, std::string detail,
-                    const std::function<CollectiveFingerprint()>& fingerprint, std::string p2pLabel = "");
+  // `record(shapes, detail)` writes the flight-recorder text in place; `fingerprint` is only
+  // called under DETAIL. Both are references to the caller's lambdas: nothing allocated for them.
+  using RecordFn = FunctionRef<void(std::string& shapes, std::string& detail)>;
+  using FingerprintFn = FunctionRef<CollectiveFingerprint()>;
+  WorkPtr startWork(OpType op, Millis timeout, RecordFn record, FingerprintFn fingerprint, std::string p2pLabel = "");
   // Runs the backend call; a synchronous throw fails the Work and propagates.
   template <typename F>
   WorkPtr launch(const WorkPtr& work, const BackendPtr& backend, F&& call);
@@ -128,6 +133,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   std::map<DeviceType, BackendPtr> backends_;
   std::shared_ptr<FlightRecorder> recorder_;
   std::shared_ptr<Progress> progress_;
+  std::shared_ptr<Observer> observer_;  // made at the first op (it needs weak_from_this())
 };
 
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;

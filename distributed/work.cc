@@ -34,9 +34,9 @@ std::string Work::describe() const {
 }
 
 std::string Work::diagnosis() const {
-  if (!diagnose_) return "";
+  if (!observer_) return "";
   try {
-    return diagnose_(*this);
+    return observer_->diagnose(*this);
   } catch (const std::exception& e) {
     return fmt::format("(could not ask the store which ranks are missing: {})", e.what());
   }
@@ -63,8 +63,14 @@ std::exception_ptr Work::distError(const std::string& detail) const {
   return std::make_exception_ptr(DistError(compose(*this, "failed", detail)));
 }
 
-void Work::finish(std::vector<Tensor> outputs) { future_.setValue(std::move(outputs)); }
-void Work::fail(std::exception_ptr error) { future_.setError(std::move(error)); }
+void Work::finish(std::vector<Tensor> outputs) {
+  if (observer_ && !observed_.exchange(true)) observer_->onComplete(*this, observerToken_, nullptr);
+  future_.setValue(std::move(outputs));
+}
+void Work::fail(std::exception_ptr error) {
+  if (observer_ && !observed_.exchange(true)) observer_->onComplete(*this, observerToken_, error);
+  future_.setError(std::move(error));
+}
 
 void Work::wait() {
   auto now = std::chrono::steady_clock::now();

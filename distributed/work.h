@@ -14,6 +14,7 @@
  */
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <exception>
 #include <functional>
@@ -63,10 +64,21 @@ class Work {
   std::exception_ptr peerError(const std::string& detail) const;
   std::exception_ptr distError(const std::string& detail) const;
 
-  // Installed by ProcessGroup: explains, from the ranks' published progress, who is missing.
-  // Returns "" when it has nothing to add. May block briefly (it reads the store).
-  using Diagnoser = std::function<std::string(const Work&)>;
-  void setDiagnoser(Diagnoser fn) { diagnose_ = std::move(fn); }
+  // Installed by ProcessGroup, one per group and shared by all its Works (nothing allocated per
+  // op). onComplete() runs once, on the completing thread, before the Future completes (so a
+  // waiter it wakes sees what it recorded); `token` is the observer's own tag for this Work (the
+  // group's flight-recorder entry). diagnose() explains, from the ranks' published progress, who
+  // is missing; "" when it has nothing to add; may block briefly (it reads the store).
+  class Observer {
+   public:
+    virtual ~Observer() = default;
+    virtual void onComplete(const Work& work, uint64_t token, const std::exception_ptr& error) = 0;
+    virtual std::string diagnose(const Work& work) const = 0;
+  };
+  void setObserver(std::shared_ptr<Observer> observer, uint64_t token) {
+    observer_ = std::move(observer);
+    observerToken_ = token;
+  }
   std::string diagnosis() const;
   // Called once when wait() times out, before throwing (backends abort the op's transport here).
   using AbortFn = std::function<void()>;
@@ -85,7 +97,9 @@ class Work {
   std::chrono::steady_clock::time_point deadline_;
   Future<std::vector<Tensor>> future_;
   std::string label_;
-  Diagnoser diagnose_;
+  std::shared_ptr<Observer> observer_;
+  uint64_t observerToken_ = 0;
+  std::atomic<bool> observed_{false};
   AbortFn abort_;
   std::once_flag abortOnce_;
 };

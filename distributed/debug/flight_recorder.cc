@@ -235,6 +235,27 @@ uint64_t FlightRecorder::record(uint64_t seq, std::string op, std::string shapes
   return id;
 }
 
+uint64_t FlightRecorder::recordInPlace(uint64_t seq, OpType op, FillFn fill) {
+  if (capacity_ == 0) return 0;
+  auto now = std::chrono::system_clock::now();
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t id = nextId_++;
+  if (ring_.size() < capacity_) ring_.emplace_back();
+  Entry& e = ring_[(id - 1) % capacity_];
+  e.id = id;
+  e.seq = seq;
+  e.op.assign(opTypeName(op));
+  e.shapes.clear();
+  e.dtype.clear();
+  e.detail.clear();
+  if (fill) fill(e.shapes, e.detail);
+  e.start = now;
+  e.end = {};
+  e.state = State::Scheduled;
+  e.error.clear();
+  return id;
+}
+
 void FlightRecorder::complete(uint64_t id, State state, std::string error) {
   if (id == 0 || capacity_ == 0) return;
   auto now = std::chrono::system_clock::now();

@@ -36,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include <cohort/core/util/function_ref.h>
 #include <cohort/distributed/types.h>
 
 namespace cohort::dist {
@@ -66,6 +67,10 @@ class FlightRecorder {
   // Returns the entry id to pass to complete().
   uint64_t recordStart(OpType op, uint64_t seq, std::string shapes, std::string dtype = "", std::string detail = "");
   uint64_t record(uint64_t seq, std::string op, std::string shapes, std::string detail, std::string dtype = "");
+  // The same for the hot path: `fill(shapes, detail)` writes the entry's text in place, under the
+  // recorder's lock, into buffers reused from the ring slot (no allocation once the ring is warm).
+  using FillFn = FunctionRef<void(std::string& shapes, std::string& detail)>;
+  uint64_t recordInPlace(uint64_t seq, OpType op, FillFn fill);
   // An id that has left the ring (or 0) is ignored.
   void complete(uint64_t id, State state, std::string error = "");
   void complete(uint64_t id, bool ok, const std::string& error = "") {

@@ -3,10 +3,13 @@
 #include <cohort/distributed/mpi/mpi_backend.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cohort/core/util/env.h>
 #include <cohort/core/util/error.h>
 #include <cohort/core/util/logging.h>
 #include <cohort/distributed/mpi/mpi_state.h>
@@ -21,6 +24,14 @@ void check(int rc, const char* call) {
 }
 
 namespace {
+COHORT_ENV_KNOB(kCollectiveThreadKnob, "COHORT_MPI_COLLECTIVE_THREAD", "caller",
+                "Where the mpi backend runs collectives: caller (the issuing thread; fastest; a timeout ends the "
+                "job with MPI_Abort) or worker (a thread per group; asynchronous; a timeout is an exception)");
+
+// How often the watchdog looks at a collective running on its caller's thread (it is not woken
+// per op: that would cost a context switch on the rank's core).
+constexpr std::chrono::milliseconds kCallerPoll{20};
+
 // Registered before main() runs; the registry is a function-local static, so order is safe.
 const bool kRegistered = [] {
   registerBackend("mpi", [](const StorePtr&, int rank, int size, const BackendOptions& opts) -> BackendPtr {
@@ -59,6 +70,11 @@ MpiBackend::MpiBackend(int rank, int size, const BackendOptions& opts)
   }
   state_->groupName = opts.groupName;
   state_->size = size;
+  std::string where = mpi::kCollectiveThreadKnob.str();
+  if (where != "caller" && where != "worker") {
+    throw ValueError(fmt::format("COHORT_MPI_COLLECTIVE_THREAD must be 'caller' or 'worker', got '{}'", where));
+  }
+  state_->onCaller = where == "caller";
   state_->comm = mpi::MpiComm::create(env, global, opts.groupName);
   if (state_->comm->rank() != rank || state_->comm->size() != size) {
     throw DistError(fmt::format("backend mpi: group '{}': the communicator has this process as rank {} of {}, "
@@ -97,6 +113,10 @@ void MpiBackend::State::push(std::shared_ptr<mpi::PendingOp> op) {
 }
 
 void MpiBackend::State::enqueue(const WorkPtr& work, mpi::OpFn fn) {
+  if (onCaller) {
+    runOnCaller(work, fn);
+    return;
+  }
   auto op = std::make_shared<mpi::PendingOp>();
   op->work = work;
   op->run = std::move(fn);
@@ -121,6 +141,61 @@ void MpiBackend::State::enqueueP2p(const WorkPtr& work, mpi::OpFn fn, std::share
     if (auto s = weak.lock()) s->p2pCv.notify_all();
   });
   push(std::move(op));
+}
+
+void MpiBackend::State::runOnCaller(const WorkPtr& work, mpi::OpFn& fn) {
+  auto op = std::make_shared<mpi::PendingOp>();
+  op->work = work;
+  std::string reason;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (aborted || stop) {
+      reason = aborted ? abortReason : std::string("the backend was shut down");
+    } else {
+      callerOp = op;  // the watchdog polls it; no wake-up on the hot path
+    }
+  }
+  if (!reason.empty()) {
+    if (op->claim()) work->fail(work->distError(fmt::format("not started: {}", reason)));
+    return;
+  }
+  std::optional<std::vector<Tensor>> outputs;
+  std::exception_ptr error;
+  try {
+    auto lock = comm->env().lock();
+    outputs = fn(comm->get());
+  } catch (const std::exception& e) {
+    error = work->distError(e.what());
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    callerOp.reset();
+  }
+  if (!op->claim()) return;  // the watchdog gave up on it and is ending the job
+  if (error) {
+    work->fail(error);
+  } else {
+    work->finish(std::move(*outputs));
+  }
+}
+
+void MpiBackend::State::abortJobForStuckCaller(const std::shared_ptr<mpi::PendingOp>& op) {
+  std::string msg;
+  try {
+    std::rethrow_exception(op->work->timeoutError(
+        "MPI cannot interrupt a blocking collective running on its caller's thread "
+        "(COHORT_MPI_COLLECTIVE_THREAD=caller), so this rank ends the job with MPI_Abort; with "
+        "COHORT_MPI_COLLECTIVE_THREAD=worker the timeout is an exception instead"));
+  } catch (const std::exception& e) {
+    msg = e.what();
+  }
+  COHORT_LOG(Error, "{}", msg);
+  std::fprintf(stderr, "cohort: %s\n", msg.c_str());
+  std::fflush(stderr);
+  // Failing the Work marks its flight-recorder entry and, as for any DistError, dumps the recorders.
+  if (op->claim()) op->work->fail(std::make_exception_ptr(TimeoutError(msg)));
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();  // MPI_Abort does not return; if it did, still never go back into a stuck job
 }
 
 void MpiBackend::State::runOne(const std::shared_ptr<mpi::PendingOp>& op) {
@@ -199,14 +274,25 @@ void MpiBackend::State::monitorLoop() {
     if (!currentStuck) consider(current);
     for (const auto& op : queue) consider(op);
     auto now = Clock::now();
+    if (callerOp && !callerOp->completed.load() && now >= callerOp->work->deadline()) {
+      auto stuck = callerOp;
+      lock.unlock();
+      abortJobForStuckCaller(stuck);
+    }
+    // In caller mode collectives come and go without telling the watchdog: look every kCallerPoll.
+    auto pollLimit = onCaller ? now + mpi::kCallerPoll : Clock::time_point::max();
     if (!first) {
       monitorWake = Clock::time_point::max();
-      monitorCv.wait(lock);
+      if (onCaller) {
+        monitorCv.wait_until(lock, pollLimit);
+      } else {
+        monitorCv.wait(lock);
+      }
       continue;
     }
     if (now < first->work->deadline()) {
       monitorWake = first->work->deadline();
-      monitorCv.wait_until(lock, monitorWake);
+      monitorCv.wait_until(lock, std::min(monitorWake, pollLimit));
       continue;
     }
     if (first->pointToPoint) {
@@ -292,6 +378,9 @@ void MpiBackend::State::shutdown() {
     // The worker finishes the op it is in (the other ranks are running it too) unless the
     // watchdog or an abort gave up on it: then it may never come back.
     idleCv.wait(lock, [&] { return workerDone || currentStuck; });
+    // A timed-out op may still come back (its late peers arrived just now): give it a moment, so
+    // the communicator is freed properly and MPI_Finalize runs at exit.
+    if (!workerDone) idleCv.wait_for(lock, std::chrono::seconds(1), [&] { return workerDone; });
     stuck = !workerDone;
   }
   monitorCv.notify_all();

@@ -3,17 +3,28 @@
  * the program runs under mpirun: group ranks must be the MPI_COMM_WORLD ranks (initProcessGroup
  * takes them from OMPI_COMM_WORLD_RANK), and each group gets its own communicator (MpiComm).
  *
- * Threads. Each backend has one worker thread that runs its group's collectives one at a time, in
- * the order they were issued, with blocking MPI calls (as c10d's ProcessGroupMPI): blocking
- * collectives are OpenMPI's fastest (the tuned and shared-memory components), and float32 runs
- * with no copy (MPI_IN_PLACE on the caller's tensor). Under MPI_THREAD_MULTIPLE each group's
- * worker runs independently; under MPI_THREAD_SERIALIZED they take turns (MpiEnvironment::lock).
+ * Threads. Collectives are blocking MPI calls: they are OpenMPI's fastest (the tuned and
+ * shared-memory components; MPI_Iallreduce took twice as long at every size here), and float32
+ * runs with no copy (MPI_IN_PLACE on the caller's tensor). Where they run is chosen per process by
+ * COHORT_MPI_COLLECTIVE_THREAD:
+ *  - "caller" (the default): on the thread that issues the collective, which needs
+ *    MPI_THREAD_MULTIPLE for several threads or groups (else calls take turns through
+ *    MpiEnvironment::lock). The returned Work is already complete. This is as fast as calling MPI
+ *    yourself: mpirun binds each rank to one core by default, so handing each op to another thread
+ *    costs two context switches on that core (tens of µs against MPI's 1 µs at 4 KiB).
+ *    Timeouts: MPI cannot interrupt a blocking call, so when a collective passes its deadline the
+ *    watchdog thread logs the TimeoutError it would have raised (op, group, sequence number, the
+ *    ranks that never reached it), dumps the flight recorder, and ends the job with MPI_Abort, as
+ *    NCCL's watchdog does. Use "worker" to get the error as an exception instead.
+ *  - "worker": one worker thread per group runs its collectives one at a time, in issue order (as
+ *    c10d's ProcessGroupMPI); Works complete asynchronously, so communication overlaps the
+ *    caller's computation when a core is free for it, and a timeout is an exception (below).
  * Send and recv are MPI_Isend/MPI_Irecv, issued in order by the worker and completed by a second
  * thread that polls them (MPI_Testsome), so a blocking receive never holds up the collectives
  * behind it and a send/recv pair in any order cannot deadlock the queue.
  *
- * Timeouts. MPI has no per-op timeout and no way to cancel a blocking collective. A watchdog
- * thread fails any collective still pending at its deadline with a TimeoutError, and aborts the
+ * Timeouts in worker mode. MPI has no per-op timeout and no way to cancel a blocking collective. A
+ * watchdog thread fails any collective still pending at its deadline with a TimeoutError, and aborts the
  * backend: the op's thread stays blocked inside MPI, ops behind it fail at once (running them
  * would mismatch the other ranks), and MPI_Finalize is skipped at exit (MpiEnvironment). The job
  * is then ended by mpirun when a process exits, or dies with a rank that failed: that is MPI's

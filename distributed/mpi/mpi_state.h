@@ -77,6 +77,9 @@ struct MpiBackend::State : std::enable_shared_from_this<MpiBackend::State> {
   std::unique_ptr<mpi::MpiComm> comm;
   std::string groupName;
   int size = 1;
+  // COHORT_MPI_COLLECTIVE_THREAD: true (caller, the default) runs collectives on the thread that
+  // issues them; false (worker) queues them for the worker thread.
+  bool onCaller = true;
 
   // Collectives (and the issuing of send/recv), run in order by the worker.
   std::mutex mu;
@@ -86,6 +89,7 @@ struct MpiBackend::State : std::enable_shared_from_this<MpiBackend::State> {
   std::deque<std::shared_ptr<mpi::PendingOp>> queue;
   std::atomic<size_t> queued{0};  // queue.size(), read without the lock by the spinning worker
   std::shared_ptr<mpi::PendingOp> current;
+  std::shared_ptr<mpi::PendingOp> callerOp;  // the collective running on its caller's thread
   bool currentStuck = false;  // current failed by the watchdog and still inside MPI
   bool aborted = false;
   std::string abortReason;
@@ -104,6 +108,7 @@ struct MpiBackend::State : std::enable_shared_from_this<MpiBackend::State> {
 
   void start();
   void shutdown();
+  // A collective: runs it on this thread (caller mode) or queues it for the worker.
   void enqueue(const WorkPtr& work, mpi::OpFn fn);
   // Send/recv: `fn` issues the transfer and hands it to addP2p; `abortFlag` is shared with it.
   void enqueueP2p(const WorkPtr& work, mpi::OpFn fn, std::shared_ptr<std::atomic<bool>> abortFlag);
@@ -115,6 +120,10 @@ struct MpiBackend::State : std::enable_shared_from_this<MpiBackend::State> {
   void monitorLoop();
   void pollerLoop();
   void runOne(const std::shared_ptr<mpi::PendingOp>& op);
+  void runOnCaller(const WorkPtr& work, mpi::OpFn& fn);
+  // A collective on its caller's thread passed its deadline: MPI cannot interrupt it, so this
+  // reports the error (with the group's diagnosis) and ends the job with MPI_Abort.
+  [[noreturn]] void abortJobForStuckCaller(const std::shared_ptr<mpi::PendingOp>& op);
   void push(std::shared_ptr<mpi::PendingOp> op);
 };
 

@@ -654,9 +654,72 @@ TEST(MpiBackend, RanksThatAreNotMpiRanksAreRefused) {
 
 // ---- timeouts ----------------------------------------------------------------------------------
 
+// Sets COHORT_MPI_COLLECTIVE_THREAD for the backends created while it lives (read at creation).
+class CollectiveThreadGuard {
+ public:
+  explicit CollectiveThreadGuard(const char* where) {
+    if (const char* v = std::getenv("COHORT_MPI_COLLECTIVE_THREAD")) old_ = v;
+    setenv("COHORT_MPI_COLLECTIVE_THREAD", where, 1);
+  }
+  ~CollectiveThreadGuard() {
+    if (old_.empty()) {
+      unsetenv("COHORT_MPI_COLLECTIVE_THREAD");
+    } else {
+      setenv("COHORT_MPI_COLLECTIVE_THREAD", old_.c_str(), 1);
+    }
+  }
+
+ private:
+  std::string old_;
+};
+
+TEST(MpiBackend, CollectiveThreadKnobIsChecked) {
+  CollectiveThreadGuard guard("elsewhere");
+  try {
+    pg().split(0, rank());
+    ADD_FAILURE() << "a bad COHORT_MPI_COLLECTIVE_THREAD was accepted";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("COHORT_MPI_COLLECTIVE_THREAD"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("elsewhere"), std::string::npos) << msg;
+  }
+}
+
+TEST(MpiBackend, CallerModeCompletesTheWorkBeforeReturning) {
+  CollectiveThreadGuard guard("caller");
+  auto group = pg().split(0, rank());
+  ASSERT_NE(group, nullptr);
+  Tensor t = full({5}, Scalar(1.0), opts(DType::Float32));
+  auto w = group->allreduce(t);
+  EXPECT_TRUE(w->isCompleted());
+  waitOk(w, "allreduce");
+  for (int64_t i = 0; i < 5; ++i) EXPECT_EQ(t.data<float>()[i], static_cast<float>(worldSize()));
+}
+
+// In caller mode a collective past its deadline ends the job: ctest runs this alone under
+// `mpirun -np 2` with COHORT_TEST_MPI_CALLER_TIMEOUT=1 and expects the logged error, naming the op,
+// the group and the rank that never came (distributed.mpi_test.caller_timeout_aborts_the_job).
+TEST(MpiCallerTimeout, EndsTheJobNamingTheMissingRank) {
+  if (!std::getenv("COHORT_TEST_MPI_CALLER_TIMEOUT")) GTEST_SKIP() << "run by its own ctest entry";
+  ASSERT_EQ(worldSize(), 2);
+  CollectiveThreadGuard guard("caller");
+  auto group = pg().split(0, rank());
+  ASSERT_NE(group, nullptr);
+  if (rank() == 0) {
+    AllreduceOptions o;
+    o.timeout = 500ms;
+    Tensor t = zeros({4}, opts(DType::Float32));
+    group->allreduce(t, o);  // rank 1 never comes: the watchdog must end the job
+    ADD_FAILURE() << "the allreduce returned although rank 1 never called it";
+  } else {
+    std::this_thread::sleep_for(60s);  // mpirun kills this rank when rank 0 aborts
+  }
+}
+
 TEST(MpiBackend, CollectiveTimeoutFailsTheWorkAndAbortsTheGroup) {
   const int n = worldSize(), r = rank();
   if (n == 1) GTEST_SKIP() << "a lone rank never waits for anyone";
+  CollectiveThreadGuard guard("worker");  // only worker mode can turn a stuck MPI call into an exception
   auto group = pg().split(0, r);
   ASSERT_NE(group, nullptr);
   if (r == 0) {

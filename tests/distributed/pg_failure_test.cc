@@ -184,10 +184,12 @@ TEST(ProcessGroupFailure, KilledRankMidCollectiveIsNamedBySurvivors) {
     auto pg = joinGroup(dir, rank, kSize, Millis(2000));
     Tensor warm = ones({10});
     pg->allreduce(warm)->wait();
-    Tensor big = ones({1 << 22});  // 16 MiB: long enough to be in flight when rank 2 dies
+    // 64 MiB takes ~80 ms on loopback, and rank 2 must still forward the others' reduced chunks
+    // long after it dies 2 ms in: the op cannot have finished anywhere.
+    Tensor big = ones({1 << 24});
     if (rank == kDead) {
       auto w = pg->allreduce(big);
-      std::this_thread::sleep_for(20ms);
+      std::this_thread::sleep_for(2ms);
       raise(SIGKILL);
     }
     return survivorBody(*pg, report, big);
