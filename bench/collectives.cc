@@ -1,0 +1,174 @@
+/*
+ * cohort's collectives, nccl-tests style (see collectives_common.h for the columns and method).
+ * Each process is one rank; it joins through dist::initProcessGroup(), so it runs under mpirun
+ * (any backend), torchrun-style variables or srun:
+ *
+ *   mpirun -np 2 build-bench/bench/collectives --backend gloo
+ *   mpirun -np 2 build-bench/bench/collectives --backend mpi --ops allreduce --min-bytes 4096 --max-bytes 4096
+ *
+ * scripts/bench_collectives.sh runs it for each backend next to the bare MPI and gloo programs
+ * and prints the figures side by side. Rank 0 first measures the memcpy limit while the other
+ * ranks wait for it in the rendezvous (they sleep there, so the figure is one core's, unshared).
+ */
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <cohort/cohort.h>
+#include <cohort/distributed/env/environment.h>
+#include <cohort/distributed/init.h>
+
+#include "collectives_common.h"
+
+namespace {
+
+using namespace cohort;
+using namespace cohort_bench;
+using dist::ProcessGroup;
+
+// Runs `op` once on tensors of `bytes` (the op's larger buffer) and returns a callable that
+// issues one op and waits for it.
+std::function<void()> makeOp(ProcessGroup& pg, const std::string& op, size_t bytes, Tensor& in, Tensor& out) {
+  const int n = pg.size();
+  const int64_t count = static_cast<int64_t>(bytes / 4);
+  if (op == "allreduce") {
+    in = zeros({count});
+    return [&pg, &in] { pg.allreduce(in)->wait(); };
+  }
+  if (op == "broadcast") {
+    in = zeros({count});
+    return [&pg, &in] { pg.broadcast(in)->wait(); };
+  }
+  if (op == "allgather") {
+    in = zeros({count / n});
+    out = zeros({count});
+    return [&pg, &in, &out] { pg.allgatherIntoTensor(out, in)->wait(); };
+  }
+  if (op == "reduce_scatter") {
+    in = zeros({count});
+    out = zeros({count / n});
+    return [&pg, &in, &out] { pg.reduceScatterTensor(out, in)->wait(); };
+  }
+  if (op == "alltoall") {
+    in = zeros({count});
+    out = zeros({count});
+    return [&pg, &in, &out] { pg.alltoall(out, in)->wait(); };
+  }
+  throw ValueError(fmt::format("collectives: unknown op '{}' (ops: {})", op, fmt::join(allOps(), ", ")));
+}
+
+// One checked call with known inputs; returns the number of wrong output elements.
+long checkOnce(ProcessGroup& pg, const std::string& op, Tensor& in, Tensor& out) {
+  const int n = pg.size(), r = pg.rank();
+  auto fill = [](Tensor& t, int rank, size_t offset) {
+    float* p = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) p[i] = checkValue(rank, offset + static_cast<size_t>(i));
+  };
+  long wrong = 0;
+  if (op == "allreduce") {
+    fill(in, r, 0);
+    pg.allreduce(in)->wait();
+    const float* p = in.data<float>();
+    for (int64_t i = 0; i < in.numel(); ++i) {
+      float want = 0;
+      for (int q = 0; q < n; ++q) want += checkValue(q, static_cast<size_t>(i));
+      wrong += p[i] != want;
+    }
+  } else if (op == "broadcast") {
+    fill(in, r, 0);
+    pg.broadcast(in)->wait();
+    const float* p = in.data<float>();
+    for (int64_t i = 0; i < in.numel(); ++i) wrong += p[i] != checkValue(0, static_cast<size_t>(i));
+  } else if (op == "allgather") {
+    fill(in, r, 0);
+    pg.allgatherIntoTensor(out, in)->wait();
+    const float* p = out.data<float>();
+    const int64_t chunk = in.numel();
+    for (int64_t i = 0; i < out.numel(); ++i) wrong += p[i] != checkValue(static_cast<int>(i / chunk), static_cast<size_t>(i % chunk));
+  } else if (op == "reduce_scatter") {
+    fill(in, r, 0);
+    pg.reduceScatterTensor(out, in)->wait();
+    const float* p = out.data<float>();
+    const size_t base = static_cast<size_t>(r) * static_cast<size_t>(out.numel());
+    for (int64_t i = 0; i < out.numel(); ++i) {
+      float want = 0;
+      for (int q = 0; q < n; ++q) want += checkValue(q, base + static_cast<size_t>(i));
+      wrong += p[i] != want;
+    }
+  } else if (op == "alltoall") {
+    fill(in, r, 0);
+    pg.alltoall(out, in)->wait();
+    // Chunk q of my output is chunk r of rank q's input.
+    const float* p = out.data<float>();
+    const int64_t chunk = in.numel() / n;
+    for (int64_t i = 0; i < out.numel(); ++i) {
+      int q = static_cast<int>(i / chunk);
+      wrong += p[i] != checkValue(q, static_cast<size_t>(r * chunk + i % chunk));
+    }
+  }
+  in.zero_();
+  if (out.defined()) out.zero_();
+  return wrong;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"cohort collectives benchmark (nccl-tests style); run one process per rank"};
+  std::string backend = "gloo", ops = "allreduce,allgather,reduce_scatter,broadcast,alltoall";
+  size_t minBytes = 4, maxBytes = size_t{64} << 20, factor = 4, budget = size_t{1} << 30;
+  int minIters = 5, maxIters = 1000, warmup = 5;
+  bool noMemcpy = false;
+  app.add_option("--backend", backend, "cohort backend: gloo, mpi (registered names)")->capture_default_str();
+  app.add_option("--ops", ops, "comma-separated ops")->capture_default_str();
+  app.add_option("--min-bytes", minBytes)->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--max-bytes", maxBytes)->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--factor", factor, "size multiplier between rows")->capture_default_str()->check(CLI::Range(2, 1024));
+  app.add_option("--budget-bytes", budget, "bytes to move per size (sets iterations)")->capture_default_str();
+  app.add_option("--min-iters", minIters)->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--max-iters", maxIters)->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--warmup", warmup)->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_flag("--no-memcpy", noMemcpy, "skip the memcpy limit rows");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    auto opList = splitCsv(ops);
+    for (const auto& op : opList) {
+      if (std::find(allOps().begin(), allOps().end(), op) == allOps().end()) {
+        throw ValueError(fmt::format("collectives: unknown op '{}' (ops: {})", op, fmt::join(allOps(), ", ")));
+      }
+    }
+    auto where = dist::env::detectEnvironment();
+    if (where.rank == 0 && !noMemcpy) printMemcpyRows(sizeList("allreduce", minBytes, maxBytes, factor, where.worldSize));
+
+    dist::InitOptions init;
+    init.backend = backend;
+    init.environment = where;
+    auto pg = dist::initProcessGroup(init);
+    const int n = pg->size();
+    if (pg->rank() == 0) printHeader("cohort", fmt::format("backend {}", backend), n);
+
+    for (const auto& op : opList) {
+      for (size_t bytes : sizeList(op, minBytes, maxBytes, factor, n)) {
+        Tensor in, out;
+        auto call = makeOp(*pg, op, bytes, in, out);
+        long wrong = checkOnce(*pg, op, in, out);
+        int iters = itersFor(bytes, budget, minIters, maxIters);
+        for (int i = 0; i < warmup; ++i) call();
+        pg->barrier()->wait();
+        auto t0 = Clock::now();
+        for (int i = 0; i < iters; ++i) call();
+        double secs = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+        // Every rank's count of wrong elements, summed, so a wrong result anywhere shows.
+        Tensor w = full({1}, static_cast<double>(wrong), TensorOptions{DType::Float64});
+        pg->allreduce(w)->wait();
+        if (pg->rank() == 0) printRow(op, bytes, "float", secs, n, static_cast<long>(w.item<double>()));
+      }
+    }
+    pg->barrier()->wait();
+    dist::destroyProcessGroup();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "collectives: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

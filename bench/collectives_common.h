@@ -1,0 +1,124 @@
+/*
+ * What the collective benchmarks share, so cohort's figures and the bare-library baselines
+ * (collectives_mpi_baseline.cc, collectives_gloo_baseline.cc) are measured and printed the same
+ * way, nccl-tests style:
+ *
+ *   op  size(B)  count  type  time(us)  algbw(GB/s)  busbw(GB/s)  #wrong
+ *
+ * size is the larger buffer of the op (nccl-tests' convention): the tensor for allreduce and
+ * broadcast, the gathered output for allgather, the full input for reduce_scatter, the whole send
+ * buffer for alltoall. algbw = size / time; busbw = algbw × the op's factor (allreduce 2(n-1)/n,
+ * allgather, reduce_scatter and alltoall (n-1)/n, broadcast 1), which makes the figures
+ * comparable with the hardware's bandwidth whatever the rank count. time is rank 0's wall time per
+ * op, averaged over `iters` back-to-back ops (each waited for) after `warmup` untimed ones, all
+ * ranks having left a barrier first. #wrong counts elements that differ from the expected result
+ * in one separate, checked call per size (the timed calls run on zeros, so sums never overflow).
+ *
+ * Lines starting with '#' are comments; scripts/bench_collectives.sh joins the programs' rows.
+ */
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace cohort_bench {
+
+using Clock = std::chrono::steady_clock;
+
+inline const std::vector<std::string>& allOps() {
+  static const std::vector<std::string> ops = {"allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall"};
+  return ops;
+}
+
+inline double busFactor(const std::string& op, int n) {
+  if (op == "allreduce") return 2.0 * (n - 1) / n;
+  if (op == "broadcast") return 1.0;
+  return static_cast<double>(n - 1) / n;  // allgather, reduce_scatter, alltoall
+}
+
+// Sizes from minBytes to maxBytes, multiplying by `factor`, each rounded down to whole float32
+// elements — for ops that split their buffer across the n ranks, to a multiple of 4 × n bytes —
+// but at least one unit.
+inline std::vector<size_t> sizeList(const std::string& op, size_t minBytes, size_t maxBytes, size_t factor, int n) {
+  std::vector<size_t> out;
+  const bool splits = op != "allreduce" && op != "broadcast";
+  const size_t unit = splits ? 4 * static_cast<size_t>(n) : 4;
+  for (size_t s = minBytes; s <= maxBytes; s *= factor) {
+    size_t r = std::max(unit, s / unit * unit);
+    if (out.empty() || out.back() != r) out.push_back(r);
+    if (factor < 2) break;
+  }
+  return out;
+}
+
+// Enough iterations to move ~`budgetBytes` per size, within [minIters, maxIters]. The same on
+// every rank (a function of the size alone).
+inline int itersFor(size_t bytes, size_t budgetBytes, int minIters, int maxIters) {
+  size_t it = budgetBytes / std::max<size_t>(bytes, 1);
+  return static_cast<int>(std::clamp<size_t>(it, minIters, maxIters));
+}
+
+inline void printHeader(const char* program, const std::string& what, int n) {
+  std::printf("# %s: %s, %d ranks\n", program, what.c_str(), n);
+  std::printf("# %-14s %12s %10s %6s %11s %11s %11s %7s\n", "op", "size(B)", "count", "type", "time(us)",
+              "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+  std::fflush(stdout);
+}
+
+inline void printRow(const std::string& op, size_t bytes, const char* type, double seconds, int n, long wrong) {
+  double algbw = seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0;
+  std::printf("  %-14s %12zu %10zu %6s %11.2f %11.3f %11.3f %7ld\n", op.c_str(), bytes, bytes / 4, type,
+              seconds * 1e6, algbw, algbw * busFactor(op, n), wrong);
+  std::fflush(stdout);
+}
+
+// One core's memcpy of `bytes` between two touched buffers, in GB/s of bytes copied (the figure
+// BASELINES.md quotes: 5.4 GB/s at 64 MiB). Best of a few runs.
+inline double memcpyGBps(size_t bytes) {
+  std::vector<char> a(bytes, 1), b(bytes, 2);
+  int reps = static_cast<int>(std::clamp<size_t>((size_t{1} << 30) / std::max<size_t>(bytes, 1), 3, 100000));
+  double best = 1e30;
+  for (int trial = 0; trial < 3; ++trial) {
+    auto t0 = Clock::now();
+    for (int i = 0; i < reps; ++i) {
+      std::memcpy(b.data(), a.data(), bytes);
+      asm volatile("" : : "r"(b.data()) : "memory");
+    }
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count() / reps);
+  }
+  return static_cast<double>(bytes) / best / 1e9;
+}
+
+inline void printMemcpyRows(const std::vector<size_t>& sizes) {
+  std::printf("# memcpy limit (one core, this process, before the collectives)\n");
+  for (size_t s : sizes) {
+    double gbps = memcpyGBps(s);
+    std::printf("  %-14s %12zu %10zu %6s %11.2f %11.3f %11.3f %7d\n", "memcpy", s, s / 4, "float",
+                static_cast<double>(s) / gbps / 1e3, gbps, gbps, 0);
+  }
+  std::fflush(stdout);
+}
+
+// Element i of rank r's input in the checked call: small integers, so float32 sums are exact.
+inline float checkValue(int rank, size_t i) { return static_cast<float>((rank + 1) + static_cast<int>(i % 7)); }
+
+inline std::vector<std::string> splitCsv(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t comma = s.find(',', start);
+    if (comma == std::string::npos) comma = s.size();
+    if (comma > start) out.push_back(s.substr(start, comma - start));
+    start = comma + 1;
+  }
+  return out;
+}
+
+}  // namespace cohort_bench

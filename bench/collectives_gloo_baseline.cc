@@ -1,0 +1,199 @@
+/*
+ * The bare-gloo baseline for bench/collectives: the same method and output as cohort's program
+ * (collectives_common.h), straight on Debian's libgloo — one TCP device on loopback, a full mesh
+ * connected through gloo's own FileStore, and gloo's new-style functions (gloo::allreduce with
+ * gloo::sum, gloo::allgather, gloo::broadcast, gloo::alltoall) run on the calling thread.
+ * reduce_scatter has no new-style function in this gloo (only a legacy algorithm class, which
+ * must not share a context with gloo::allreduce), so it has no baseline row.
+ *
+ * The rank and world size come from mpirun's variables (OMPI_COMM_WORLD_RANK/SIZE) or RANK and
+ * WORLD_SIZE; --store-dir must be an empty directory shared by the ranks (gloo's FileStore never
+ * deletes its keys):
+ *
+ *   d=$(mktemp -d); mpirun -np 2 build-bench/bench/collectives_gloo_baseline --store-dir $d; rm -r $d
+ */
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/math.h>
+#include <gloo/reduce.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <CLI/CLI.hpp>
+
+#include "collectives_common.h"
+
+using namespace cohort_bench;
+
+namespace {
+
+int envInt(const char* a, const char* b) {
+  for (const char* name : {a, b}) {
+    if (const char* v = std::getenv(name)) return std::atoi(v);
+  }
+  std::fprintf(stderr, "collectives_gloo_baseline: set %s (mpirun does) or %s\n", a, b);
+  std::exit(2);
+}
+
+struct Op {
+  std::function<void()> call;
+  std::function<long()> check;
+};
+
+using Ctx = std::shared_ptr<gloo::Context>;
+
+Op makeOp(const Ctx& ctx, const std::string& op, size_t bytes, std::vector<float>& in, std::vector<float>& out) {
+  const int rank = ctx->rank, n = ctx->size;
+  const size_t count = bytes / 4, chunk = count / static_cast<size_t>(n);
+  auto fill = [rank](std::vector<float>& v) {
+    for (size_t i = 0; i < v.size(); ++i) v[i] = checkValue(rank, i);
+  };
+  auto zero = [&] {
+    std::fill(in.begin(), in.end(), 0.0f);
+    std::fill(out.begin(), out.end(), 0.0f);
+  };
+  if (op == "allreduce") {
+    in.assign(count, 0.0f);
+    out.clear();
+    auto call = [ctx, &in] {
+      gloo::AllreduceOptions o(ctx);
+      o.setOutput(in.data(), in.size());
+      o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+      gloo::allreduce(o);
+    };
+    return {call, [&, call, fill, zero, n] {
+              fill(in);
+              call();
+              long wrong = 0;
+              for (size_t i = 0; i < in.size(); ++i) {
+                float want = 0;
+                for (int q = 0; q < n; ++q) want += checkValue(q, i);
+                wrong += in[i] != want;
+              }
+              zero();
+              return wrong;
+            }};
+  }
+  if (op == "broadcast") {
+    in.assign(count, 0.0f);
+    out.clear();
+    auto call = [ctx, &in] {
+      gloo::BroadcastOptions o(ctx);
+      o.setOutput(in.data(), in.size());
+      o.setRoot(0);
+      gloo::broadcast(o);
+    };
+    return {call, [&, call, fill, zero] {
+              fill(in);
+              call();
+              long wrong = 0;
+              for (size_t i = 0; i < in.size(); ++i) wrong += in[i] != checkValue(0, i);
+              zero();
+              return wrong;
+            }};
+  }
+  if (op == "allgather") {
+    in.assign(chunk, 0.0f);
+    out.assign(count, 0.0f);
+    auto call = [ctx, &in, &out] {
+      gloo::AllgatherOptions o(ctx);
+      o.setInput(in.data(), in.size());
+      o.setOutput(out.data(), out.size());
+      gloo::allgather(o);
+    };
+    return {call, [&, call, fill, zero, chunk] {
+              fill(in);
+              call();
+              long wrong = 0;
+              for (size_t i = 0; i < out.size(); ++i) wrong += out[i] != checkValue(static_cast<int>(i / chunk), i % chunk);
+              zero();
+              return wrong;
+            }};
+  }
+  if (op == "alltoall") {
+    in.assign(count, 0.0f);
+    out.assign(count, 0.0f);
+    auto call = [ctx, &in, &out] {
+      gloo::AlltoallOptions o(ctx);
+      o.setInput(in.data(), in.size());
+      o.setOutput(out.data(), out.size());
+      gloo::alltoall(o);
+    };
+    return {call, [&, call, fill, zero, chunk, rank] {
+              fill(in);
+              call();
+              long wrong = 0;
+              for (size_t i = 0; i < out.size(); ++i) {
+                wrong += out[i] != checkValue(static_cast<int>(i / chunk), rank * chunk + i % chunk);
+              }
+              zero();
+              return wrong;
+            }};
+  }
+  return {};  // no baseline for this op
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"bare gloo collectives, the baseline for bench/collectives"};
+  std::string ops = "allreduce,allgather,broadcast,alltoall", storeDir;
+  size_t minBytes = 4, maxBytes = size_t{64} << 20, factor = 4, budget = size_t{1} << 30;
+  int minIters = 5, maxIters = 1000, warmup = 5;
+  app.add_option("--store-dir", storeDir, "empty directory shared by the ranks")->required();
+  app.add_option("--ops", ops)->capture_default_str();
+  app.add_option("--min-bytes", minBytes)->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--max-bytes", maxBytes)->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--factor", factor)->capture_default_str()->check(CLI::Range(2, 1024));
+  app.add_option("--budget-bytes", budget)->capture_default_str();
+  app.add_option("--min-iters", minIters)->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--max-iters", maxIters)->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--warmup", warmup)->capture_default_str()->check(CLI::NonNegativeNumber);
+  CLI11_PARSE(app, argc, argv);
+
+  const int rank = envInt("OMPI_COMM_WORLD_RANK", "RANK"), n = envInt("OMPI_COMM_WORLD_SIZE", "WORLD_SIZE");
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = "127.0.0.1";
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    gloo::rendezvous::FileStore store(storeDir);
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, n);
+    ctx->setTimeout(std::chrono::seconds(120));
+    ctx->connectFullMesh(store, device);
+    if (rank == 0) printHeader("gloo", "bare gloo 0.5 (Debian), TCP on loopback", n);
+    std::vector<float> in, out;
+    for (const auto& op : splitCsv(ops)) {
+      for (size_t bytes : sizeList(op, minBytes, maxBytes, factor, n)) {
+        Op o = makeOp(ctx, op, bytes, in, out);
+        if (!o.call) {
+          if (rank == 0) std::printf("# %s: no bare gloo function, skipped\n", op.c_str());
+          break;
+        }
+        long wrong = o.check();
+        int iters = itersFor(bytes, budget, minIters, maxIters);
+        for (int i = 0; i < warmup; ++i) o.call();
+        gloo::BarrierOptions b(ctx);
+        gloo::barrier(b);
+        auto t0 = Clock::now();
+        for (int i = 0; i < iters; ++i) o.call();
+        double secs = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+        std::vector<float> w = {static_cast<float>(wrong)};
+        gloo::AllreduceOptions r(ctx);
+        r.setOutput(w.data(), 1);
+        r.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+        gloo::allreduce(r);
+        if (rank == 0) printRow(op, bytes, "float", secs, n, static_cast<long>(w[0]));
+      }
+    }
+    gloo::BarrierOptions b(ctx);
+    gloo::barrier(b);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "collectives_gloo_baseline: rank %d: %s\n", rank, e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,159 @@
+/*
+ * The bare-MPI baseline for bench/collectives: the same ops, sizes, method and output as cohort's
+ * program (collectives_common.h), straight on OpenMPI's blocking collectives with MPI_COMM_WORLD,
+ * in place where MPI allows it (allreduce, as cohort's mpi backend runs it).
+ *
+ *   mpirun -np 2 build-bench/bench/collectives_mpi_baseline [--ops allreduce] [--min-bytes 4] ...
+ *
+ * ops map to MPI_Allreduce (MPI_IN_PLACE, MPI_SUM), MPI_Allgather, MPI_Reduce_scatter_block,
+ * MPI_Bcast (root 0) and MPI_Alltoall.
+ */
+#define OMPI_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+
+#include "collectives_common.h"
+
+using namespace cohort_bench;
+
+namespace {
+
+struct Op {
+  std::function<void()> call;
+  std::function<long()> check;  // fills inputs, runs once, counts wrong elements
+};
+
+Op makeOp(const std::string& op, size_t bytes, int rank, int n, std::vector<float>& in, std::vector<float>& out) {
+  const size_t count = bytes / 4, chunk = count / static_cast<size_t>(n);
+  auto fill = [rank](std::vector<float>& v) {
+    for (size_t i = 0; i < v.size(); ++i) v[i] = checkValue(rank, i);
+  };
+  auto zero = [&] {
+    std::fill(in.begin(), in.end(), 0.0f);
+    std::fill(out.begin(), out.end(), 0.0f);
+  };
+  const int c = static_cast<int>(count), k = static_cast<int>(chunk);
+  if (op == "allreduce") {
+    in.assign(count, 0.0f);
+    out.clear();
+    auto call = [&in, c] { MPI_Allreduce(MPI_IN_PLACE, in.data(), c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); };
+    return {call, [&, call, fill, zero, n] {
+              fill(in);
+              call();
+              long wrong = 0;
+              for (size_t i = 0; i < in.size(); ++i) {
+                float want = 0;
+                for (int q = 0; q < n; ++q) want += checkValue(q, i);
+                wrong += in[i] != want;
+              }
+              zero();
+              return wrong;
+            }};
+  }
+  if (op == "broadcast") {
+    in.assign(count, 0.0f);
+    out.clear();
+    auto call = [&in, c] { MPI_Bcast(in.data(), c, MPI_FLOAT, 0, MPI_COMM_WORLD); };
+    return {call, [&, call, fill, zero] {
+              fill(in);
+              call();
+              long wrong = 0;
+              for (size_t i = 0; i < in.size(); ++i) wrong += in[i] != checkValue(0, i);
+              zero();
+              return wrong;
+            }};
+  }
+  if (op == "allgather") {
+    in.assign(chunk, 0.0f);
+    out.assign(count, 0.0f);
+    auto call = [&in, &out, k] { MPI_Allgather(in.data(), k, MPI_FLOAT, out.data(), k, MPI_FLOAT, MPI_COMM_WORLD); };
+    return {call, [&, call, fill, zero, chunk] {
+              fill(in);
+              call();
+              long wrong = 0;
+              for (size_t i = 0; i < out.size(); ++i) wrong += out[i] != checkValue(static_cast<int>(i / chunk), i % chunk);
+              zero();
+              return wrong;
+            }};
+  }
+  if (op == "reduce_scatter") {
+    in.assign(count, 0.0f);
+    out.assign(chunk, 0.0f);
+    auto call = [&in, &out, k] {
+      MPI_Reduce_scatter_block(in.data(), out.data(), k, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    };
+    return {call, [&, call, fill, zero, chunk, n, rank] {
+              fill(in);
+              call();
+              long wrong = 0;
+              for (size_t i = 0; i < out.size(); ++i) {
+                float want = 0;
+                for (int q = 0; q < n; ++q) want += checkValue(q, rank * chunk + i);
+                wrong += out[i] != want;
+              }
+              zero();
+              return wrong;
+            }};
+  }
+  if (op == "alltoall") {
+    in.assign(count, 0.0f);
+    out.assign(count, 0.0f);
+    auto call = [&in, &out, k] { MPI_Alltoall(in.data(), k, MPI_FLOAT, out.data(), k, MPI_FLOAT, MPI_COMM_WORLD); };
+    return {call, [&, call, fill, zero, chunk, rank] {
+              fill(in);
+              call();
+              long wrong = 0;
+              for (size_t i = 0; i < out.size(); ++i) {
+                wrong += out[i] != checkValue(static_cast<int>(i / chunk), rank * chunk + i % chunk);
+              }
+              zero();
+              return wrong;
+            }};
+  }
+  std::fprintf(stderr, "collectives_mpi_baseline: unknown op '%s'\n", op.c_str());
+  MPI_Abort(MPI_COMM_WORLD, 2);
+  return {};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"bare OpenMPI collectives, the baseline for bench/collectives"};
+  std::string ops = "allreduce,allgather,reduce_scatter,broadcast,alltoall";
+  size_t minBytes = 4, maxBytes = size_t{64} << 20, factor = 4, budget = size_t{1} << 30;
+  int minIters = 5, maxIters = 1000, warmup = 5;
+  app.add_option("--ops", ops)->capture_default_str();
+  app.add_option("--min-bytes", minBytes)->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--max-bytes", maxBytes)->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--factor", factor)->capture_default_str()->check(CLI::Range(2, 1024));
+  app.add_option("--budget-bytes", budget)->capture_default_str();
+  app.add_option("--min-iters", minIters)->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--max-iters", maxIters)->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--warmup", warmup)->capture_default_str()->check(CLI::NonNegativeNumber);
+  CLI11_PARSE(app, argc, argv);
+
+  MPI_Init(&argc, &argv);
+  int rank = 0, n = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  if (rank == 0) printHeader("mpi", "bare OpenMPI, MPI_COMM_WORLD", n);
+  std::vector<float> in, out;
+  for (const auto& op : splitCsv(ops)) {
+    for (size_t bytes : sizeList(op, minBytes, maxBytes, factor, n)) {
+      Op o = makeOp(op, bytes, rank, n, in, out);
+      long wrong = o.check();
+      int iters = itersFor(bytes, budget, minIters, maxIters);
+      for (int i = 0; i < warmup; ++i) o.call();
+      MPI_Barrier(MPI_COMM_WORLD);
+      auto t0 = Clock::now();
+      for (int i = 0; i < iters; ++i) o.call();
+      double secs = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+      long total = 0;
+      MPI_Reduce(&wrong, &total, 1, MPI_LONG, MPI_SUM, 0, MPI_COMM_WORLD);
+      if (rank == 0) printRow(op, bytes, "float", secs, n, total);
+    }
+  }
+  MPI_Finalize();
+  return 0;
+}

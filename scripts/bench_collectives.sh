@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Collectives benchmark, nccl-tests style, side by side in one run: cohort's gloo and mpi backends
+# (bench/collectives.cc), bare gloo (bench/collectives_gloo_baseline.cc), bare OpenMPI
+# (bench/collectives_mpi_baseline.cc) and one core's memcpy, every op from 4 B to 64 MiB.
+# All programs are started by mpirun (cohort's ranks find each other through initProcessGroup's
+# OpenMPI detection; the bare gloo program only reads mpirun's rank variables).
+#
+#   ./scripts/bench_collectives.sh                  2 ranks, every op, 4 B .. 64 MiB
+#   ./scripts/bench_collectives.sh --np 3 --ops allreduce --max-bytes 1048576
+#   OUT=dir ./scripts/bench_collectives.sh          also keep each program's raw output in dir
+#
+# Options other than --np go to every program (see `build-bench/bench/collectives --help`).
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${BUILD_DIR:-$root/build-bench}"
+np=2
+args=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --np) np="$2"; shift 2 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    *) args+=("$1"); shift ;;
+  esac
+done
+
+if [[ ! -f "$build/CMakeCache.txt" ]]; then
+  generator=(); command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
+  launcher=(); command -v ccache >/dev/null 2>&1 && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  cmake -S "$root" -B "$build" "${generator[@]}" "${launcher[@]}" -DCMAKE_BUILD_TYPE=Release \
+    -DCOHORT_BUILD_BENCHMARKS=ON >/dev/null
+fi
+cmake --build "$build" -j "${JOBS:-2}" --target cohort_bench_collectives cohort_bench_collectives_mpi \
+  cohort_bench_collectives_gloo
+
+out="${OUT:-$(mktemp -d)}"
+mkdir -p "$out"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+mpi=(mpirun -np "$np" --oversubscribe)
+echo "# $(date -u '+%F %T UTC'), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), $np ranks" | tee "$out/meta.txt"
+
+"${mpi[@]}" "$build/bench/collectives" --backend gloo "${args[@]}" | tee "$out/cohort_gloo.txt"
+"${mpi[@]}" "$build/bench/collectives" --backend mpi --no-memcpy "${args[@]}" | tee "$out/cohort_mpi.txt"
+"${mpi[@]}" "$build/bench/collectives_mpi_baseline" "${args[@]}" | tee "$out/mpi.txt"
+store="$(mktemp -d)"
+"${mpi[@]}" "$build/bench/collectives_gloo_baseline" --store-dir "$store" "${args[@]}" | tee "$out/gloo.txt"
+rm -rf "$store"
+
+python3 "$root/scripts/bench_collectives_table.py" "$out"
+[[ -n "${OUT:-}" ]] || rm -rf "$out"
