@@ -215,5 +215,55 @@ TEST(ProcessGroupFailure, StalledRankTimesOutWithItsName) {
   for (int r = 1; r < kSize; ++r) EXPECT_EQ(results[r].report.substr(0, 12), "TimeoutError") << results[r].report;
 }
 
+// COHORT_DEBUG=DETAIL across processes: rank 2 calls broadcast where ranks 0 and 1 call
+// allreduce. Every rank (the odd one out too) fails at once with one DistError that lists each
+// rank's call, instead of a hang or a silently wrong result.
+TEST(ProcessGroupFailure, MismatchedCollectiveUnderDetailFailsOnEveryRank) {
+  if (!hasBackend("gloo")) GTEST_SKIP() << "gloo is not built";
+  TempDir dir;
+  constexpr int kSize = 3, kOdd = 2;
+  auto results = runForked(kSize, 60s, [&](int rank, std::ofstream& report) {
+    auto store = std::make_shared<FileStore>(dir.file("store"), Millis(30'000));
+    ProcessGroupOptions o;
+    o.backend = "gloo";
+    o.timeout = Millis(20'000);
+    o.debug = DebugLevel::Detail;
+    auto pg = ProcessGroup::create(store, rank, kSize, o);
+    Tensor t = ones({10});
+    pg->allreduce(t)->wait();  // a matching call passes the check
+    auto start = std::chrono::steady_clock::now();
+    std::string kind = "none", msg;
+    try {
+      if (rank == kOdd) {
+        pg->broadcast(t)->wait();
+      } else {
+        pg->allreduce(t)->wait();
+      }
+    } catch (const TimeoutError& e) {
+      kind = "TimeoutError", msg = e.what();
+    } catch (const DistError& e) {
+      kind = "DistError", msg = e.what();
+    }
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    report << kind << "|" << secs << "|" << msg;
+    return 0;
+  }, dir);
+  for (int r = 0; r < kSize; ++r) {
+    const auto& res = results[r];
+    EXPECT_FALSE(res.killedByWatchdog) << "rank " << r << " hung";
+    ASSERT_TRUE(WIFEXITED(res.status) && WEXITSTATUS(res.status) == 0) << "rank " << r << ": " << res.report;
+    const std::string& rep = res.report;
+    auto bar1 = rep.find('|'), bar2 = rep.find('|', bar1 + 1);
+    ASSERT_NE(bar2, std::string::npos) << rep;
+    EXPECT_EQ(rep.substr(0, bar1), "DistError") << "rank " << r << ": " << rep;
+    EXPECT_LT(std::stod(rep.substr(bar1 + 1, bar2 - bar1 - 1)), 10.0) << "rank " << r << " waited for the timeout";
+    std::string msg = rep.substr(bar2 + 1);
+    EXPECT_NE(msg.find("collective mismatch in group 'world' at sequence number 2"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rank 0: allreduce(dtype=float32, shapes=[[10]], op=sum)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rank 1: allreduce(dtype=float32, shapes=[[10]], op=sum)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("rank 2: broadcast(dtype=float32, shapes=[[10]], root=0)"), std::string::npos) << msg;
+  }
+}
+
 }  // namespace
 }  // namespace cohort::dist::testing
