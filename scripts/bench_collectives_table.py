@@ -1,19 +1,25 @@
 #!/usr/bin/env python3
 """Joins the outputs of scripts/bench_collectives.sh into one markdown table per op.
 
-Usage: bench_collectives_table.py DIR   (DIR holds cohort_gloo.txt, cohort_mpi.txt, mpi.txt,
-gloo.txt as the programs printed them). For each size: time (µs) and busbw (GB/s) of every
+Usage: bench_collectives_table.py DIR   (DIR holds cohort_gloo.N.txt, cohort_mpi.N.txt, mpi.N.txt,
+gloo.N.txt as the programs printed them, N = 1.. for repeated runs; a row keeps its fastest run). For each size: time (µs) and busbw (GB/s) of every
 program, the memcpy limit, and the ratios the issue asks about: cohort mpi time / bare MPI time,
 and cohort gloo busbw / bare gloo busbw (time ratio at small sizes). Wrong results are flagged.
 """
+import glob
 import os
 import sys
 
 
-def load(path):
+def load(prefix):
     rows = {}
-    if not os.path.exists(path):
-        return rows
+    paths = sorted(glob.glob(prefix + ".*.txt")) + ([prefix + ".txt"] if os.path.exists(prefix + ".txt") else [])
+    for path in paths:
+        load_one(path, rows)
+    return rows
+
+
+def load_one(path, rows):
     with open(path) as f:
         for line in f:
             if line.startswith("#") or not line.strip():
@@ -22,16 +28,23 @@ def load(path):
             if len(parts) != 8:
                 continue
             op, size, _count, _type, t, _alg, bus, wrong = parts
-            rows[(op, int(size))] = (float(t), float(bus), int(wrong))
-    return rows
+            key, row = (op, int(size)), (float(t), float(bus), int(wrong))
+            if op == "memcpy":
+                row = (float(t), float(bus), 0)
+            old = rows.get(key)
+            # The fastest run wins; a wrong result in any run is kept.
+            if old is None or row[0] < old[0]:
+                rows[key] = (row[0], row[1], row[2] + (old[2] if old else 0))
+            elif row[2]:
+                rows[key] = (old[0], old[1], old[2] + row[2])
 
 
 def main():
     d = sys.argv[1]
-    progs = [("cohort gloo", load(os.path.join(d, "cohort_gloo.txt"))),
-             ("gloo", load(os.path.join(d, "gloo.txt"))),
-             ("cohort mpi", load(os.path.join(d, "cohort_mpi.txt"))),
-             ("MPI", load(os.path.join(d, "mpi.txt")))]
+    progs = [("cohort gloo", load(os.path.join(d, "cohort_gloo"))),
+             ("gloo", load(os.path.join(d, "gloo"))),
+             ("cohort mpi", load(os.path.join(d, "cohort_mpi"))),
+             ("MPI", load(os.path.join(d, "mpi")))]
     memcpy = {size: bus for (op, size), (_t, bus, _w) in progs[0][1].items() if op == "memcpy"}
     ops = []
     for _name, rows in progs:
