@@ -101,6 +101,47 @@ TEST(VecMath, ActivationAccuracy) {
   EXPECT_LE(worst, 1.0) << "at " << at;
 }
 
+TEST(VecMath, GeluErfRelativeAccuracyInTheTail) {
+  // vec_math.h computes gelu through erfc(|x|/sqrt2), so the negative tail keeps its relative
+  // accuracy (the 1 + erf form cancels: it gave gelu(-5) = -1.490e-6 instead of -1.433e-6 and 0
+  // from x = -5.9 on). States 6.8 ulp measured; bound 8 ulp on every normal result over a dense
+  // grid of [-13.1, 16] against float64 x/2 erfc(-x/sqrt2).
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const double kRsqrt2 = 0.70710678118654752440;
+  auto ref = [&](double x) { return 0.5 * x * std::erfc(-x * kRsqrt2); };
+  double worst = 0;
+  float at = 0;
+  for (float x = -13.1f; x <= 16.0f; x += 1e-5f) {
+    const double e = ulpError(vm::geluErf(x), ref(x));
+    if (e > worst) {
+      worst = e;
+      at = x;
+    }
+  }
+  EXPECT_LE(worst, 8.0) << "at " << at;
+  // Every 61st float bit pattern in the normal-result range too (small |x|, subnormal x).
+  float at2 = 0;
+  double e2 = maxUlp([](float x) { return vm::geluErf(x); }, ref, -13.1f, inf, &at2);
+  EXPECT_LE(e2, 8.0) << "at " << at2;
+  // Below x = -13.1 the exact result is under FLT_MIN (2.157e-38 there): flushed to -0.
+  EXPECT_LT(std::abs(ref(-13.1000001)), 1.17549435e-38 * 1.9);
+  for (float x : {-13.11f, -14.0f, -20.0f, -1e30f, -3.4e38f}) {
+    EXPECT_EQ(vm::geluErf(x), 0.0f) << x;
+    EXPECT_TRUE(std::signbit(vm::geluErf(x))) << x;
+  }
+  // Values from /usr/bin/python3: 0.5*x*scipy.special.erfc(-x/sqrt(2)) in float64.
+  EXPECT_LE(ulpError(vm::geluErf(-5.0f), -1.4332578593401202e-06), 8.0);
+  EXPECT_LE(ulpError(vm::geluErf(-13.0f), -7.952313719414844e-38), 8.0);
+  // Special values as before (torch: gelu(+inf) = inf, gelu(-inf) = NaN, NaN -> NaN).
+  EXPECT_EQ(vm::geluErf(inf), inf);
+  EXPECT_TRUE(std::isnan(vm::geluErf(-inf)));
+  EXPECT_TRUE(std::isnan(vm::geluErf(nan)));
+  EXPECT_EQ(vm::geluErf(0.0f), 0.0f);
+  EXPECT_TRUE(std::signbit(vm::geluErf(-0.0f)));
+  EXPECT_EQ(vm::geluErf(3.0e38f), 3.0e38f);
+  EXPECT_EQ(vm::geluErf(1e-40f), 1e-40f * 0.5f);
+}
+
 TEST(VecMath, PowAccuracyAndSpecialValues) {
   // vec_math.h states a max error of 1.2 ulp (1.16 measured); bound it at 1.25.
   constexpr double kMaxUlp = 1.25;
