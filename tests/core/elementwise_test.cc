@@ -254,6 +254,42 @@ TEST(Elementwise, PowScalarAndTensor) {
   EXPECT_THROW(pow(fromVector<bool>({true}), fromVector<bool>({true})), ValueError);
 }
 
+TEST(Elementwise, PowSmallIntegerScalarExponentsAreCorrectlyRounded) {
+  // float32 x^k for integer |k| <= 8 is computed by products in double and one rounding
+  // (core/ops/elementwise.cc): within 0.5 ulp (+ 2^-26) of the exact power, on a spread of
+  // magnitudes from subnormal to near overflow, negative bases and signed zeros / infinities.
+  std::vector<float> xs;
+  for (float v = 1e-6f; v < 1e6f; v *= 1.0137f) {
+    xs.push_back(v);
+    xs.push_back(-v * 0.7071f);
+  }
+  const float specials[] = {0.0f, -0.0f, 1.0f, -1.0f, std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(), 1e-40f, -1e-40f, 3e38f, -3e38f, 1e-30f};
+  xs.insert(xs.end(), std::begin(specials), std::end(specials));
+  Tensor x = fromVector<float>(xs);
+  for (int k : {-8, -7, -5, -4, -3, 4, 5, 6, 7, 8}) {
+    const std::vector<float> got = pow(x, k).toVector<float>();
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const double want = std::pow(static_cast<double>(xs[i]), k);  // exact for these in double but for rounding
+      const float wf = static_cast<float>(want);
+      if (std::isinf(wf) || wf == 0.0f) {
+        EXPECT_EQ(got[i], wf) << xs[i] << "^" << k;
+        EXPECT_EQ(std::signbit(got[i]), std::signbit(std::pow(xs[i], static_cast<float>(k)))) << xs[i] << "^" << k;
+        continue;
+      }
+      const double a = std::abs(static_cast<double>(wf));
+      const double ulp = a < std::numeric_limits<float>::min() ? std::numeric_limits<float>::denorm_min()
+                                                                : std::nextafter(static_cast<float>(a), INFINITY) - a;
+      EXPECT_LE(std::abs(got[i] - want) / ulp, 0.5 + 1.5e-8) << xs[i] << "^" << k;
+    }
+  }
+  // float16/bfloat16 take the same kernel (compute in float, round once): torch.pow(
+  // torch.tensor([1.5, -3.0], dtype=torch.bfloat16), 5) -> [7.59375, -243.0].
+  EXPECT_EQ(vals(pow(make({1.5, -3.0}, DType::BFloat16), 5)), (std::vector<double>{7.59375, -243.0}));
+  // float64 keeps the C library pow.
+  EXPECT_DOUBLE_EQ(vals(pow(make({1.1}, DType::Float64), 7))[0], std::pow(1.1, 7));
+}
+
 TEST(Elementwise, Clamp) {
   Tensor x = make({-2.0, -0.5, 0.0, 0.7, 3.0, kNaN}, DType::Float32);
   EXPECT_TRUE(close(vals(clamp(x, -1.0, 1.0)), {-1.0, -0.5, 0.0, 0.7, 1.0, kNaN}, 1e-7));
