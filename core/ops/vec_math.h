@@ -327,7 +327,7 @@ COHORT_VM_INLINE float rsqrt(float x) { return 1.0f / std::sqrt(x); }
 COHORT_VM_INLINE float silu(float x) { return x * sigmoid(x); }
 // gelu(x) = x Phi(x) with Phi(x) = erfc(-x/sqrt2) / 2, computed through erfc of |x| so the
 // negative tail keeps its relative accuracy (torch's 0.5 x (1 + erf(x/sqrt2)) cancels there:
-// gelu(-5) would be 4% off, gelu(-10) 0). For x >= 0 it is x (1 - erfc(x/sqrt2)/2), no cancellation.
+// gelu(-5) would be 4% off, and 0 from x = -5.54 on). For x >= 0 it is x (1 - erfc(x/sqrt2)/2), no cancellation.
 // erfc(|x|/sqrt2)/2 = t e^{-x^2/2 + P(t)}, t = 1/(1 + 0.32|x|), P a degree-9 polynomial in t - 1/2
 // (weighted least-squares fit of log(erfcx(|x|/sqrt2)/(2t)) on |x| in [0, 14.5], max fit error 1.2e-8,
 // made for this file with numpy/scipy), evaluated by Estrin's scheme (shorter dependency chain);
