@@ -1,0 +1,346 @@
+// ShmBackend: segments, rounds, waiting, failure handling and registration (the collectives
+// themselves are in shm_ops.cc).
+#include <cohort/distributed/shm/shm_backend.h>
+
+#include <fcntl.h>
+#include <immintrin.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <fstream>
+#include <new>
+#include <random>
+
+#include <fmt/format.h>
+
+#include <cohort/core/util/env.h>
+#include <cohort/core/util/error.h>
+#include <cohort/distributed/store/prefix_store.h>
+
+namespace cohort::dist::shm {
+
+COHORT_ENV_KNOB(kSlotBytes, "COHORT_SHM_SLOT_BYTES", "2097152",
+                "Bytes of each of the two slots of a rank's shared-memory segment (shm backend)");
+COHORT_ENV_KNOB(kSmallBytes, "COHORT_SHM_SMALL_BYTES", "32768",
+                "Largest allreduce (bytes) the shm backend does in one round, every rank reducing everything");
+COHORT_ENV_KNOB(kSpinUs, "COHORT_SHM_SPIN_US", "20",
+                "Microseconds the shm backend spins on a peer's counter before sleeping on a futex");
+
+namespace {
+
+constexpr uint64_t kMagic = 0x636f686f72747368ULL;  // "cohortsh"
+constexpr size_t kHeaderBytes = 4096;
+constexpr uint32_t kLive = 0, kAborted = 1, kClosed = 2;
+constexpr auto kSleepSlice = std::chrono::milliseconds(100);
+constexpr auto kLivenessAfter = std::chrono::milliseconds(100);
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free);
+static_assert(sizeof(ShmHeader) <= kHeaderBytes);
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the futex waits on the counter's low half");
+
+ShmHeader* header(uint8_t* base) { return reinterpret_cast<ShmHeader*>(base); }
+
+uint32_t* futexWord(std::atomic<uint64_t>* counter) { return reinterpret_cast<uint32_t*>(counter); }
+
+void futexWait(std::atomic<uint64_t>* counter, uint32_t expected, std::chrono::nanoseconds timeout) {
+  timespec ts;
+  ts.tv_sec = static_cast<time_t>(timeout.count() / 1'000'000'000);
+  ts.tv_nsec = static_cast<long>(timeout.count() % 1'000'000'000);
+  // Not FUTEX_PRIVATE_FLAG: the word is shared between processes.
+  syscall(SYS_futex, futexWord(counter), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void futexWakeAll(std::atomic<uint64_t>* counter) {
+  syscall(SYS_futex, futexWord(counter), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+// Whether process `pid` still runs (a zombie does not: it died and waits to be reaped).
+bool processAlive(int pid) {
+  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
+  std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+  std::string line;
+  if (!std::getline(stat, line)) return true;  // no /proc: trust kill()
+  auto close = line.rfind(')');
+  if (close == std::string::npos || close + 2 >= line.size()) return true;
+  char state = line[close + 2];
+  return state != 'Z' && state != 'X';
+}
+
+std::string sanitize(const std::string& group) {
+  std::string out;
+  for (char c : group) {
+    out.push_back((std::isalnum(static_cast<unsigned char>(c)) || c == '-') ? c : '_');
+    if (out.size() >= 48) break;
+  }
+  return out;
+}
+
+std::string makeToken() {
+  std::random_device rd;
+  uint64_t r = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+               static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  return fmt::format("{:x}{:012x}", getpid(), r & 0xffffffffffffULL);
+}
+
+size_t roundUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+}  // namespace
+
+ShmConfig ShmConfig::fromEnv() {
+  ShmConfig c;
+  const int64_t slot = kSlotBytes.integer();
+  if (slot < 4096 || slot > (int64_t(1) << 32)) {
+    throw ValueError(fmt::format("COHORT_SHM_SLOT_BYTES must be between 4096 and 2^32, got {}", slot));
+  }
+  c.slotBytes = static_cast<size_t>(slot);
+  c.smallBytes = static_cast<size_t>(std::max<int64_t>(0, kSmallBytes.integer()));
+  c.spin = std::chrono::microseconds(std::max<int64_t>(0, kSpinUs.integer()));
+  return c;
+}
+
+ShmBackend::ShmBackend(const StorePtr& store, int rank, int size, const BackendOptions& opts, const ShmConfig& config)
+    : Backend("shm", rank, size), group_(opts.groupName) {
+  slotBytes_ = roundUp(std::max<size_t>(config.slotBytes, 4096), 4096);
+  smallBytes_ = std::min(config.smallBytes, slotBytes_);
+  spin_ = config.spin;
+  mapBytes_ = kHeaderBytes + 2 * slotBytes_;
+  const auto deadline = std::chrono::steady_clock::now() + opts.timeout;
+
+  // The token: drawn by rank 0, shared through the group's store.
+  if (rank == 0) store->set("shm/token", makeToken());
+  store->wait({"shm/token"}, opts.timeout);
+  const std::string token = store->getString("shm/token");
+  names_.resize(size);
+  bases_.assign(size, nullptr);
+  pids_.assign(size, 0);
+  for (int r = 0; r < size; ++r) names_[r] = fmt::format("/cohort_{}_{}_{}", token, sanitize(group_), r);
+
+  auto fail = [&](const std::string& what) {
+    int err = errno;
+    unlinkAll();
+    for (uint8_t*& b : bases_) {
+      if (b) munmap(b, mapBytes_);
+      b = nullptr;
+    }
+    throw DistError(fmt::format("shm backend: rank {} of group '{}': {}{}", rank, group_, what,
+                                err ? fmt::format(": {}", std::strerror(err)) : std::string()));
+  };
+
+  // This rank's segment.
+  errno = 0;
+  int fd = shm_open(names_[rank].c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) fail(fmt::format("cannot create shared memory segment {}", names_[rank]));
+  if (ftruncate(fd, static_cast<off_t>(mapBytes_)) != 0) {
+    close(fd);
+    fail(fmt::format("cannot size segment {} to {} bytes", names_[rank], mapBytes_));
+  }
+  // Reserve the pages now: a full /dev/shm is an error here rather than a SIGBUS later.
+  if (int e = posix_fallocate(fd, 0, static_cast<off_t>(mapBytes_)); e != 0) {
+    close(fd);
+    errno = e;
+    fail(fmt::format("cannot reserve {} bytes for segment {} in /dev/shm", mapBytes_, names_[rank]));
+  }
+  void* mine = mmap(nullptr, mapBytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (mine == MAP_FAILED) fail(fmt::format("cannot map segment {}", names_[rank]));
+  bases_[rank] = static_cast<uint8_t*>(mine);
+  auto* h = new (mine) ShmHeader{};
+  h->magic = kMagic;
+  h->pid = getpid();
+  h->rank = rank;
+  h->slotBytes = slotBytes_;
+  h->counter.store(0);
+  h->waiters.store(0);
+  h->state.store(kLive);
+  pids_[rank] = h->pid;
+  store->set(fmt::format("shm/seg/{}", rank), names_[rank]);
+
+  // The peers' segments.
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r)
+    if (r != rank) keys.push_back(fmt::format("shm/seg/{}", r));
+  try {
+    if (!keys.empty()) store->wait(keys, opts.timeout);
+  } catch (const std::exception& e) {
+    errno = 0;
+    fail(fmt::format("peers did not announce their segments: {}", e.what()));
+  }
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) continue;
+    errno = 0;
+    int pfd = shm_open(names_[r].c_str(), O_RDWR, 0600);
+    if (pfd < 0) fail(fmt::format("cannot open rank {}'s segment {} (is it on this host?)", r, names_[r]));
+    void* p = mmap(nullptr, mapBytes_, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0);
+    close(pfd);
+    if (p == MAP_FAILED) fail(fmt::format("cannot map rank {}'s segment {}", r, names_[r]));
+    bases_[r] = static_cast<uint8_t*>(p);
+    ShmHeader* ph = header(bases_[r]);
+    if (ph->magic != kMagic || ph->rank != r || ph->slotBytes != slotBytes_) {
+      errno = 0;
+      fail(fmt::format("rank {}'s segment {} does not match (slot bytes {} here, {} there: set "
+                       "COHORT_SHM_SLOT_BYTES alike on every rank)",
+                       r, names_[r], slotBytes_, ph->slotBytes));
+    }
+    pids_[r] = ph->pid;
+  }
+  // Meet once over shared memory: then every peer has mapped this rank's segment, and its name can go.
+  try {
+    sync(deadline, "setup");
+  } catch (const Failure& f) {
+    errno = 0;
+    fail(fmt::format("peers did not map the segments: {}", f.detail));
+  }
+  shm_unlink(names_[rank].c_str());
+
+  if (size > 1 && hasBackend("gloo")) {
+    try {
+      p2p_ = createBackend("gloo", std::make_shared<PrefixStore>("p2p", store), rank, size, opts);
+    } catch (...) {
+      for (uint8_t*& b : bases_) {
+        if (b) munmap(b, mapBytes_);
+        b = nullptr;
+      }
+      throw;
+    }
+  }
+}
+
+ShmBackend::~ShmBackend() {
+  if (bases_[rank()]) {
+    ShmHeader* h = header(bases_[rank()]);
+    uint32_t live = kLive;
+    h->state.compare_exchange_strong(live, kClosed);
+    futexWakeAll(&h->counter);
+  }
+  shm_unlink(names_[rank()].c_str());
+  for (uint8_t* b : bases_)
+    if (b) munmap(b, mapBytes_);
+}
+
+bool ShmBackend::supports(OpType op) const {
+  if (op == OpType::Send || op == OpType::Recv) return p2p_ != nullptr;
+  return true;
+}
+
+uint8_t* ShmBackend::slot(int r, uint64_t round) const { return bases_[r] + kHeaderBytes + (round & 1) * slotBytes_; }
+
+void ShmBackend::signal() {
+  ShmHeader* h = header(bases_[rank()]);
+  h->counter.store(round_, std::memory_order_seq_cst);
+  if (h->waiters.load(std::memory_order_seq_cst) != 0) futexWakeAll(&h->counter);
+}
+
+void ShmBackend::sync(Deadline deadline, const char* what) {
+  ++round_;
+  signal();
+  for (int p = 0; p < size(); ++p)
+    if (p != rank()) waitPeer(p, round_, deadline, what);
+}
+
+void ShmBackend::waitPeer(int peer, uint64_t target, Deadline deadline, const char* what) {
+  ShmHeader* h = header(bases_[peer]);
+  if (h->counter.load(std::memory_order_acquire) >= target) return;
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const auto spinEnd = start + spin_;
+  do {
+    for (int i = 0; i < 64; ++i) {
+      if (h->counter.load(std::memory_order_acquire) >= target) return;
+      _mm_pause();
+    }
+  } while (Clock::now() < spinEnd);
+
+  auto lastLiveness = start;
+  while (true) {
+    if (h->counter.load(std::memory_order_acquire) >= target) return;
+    const uint32_t state = h->state.load(std::memory_order_acquire);
+    if (state == kAborted) {
+      char reason[sizeof(h->reason)];
+      std::memcpy(reason, h->reason, sizeof(reason));
+      reason[sizeof(reason) - 1] = '\0';
+      throw Failure{false, fmt::format("shm: rank [{}] aborted while this rank waited for it in {} ({})", peer, what,
+                                       reason)};
+    }
+    if (state == kClosed) {
+      throw Failure{false, fmt::format("shm: rank [{}] destroyed its process group while this rank waited for it "
+                                       "in {}", peer, what)};
+    }
+    const auto now = Clock::now();
+    if (now - start >= kLivenessAfter && now - lastLiveness >= kLivenessAfter && pids_[peer] != getpid()) {
+      lastLiveness = now;
+      if (!processAlive(pids_[peer])) {
+        throw Failure{false, fmt::format("shm: rank [{}] (pid {}) died while this rank waited for it in {}", peer,
+                                         pids_[peer], what)};
+      }
+    }
+    if (now >= deadline) {
+      throw Failure{true, fmt::format("shm: rank [{}] did not reach step {} of {} in time (it is at step {})", peer,
+                                      target, what, h->counter.load())};
+    }
+    auto slice = std::min<std::chrono::nanoseconds>(deadline - now, kSleepSlice);
+    h->waiters.fetch_add(1, std::memory_order_seq_cst);
+    const uint64_t seen = h->counter.load(std::memory_order_seq_cst);
+    if (seen < target && h->state.load(std::memory_order_seq_cst) == kLive) {
+      futexWait(&h->counter, static_cast<uint32_t>(seen), slice);
+    }
+    h->waiters.fetch_sub(1, std::memory_order_seq_cst);
+  }
+}
+
+void ShmBackend::breakWith(const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(errMu_);
+    if (broken_.load()) return;
+    brokenMessage_ = message;
+    broken_.store(true);
+  }
+  ShmHeader* h = header(bases_[rank()]);
+  if (h->state.load() == kLive) {
+    std::strncpy(h->reason, message.c_str(), sizeof(h->reason) - 1);
+    h->reason[sizeof(h->reason) - 1] = '\0';
+  }
+  uint32_t live = kLive;
+  h->state.compare_exchange_strong(live, kAborted);
+  futexWakeAll(&h->counter);
+  // Names are normally gone already; after a failure during setup, remove what anyone left.
+  unlinkAll();
+  if (p2p_) p2p_->abort(message);
+}
+
+void ShmBackend::unlinkAll() {
+  for (const std::string& n : names_) shm_unlink(n.c_str());
+}
+
+void ShmBackend::abort(const std::string& reason) { breakWith(reason); }
+
+// ---- point to point (inner gloo backend) -----------------------------------------------------
+
+void ShmBackend::send(const Tensor& tensor, int dst, const SendRecvOptions& opts, const WorkPtr& work) {
+  if (!p2p_) unsupported(OpType::Send);
+  p2p_->send(tensor, dst, opts, work);
+}
+
+void ShmBackend::recv(Tensor& tensor, int src, const SendRecvOptions& opts, const WorkPtr& work) {
+  if (!p2p_) unsupported(OpType::Recv);
+  p2p_->recv(tensor, src, opts, work);
+}
+
+// ---- registration --------------------------------------------------------------------------
+
+namespace {
+const bool kRegistered = [] {
+  registerBackend("shm", [](const StorePtr& store, int rank, int size, const BackendOptions& opts) -> BackendPtr {
+    return std::make_shared<ShmBackend>(store, rank, size, opts);
+  });
+  return true;
+}();
+}  // namespace
+
+}  // namespace cohort::dist::shm

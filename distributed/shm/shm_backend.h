@@ -1,0 +1,176 @@
+/*
+ * ShmBackend: the collectives for ranks on one host, over POSIX shared memory, registered as
+ * "shm". It works for ranks that are separate processes and for ranks that are threads of one
+ * process alike.
+ *
+ * Segments. Each rank owns one segment, "/cohort_<token>_<group>_<rank>" (the token is drawn by
+ * rank 0 and shared through the group's store, so names are unique to the job and the group): a
+ * header page, then two slots of COHORT_SHM_SLOT_BYTES (default 2 MiB) that only its owner
+ * writes. Ranks announce their segment names through the store, map every peer's segment, meet
+ * once over shared memory, and then each unlinks its own name at once: from then on nothing of
+ * the group is left in /dev/shm whatever happens, and the memory goes away with the last mapping.
+ * If setup fails half way, the ranks unlink every name they know (their own and their peers').
+ *
+ * Rounds. Every op is a sequence of rounds that every rank runs in the same order: write into
+ * this rank's slot for the round (slot = round % 2), publish the round number in the header's
+ * counter, wait until every peer's counter reached it, then read the peers' slots of that round.
+ * Since a rank only publishes round k+1 after it finished reading round k-1's slots, and waits
+ * for everyone's round k before writing round k+1, two slots are enough and no other handshake
+ * is needed (the slot of round k+1 may even be written while round k's are read, which the
+ * allreduce uses to pipeline). Large payloads stream through the slots chunk by chunk.
+ *
+ * Allreduce. Up to COHORT_SHM_SMALL_BYTES (default 32 KiB): one round (every rank copies its
+ * tensor in, then every rank reduces all slots in rank order, so all get the same bits). Above:
+ * reduce-scatter + allgather per chunk: each rank copies the others' slices of the chunk into its
+ * slot, reduces its own 1/n slice reading the peers' slots directly (its own part from its
+ * tensor) and writes the result to its tensor and to its next slot, then copies the others'
+ * reduced slices. Two rounds per chunk. Reductions run over blocks that stay in L1, in the
+ * accumulation type (float32 for float16/bfloat16, rounded once), in plain loops over
+ * __restrict pointers that the compiler vectorizes.
+ *
+ * Waiting. A rank spins on a peer's counter for COHORT_SHM_SPIN_US (default 20 µs, with pause),
+ * then sleeps on a futex on that counter (the signaller wakes it only when a waiter flag in the
+ * header says someone sleeps), so on a 2-core machine a waiting rank gives its core away.
+ * Sleeps last at most 100 ms; past the first 100 ms of waiting the waiter checks that the peer's
+ * process (pid in its header) is alive, and a peer that aborted or closed its backend sets a
+ * state flag that wakes its waiters. Hence: a dead peer → PeerError naming it, within about
+ * 100 ms; a stalled peer → TimeoutError at the op's deadline; both name the op. After any failure
+ * the backend is aborted (later ops fail at once with the first error) and tells its peers so.
+ *
+ * Threads. Collectives run on the caller's thread and the returned Work is already complete (as
+ * the mpi backend's default): a 4 KiB allreduce takes a few µs here, and handing each op to a
+ * worker thread would cost two context switches (tens of µs on a 2-core host). Deadlines are
+ * still honoured, since every wait is bounded by the op's deadline. Ops of one group are
+ * serialized by a mutex; different groups have different segments and may run concurrently.
+ *
+ * Point to point. send/recv go to an inner gloo backend made with the group (when gloo is
+ * built; otherwise supports() says no), since tagged, out-of-order messages do not fit the
+ * rounds. Everything else runs over shared memory.
+ */
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <cohort/distributed/backend.h>
+
+namespace cohort::dist::shm {
+
+// The header page of every rank's segment. The counter and the flags live in separate cache
+// lines so the owner's writes do not bounce the line the peers poll.
+struct alignas(64) ShmHeader {
+  uint64_t magic;
+  int32_t pid;
+  int32_t rank;
+  uint64_t slotBytes;
+  alignas(64) std::atomic<uint64_t> counter;  // last round this rank published (futex on the low half)
+  alignas(64) std::atomic<uint32_t> waiters;  // peers sleeping on `counter`
+  alignas(64) std::atomic<uint32_t> state;    // kLive, kAborted, kClosed
+  char reason[448];                            // why it aborted (written before `state`)
+};
+
+// Sizes and spin time; fromEnv() reads COHORT_SHM_SLOT_BYTES, COHORT_SHM_SMALL_BYTES and
+// COHORT_SHM_SPIN_US (every rank of a group must use the same slot size).
+struct ShmConfig {
+  size_t slotBytes = 2 << 20;
+  size_t smallBytes = 32 << 10;
+  std::chrono::microseconds spin{20};
+  static ShmConfig fromEnv();
+};
+
+class ShmBackend : public Backend {
+ public:
+  ShmBackend(const StorePtr& store, int rank, int size, const BackendOptions& opts,
+             const ShmConfig& config = ShmConfig::fromEnv());
+  ~ShmBackend() override;
+
+  bool supports(OpType op) const override;
+
+  void allreduce(Tensor& tensor, const AllreduceOptions& opts, const WorkPtr& work) override;
+  void allreduceCoalesced(std::vector<Tensor>& tensors, const AllreduceOptions& opts, const WorkPtr& work) override;
+  void broadcast(Tensor& tensor, const BroadcastOptions& opts, const WorkPtr& work) override;
+  void reduce(Tensor& tensor, const ReduceOptions& opts, const WorkPtr& work) override;
+  void allgather(std::vector<Tensor>& outputs, const Tensor& input, const AllgatherOptions& opts,
+                 const WorkPtr& work) override;
+  void allgatherIntoTensor(Tensor& output, const Tensor& input, const AllgatherOptions& opts,
+                           const WorkPtr& work) override;
+  void allgatherCoalesced(std::vector<std::vector<Tensor>>& outputs, const std::vector<Tensor>& inputs,
+                          const AllgatherOptions& opts, const WorkPtr& work) override;
+  void reduceScatter(Tensor& output, std::vector<Tensor>& inputs, const ReduceScatterOptions& opts,
+                     const WorkPtr& work) override;
+  void reduceScatterTensor(Tensor& output, const Tensor& input, const ReduceScatterOptions& opts,
+                           const WorkPtr& work) override;
+  void alltoall(Tensor& output, const Tensor& input, const AlltoallOptions& opts, const WorkPtr& work) override;
+  void alltoallList(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs, const AlltoallOptions& opts,
+                    const WorkPtr& work) override;
+  void gather(std::vector<Tensor>& outputs, const Tensor& input, const GatherOptions& opts,
+              const WorkPtr& work) override;
+  void scatter(Tensor& output, const std::vector<Tensor>& inputs, const ScatterOptions& opts,
+               const WorkPtr& work) override;
+  void barrier(const BarrierOptions& opts, const WorkPtr& work) override;
+  void send(const Tensor& tensor, int dst, const SendRecvOptions& opts, const WorkPtr& work) override;
+  void recv(Tensor& tensor, int src, const SendRecvOptions& opts, const WorkPtr& work) override;
+
+  void abort(const std::string& reason) override;
+
+  // The segment names of this group (for tests: none of them may remain in /dev/shm).
+  const std::vector<std::string>& segmentNames() const { return names_; }
+
+ private:
+  // Raised inside an op by a failed wait; run() maps it onto the Work's typed error.
+  struct Failure {
+    bool timeout;
+    std::string detail;
+  };
+  using Deadline = std::chrono::steady_clock::time_point;
+
+  // Runs one op on the caller's thread: fails the Work at once when the backend is aborted,
+  // else runs `body` and completes the Work with its outputs or its typed error.
+  template <typename F>
+  void run(const WorkPtr& work, F&& body);
+
+  // ---- rounds (see the header comment) ----
+  uint8_t* slot(int rank, uint64_t round) const;
+  uint8_t* writeSlot() const { return slot(rank(), round_ + 1); }  // this rank's slot for the next round
+  uint8_t* readSlot(int peer) const { return slot(peer, round_); }  // a peer's slot of the current round
+  // Publishes the next round and waits for every peer to reach it.
+  void sync(Deadline deadline, const char* what);
+  void waitPeer(int peer, uint64_t target, Deadline deadline, const char* what);
+  void signal();
+
+  // ---- byte-level collectives over the rounds (shm_ops.cc) ----
+  void allreduceBytes(void* data, size_t count, DType dtype, ReduceOp op, Deadline dl);
+  void allgatherBytes(const void* in, size_t bytes, const std::vector<uint8_t*>& outs, Deadline dl);
+  void reduceScatterBytes(const std::vector<const uint8_t*>& pieces, uint8_t* out, size_t count, DType dtype,
+                          ReduceOp op, Deadline dl);
+  void alltoallBytes(const std::vector<const uint8_t*>& send, const std::vector<size_t>& sendBytes,
+                     const std::vector<uint8_t*>& recv, const std::vector<size_t>& recvBytes, bool sizesKnownEqual,
+                     Deadline dl);
+
+  void breakWith(const std::string& message);
+  void unlinkAll();
+
+  std::string group_;
+  size_t slotBytes_ = 0;
+  size_t mapBytes_ = 0;
+  size_t smallBytes_ = 0;
+  std::chrono::nanoseconds spin_{0};
+  std::vector<std::string> names_;
+  std::vector<uint8_t*> bases_;
+  std::vector<int> pids_;
+  uint64_t round_ = 0;
+
+  std::mutex opMu_;
+  std::atomic<bool> broken_{false};
+  std::mutex errMu_;
+  std::string brokenMessage_;
+
+  BackendPtr p2p_;  // gloo, for send/recv
+};
+
+}  // namespace cohort::dist::shm

@@ -1,0 +1,408 @@
+// The collectives of ShmBackend, each a sequence of rounds (see shm_backend.h), run on the
+// caller's thread.
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include <cohort/core/ops/ops.h>
+#include <cohort/core/util/error.h>
+#include <cohort/distributed/shm/shm_backend.h>
+#include <cohort/distributed/shm/shm_kernels.h>
+
+namespace cohort::dist::shm {
+
+namespace {
+
+uint8_t* bytesOf(const Tensor& t) { return static_cast<uint8_t*>(t.dataPtr()); }
+
+size_t roundUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+}  // namespace
+
+template <typename F>
+void ShmBackend::run(const WorkPtr& work, F&& body) {
+  std::vector<Tensor> outputs;
+  std::exception_ptr error;
+  {
+    std::lock_guard<std::mutex> lock(opMu_);
+    if (broken_.load()) {
+      std::string first;
+      {
+        std::lock_guard<std::mutex> g(errMu_);
+        first = brokenMessage_;
+      }
+      error = std::make_exception_ptr(
+          PeerError(fmt::format("shm backend of group '{}' was aborted by an earlier error: {}", group_, first)));
+    } else {
+      try {
+        outputs = body(work->deadline());
+      } catch (const Failure& f) {
+        // Tell the peers (and stop later ops) before the diagnosis, which may read the store.
+        breakWith(fmt::format("{} failed: {}", work->describe(), f.detail));
+        error = f.timeout ? work->timeoutError(f.detail) : work->peerError(f.detail);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+  }
+  // Completed outside the lock: a completion callback may issue the group's next op.
+  if (error) work->fail(error);
+  else work->finish(std::move(outputs));
+}
+
+// ---- byte-level collectives ------------------------------------------------------------------
+
+void ShmBackend::allreduceBytes(void* data, size_t count, DType dtype, ReduceOp op, Deadline dl) {
+  const int n = size(), r = rank();
+  if (count == 0 || n == 1) return;  // Avg over one rank is the value itself
+  const size_t es = elementSize(dtype);
+  uint8_t* d = static_cast<uint8_t*>(data);
+  std::vector<const void*> srcs(n);
+  if (count * es <= smallBytes_) {
+    std::memcpy(writeSlot(), d, count * es);
+    sync(dl, "allreduce");
+    for (int q = 0; q < n; ++q) srcs[q] = q == r ? d : readSlot(q);
+    reduceSources(dtype, d, nullptr, srcs.data(), n, count, op, n);
+    return;
+  }
+  // Reduce-scatter + allgather, chunk by chunk; slices aligned to 64 bytes.
+  const size_t chunk = slotBytes_ / es;
+  const size_t unit = std::max<size_t>(1, 64 / es);
+  for (size_t off = 0; off < count; off += chunk) {
+    const size_t len = std::min(chunk, count - off);
+    const size_t sl = roundUp((len + n - 1) / n, unit);
+    auto beg = [&](int q) { return std::min(static_cast<size_t>(q) * sl, len); };
+    auto end = [&](int q) { return std::min(static_cast<size_t>(q + 1) * sl, len); };
+    uint8_t* w = writeSlot();
+    for (int q = 0; q < n; ++q) {
+      if (q != r && end(q) > beg(q)) std::memcpy(w + beg(q) * es, d + (off + beg(q)) * es, (end(q) - beg(q)) * es);
+    }
+    sync(dl, "allreduce");
+    for (int q = 0; q < n; ++q) srcs[q] = q == r ? d + (off + beg(r)) * es : readSlot(q) + beg(r) * es;
+    // The reduced slice goes to the tensor and to this rank's slot of the next round.
+    reduceSources(dtype, d + (off + beg(r)) * es, writeSlot() + beg(r) * es, srcs.data(), n, end(r) - beg(r), op, n);
+    sync(dl, "allreduce");
+    for (int q = 0; q < n; ++q) {
+      if (q != r && end(q) > beg(q)) std::memcpy(d + (off + beg(q)) * es, readSlot(q) + beg(q) * es, (end(q) - beg(q)) * es);
+    }
+  }
+}
+
+void ShmBackend::allgatherBytes(const void* in, size_t bytes, const std::vector<uint8_t*>& outs, Deadline dl) {
+  if (bytes == 0) return;
+  const int n = size(), r = rank();
+  const uint8_t* src = static_cast<const uint8_t*>(in);
+  if (outs[r] != src) std::memcpy(outs[r], src, bytes);
+  if (n == 1) return;
+  for (size_t off = 0; off < bytes; off += slotBytes_) {
+    const size_t len = std::min(slotBytes_, bytes - off);
+    std::memcpy(writeSlot(), src + off, len);
+    sync(dl, "allgather");
+    for (int q = 0; q < n; ++q)
+      if (q != r) std::memcpy(outs[q] + off, readSlot(q), len);
+  }
+}
+
+void ShmBackend::alltoallBytes(const std::vector<const uint8_t*>& send, const std::vector<size_t>& sendBytes,
+                               const std::vector<uint8_t*>& recv, const std::vector<size_t>& recvBytes,
+                               bool sizesKnownEqual, Deadline dl) {
+  const int n = size(), r = rank();
+  const size_t region = std::max<size_t>(64, slotBytes_ / n / 64 * 64);
+  size_t maxLen = 0;
+  if (sizesKnownEqual) {
+    for (int q = 0; q < n; ++q)
+      if (q != r) maxLen = std::max(maxLen, sendBytes[q]);
+  } else {
+    // Exchange every rank's send and receive sizes, so every rank checks every pair alike and
+    // agrees on the number of rounds.
+    uint64_t* mine = reinterpret_cast<uint64_t*>(writeSlot());
+    for (int q = 0; q < n; ++q) {
+      mine[q] = sendBytes[q];
+      mine[n + q] = recvBytes[q];
+    }
+    sync(dl, "alltoall");
+    std::string mismatch;
+    for (int s = 0; s < n; ++s) {
+      const uint64_t* ss = reinterpret_cast<const uint64_t*>(readSlot(s));
+      for (int t = 0; t < n; ++t) {
+        const uint64_t* ts = reinterpret_cast<const uint64_t*>(readSlot(t));
+        if (ss[t] != ts[n + s] && mismatch.empty()) {
+          mismatch = fmt::format("rank {} sends {} bytes to rank {}, which expects {}", s, ss[t], t, ts[n + s]);
+        }
+        if (s != t) maxLen = std::max<size_t>(maxLen, ss[t]);
+      }
+    }
+    if (!mismatch.empty()) throw DistError(fmt::format("shm: alltoall in group '{}': {}", group_, mismatch));
+  }
+  if (sendBytes[r]) std::memmove(recv[r], send[r], sendBytes[r]);
+  for (size_t off = 0; off < maxLen; off += region) {
+    uint8_t* w = writeSlot();
+    for (int q = 0; q < n; ++q) {
+      if (q != r && off < sendBytes[q]) std::memcpy(w + q * region, send[q] + off, std::min(region, sendBytes[q] - off));
+    }
+    sync(dl, "alltoall");
+    for (int q = 0; q < n; ++q) {
+      if (q != r && off < recvBytes[q]) std::memcpy(recv[q] + off, readSlot(q) + r * region, std::min(region, recvBytes[q] - off));
+    }
+  }
+}
+
+// ---- the collectives ---------------------------------------------------------------------------
+
+void ShmBackend::allreduce(Tensor& tensor, const AllreduceOptions& opts, const WorkPtr& work) {
+  run(work, [&](Deadline dl) -> std::vector<Tensor> {
+    allreduceBytes(tensor.dataPtr(), static_cast<size_t>(tensor.numel()), tensor.dtype(), opts.op, dl);
+    return {tensor};
+  });
+}
+
+void ShmBackend::allreduceCoalesced(std::vector<Tensor>& tensors, const AllreduceOptions& opts, const WorkPtr& work) {
+  run(work, [&](Deadline dl) -> std::vector<Tensor> {
+    size_t total = 0;
+    for (const Tensor& t : tensors) total += t.nbytes();
+    std::vector<uint8_t> flat(total);
+    size_t off = 0;
+    for (const Tensor& t : tensors) {
+      if (t.nbytes()) std::memcpy(flat.data() + off, t.dataPtr(), t.nbytes());
+      off += t.nbytes();
+    }
+    const DType dtype = tensors[0].dtype();
+    allreduceBytes(flat.data(), total / elementSize(dtype), dtype, opts.op, dl);
+    off = 0;
+    for (const Tensor& t : tensors) {
+      if (t.nbytes()) std::memcpy(t.dataPtr(), flat.data() + off, t.nbytes());
+      off += t.nbytes();
+    }
+    return tensors;
+  });
+}
+
+void ShmBackend::broadcast(Tensor& tensor, const BroadcastOptions& opts, const WorkPtr& work) {
+  run(work, [&](Deadline dl) -> std::vector<Tensor> {
+    const size_t bytes = tensor.nbytes();
+    uint8_t* d = bytesOf(tensor);
+    if (size() == 1) return {tensor};
+    for (size_t off = 0; off < bytes; off += slotBytes_) {
+      const size_t len = std::min(slotBytes_, bytes - off);
+      if (rank() == opts.root) std::memcpy(writeSlot(), d + off, len);
+      sync(dl, "broadcast");
+      if (rank() != opts.root) std::memcpy(d + off, readSlot(opts.root), len);
+    }
+    return {tensor};
+  });
+}
+
+void ShmBackend::reduce(Tensor& tensor, const ReduceOptions& opts, const WorkPtr& work) {
+  run(work, [&](Deadline dl) -> std::vector<Tensor> {
+    const int n = size(), r = rank();
+    const size_t count = static_cast<size_t>(tensor.numel());
+    if (n == 1) return {tensor};
+    const DType dtype = tensor.dtype();
+    const size_t es = elementSize(dtype);
+    const size_t chunk = slotBytes_ / es;
+    uint8_t* d = bytesOf(tensor);
+    std::vector<const void*> srcs(n);
+    for (size_t off = 0; off < count; off += chunk) {
+      const size_t len = std::min(chunk, count - off);
+      if (r != opts.root) std::memcpy(writeSlot(), d + off * es, len * es);
+      sync(dl, "reduce");
+      if (r == opts.root) {
+        for (int q = 0; q < n; ++q) srcs[q] = q == r ? d + off * es : readSlot(q);
+        reduceSources(dtype, d + off * es, nullptr, srcs.data(), n, len, opts.op, n);
+      }
+    }
+    return {tensor};
+  });
+}
+
+void ShmBackend::allgather(std::vector<Tensor>& outputs, const Tensor& input, const AllgatherOptions& opts,
+                           const WorkPtr& work) {
+  run(work, [&](Deadline dl) -> std::vector<Tensor> {
+    std::vector<uint8_t*> outs(size());
+    for (int q = 0; q < size(); ++q) outs[q] = bytesOf(outputs[q]);
+    allgatherBytes(input.dataPtr(), input.nbytes(), outs, dl);
+    return outputs;
+  });
+}
+
+void ShmBackend::allgatherIntoTensor(Tensor& output, const Tensor& input, const AllgatherOptions& opts,
+                                     const WorkPtr& work) {
+  run(work, [&](Deadline dl) -> std::vector<Tensor> {
+    const size_t bytes = input.nbytes();
+    std::vector<uint8_t*> outs(size());
+    for (int q = 0; q < size(); ++q) outs[q] = bytesOf(output) + q * bytes;
+    allgatherBytes(input.dataPtr(), bytes, outs, dl);
+    return {output};
+  });
+}
+
+void ShmBackend::allgatherCoalesced(std::vector<std::vector<Tensor>>& outputs, const std::vector<Tensor>& inputs,
+                                    const AllgatherOptions& opts, const WorkPtr& work) {
+  run(work, [&](Deadline dl) -> std::vector<Tensor> {
+    const int n = size();
+    size_t bytes = 0;
+    for (const Tensor& t : inputs) bytes += t.nbytes();
+    std::vector<uint8_t> mine(bytes), all(bytes * n);
+    size_t off = 0;
+    for (const Tensor& t : inputs) {
+      if (t.nbytes()) std::memcpy(mine.data() + off, t.dataPtr(), t.nbytes());
+      off += t.nbytes();
+    }
+    std::vector<uint8_t*> outs(n);
+    for (int q = 0; q < n; ++q) outs[q] = all.data() + q * bytes;
+    allgatherBytes(mine.data(), bytes, outs, dl);
+    std::vector<Tensor> flat;
+    for (int q = 0; q < n; ++q) {
+      off = q * bytes;
+      for (const Tensor& t : outputs[q]) {
+        if (t.nbytes()) std::memcpy(t.dataPtr(), all.data() + off, t.nbytes());
+        off += t.nbytes();
+        flat.push_back(t);
+      }
+    }
+    return flat;
+  });
+}
+
+void ShmBackend::reduceScatter(Tensor& output, std::vector<Tensor>& inputs, const ReduceScatterOptions& opts,
+                               const WorkPtr& work) {
+  run(work, [&](Deadline dl) -> std::vector<Tensor> {
+    std::vector<const uint8_t*> pieces(size());
+    for (int q = 0; q < size(); ++q) pieces[q] = bytesOf(inputs[q]);
+    reduceScatterBytes(pieces, bytesOf(output), static_cast<size_t>(output.numel()), output.dtype(), opts.op, dl);
+    return {output};
+  });
+}
+
+void ShmBackend::reduceScatterTensor(Tensor& output, const Tensor& input, const ReduceScatterOptions& opts,
+                                     const WorkPtr& work) {
+  run(work, [&](Deadline dl) -> std::vector<Tensor> {
+    std::vector<const uint8_t*> pieces(size());
+    for (int q = 0; q < size(); ++q) pieces[q] = bytesOf(input) + q * output.nbytes();
+    reduceScatterBytes(pieces, bytesOf(output), static_cast<size_t>(output.numel()), output.dtype(), opts.op, dl);
+    return {output};
+  });
+}
+
+void ShmBackend::reduceScatterBytes(const std::vector<const uint8_t*>& pieces, uint8_t* out, size_t count, DType dtype,
+                                    ReduceOp op, Deadline dl) {
+  const int n = size(), r = rank();
+  if (count == 0) return;
+  const size_t es = elementSize(dtype);
+  std::vector<const void*> srcs(n);
+  if (n == 1) {
+    srcs[0] = pieces[0];
+    reduceSources(dtype, out, nullptr, srcs.data(), 1, count, op, 1);
+    return;
+  }
+  const size_t region = std::max<size_t>(64, slotBytes_ / n / 64 * 64);
+  const size_t chunk = std::max<size_t>(1, region / es);
+  for (size_t off = 0; off < count; off += chunk) {
+    const size_t len = std::min(chunk, count - off);
+    uint8_t* w = writeSlot();
+    for (int q = 0; q < n; ++q)
+      if (q != r) std::memcpy(w + q * region, pieces[q] + off * es, len * es);
+    sync(dl, "reduce_scatter");
+    for (int q = 0; q < n; ++q) srcs[q] = q == r ? pieces[r] + off * es : readSlot(q) + r * region;
+    reduceSources(dtype, out + off * es, nullptr, srcs.data(), n, len, op, n);
+  }
+}
+
+void ShmBackend::alltoall(Tensor& output, const Tensor& input, const AlltoallOptions& opts, const WorkPtr& work) {
+  run(work, [&](Deadline dl) -> std::vector<Tensor> {
+    const int n = size();
+    const bool equal = opts.inputSplitSizes.empty() && opts.outputSplitSizes.empty();
+    auto split = [&](const Tensor& t, const std::vector<int64_t>& splits, auto* ptrs, std::vector<size_t>& bytes) {
+      size_t rowBytes = t.elementSize();
+      for (int64_t dd = 1; dd < t.dim(); ++dd) rowBytes *= static_cast<size_t>(t.size(dd));
+      size_t off = 0;
+      for (int q = 0; q < n; ++q) {
+        const int64_t rows = splits.empty() ? (t.dim() ? t.size(0) / n : 0) : splits[q];
+        bytes[q] = static_cast<size_t>(rows) * rowBytes;
+        (*ptrs)[q] = bytesOf(t) + off;
+        off += bytes[q];
+      }
+    };
+    std::vector<const uint8_t*> send(n);
+    std::vector<uint8_t*> recv(n);
+    std::vector<size_t> sendBytes(n), recvBytes(n);
+    split(input, opts.inputSplitSizes, &send, sendBytes);
+    split(output, opts.outputSplitSizes, &recv, recvBytes);
+    alltoallBytes(send, sendBytes, recv, recvBytes, equal, dl);
+    return {output};
+  });
+}
+
+void ShmBackend::alltoallList(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs, const AlltoallOptions& opts,
+                              const WorkPtr& work) {
+  run(work, [&](Deadline dl) -> std::vector<Tensor> {
+    const int n = size();
+    std::vector<const uint8_t*> send(n);
+    std::vector<uint8_t*> recv(n);
+    std::vector<size_t> sendBytes(n), recvBytes(n);
+    for (int q = 0; q < n; ++q) {
+      send[q] = bytesOf(inputs[q]);
+      sendBytes[q] = inputs[q].nbytes();
+      recv[q] = bytesOf(outputs[q]);
+      recvBytes[q] = outputs[q].nbytes();
+    }
+    alltoallBytes(send, sendBytes, recv, recvBytes, false, dl);
+    return outputs;
+  });
+}
+
+void ShmBackend::gather(std::vector<Tensor>& outputs, const Tensor& input, const GatherOptions& opts,
+                        const WorkPtr& work) {
+  run(work, [&](Deadline dl) -> std::vector<Tensor> {
+    const int n = size(), r = rank(), root = opts.root;
+    const size_t bytes = input.nbytes();
+    const uint8_t* in = bytesOf(input);
+    if (bytes == 0) return outputs;
+    if (r == root) std::memcpy(bytesOf(outputs[r]), in, bytes);
+    if (n == 1) return outputs;
+    for (size_t off = 0; off < bytes; off += slotBytes_) {
+      const size_t len = std::min(slotBytes_, bytes - off);
+      if (r != root) std::memcpy(writeSlot(), in + off, len);
+      sync(dl, "gather");
+      if (r == root) {
+        for (int q = 0; q < n; ++q)
+          if (q != r) std::memcpy(bytesOf(outputs[q]) + off, readSlot(q), len);
+      }
+    }
+    return outputs;
+  });
+}
+
+void ShmBackend::scatter(Tensor& output, const std::vector<Tensor>& inputs, const ScatterOptions& opts,
+                         const WorkPtr& work) {
+  run(work, [&](Deadline dl) -> std::vector<Tensor> {
+    const int n = size(), r = rank(), root = opts.root;
+    const size_t bytes = output.nbytes();
+    uint8_t* out = bytesOf(output);
+    if (bytes == 0) return {output};
+    if (r == root) std::memcpy(out, bytesOf(inputs[r]), bytes);
+    if (n == 1) return {output};
+    const size_t region = std::max<size_t>(64, slotBytes_ / n / 64 * 64);
+    for (size_t off = 0; off < bytes; off += region) {
+      const size_t len = std::min(region, bytes - off);
+      if (r == root) {
+        uint8_t* w = writeSlot();
+        for (int q = 0; q < n; ++q)
+          if (q != r) std::memcpy(w + q * region, bytesOf(inputs[q]) + off, len);
+      }
+      sync(dl, "scatter");
+      if (r != root) std::memcpy(out + off, readSlot(root) + r * region, len);
+    }
+    return {output};
+  });
+}
+
+void ShmBackend::barrier(const BarrierOptions& opts, const WorkPtr& work) {
+  run(work, [&](Deadline dl) -> std::vector<Tensor> {
+    sync(dl, "barrier");
+    return {};
+  });
+}
+
+}  // namespace cohort::dist::shm
