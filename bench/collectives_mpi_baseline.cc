@@ -123,7 +123,10 @@ int main(int argc, char** argv) {
   std::string ops = "allreduce,allgather,reduce_scatter,broadcast,alltoall";
   size_t minBytes = 4, maxBytes = size_t{64} << 20, factor = 4, budget = size_t{1} << 30;
   int minIters = 5, maxIters = 1000, warmup = 5;
+  bool threadMultiple = false;
   app.add_option("--ops", ops)->capture_default_str();
+  app.add_flag("--thread-multiple", threadMultiple,
+               "initialise with MPI_Init_thread(MPI_THREAD_MULTIPLE), as cohort's mpi backend does");
   app.add_option("--min-bytes", minBytes)->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--max-bytes", maxBytes)->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--factor", factor)->capture_default_str()->check(CLI::Range(2, 1024));
@@ -133,11 +136,18 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup)->capture_default_str()->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
 
-  MPI_Init(&argc, &argv);
+  if (threadMultiple) {
+    int provided = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  } else {
+    MPI_Init(&argc, &argv);
+  }
   int rank = 0, n = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
-  if (rank == 0) printHeader("mpi", "bare OpenMPI, MPI_COMM_WORLD", n);
+  if (rank == 0) {
+    printHeader("mpi", threadMultiple ? "bare OpenMPI, MPI_COMM_WORLD, MPI_THREAD_MULTIPLE" : "bare OpenMPI, MPI_COMM_WORLD", n);
+  }
   std::vector<float> in, out;
   for (const auto& op : splitCsv(ops)) {
     for (size_t bytes : sizeList(op, minBytes, maxBytes, factor, n)) {
