@@ -30,6 +30,9 @@ COHORT_ENV_KNOB(kSlotBytes, "COHORT_SHM_SLOT_BYTES", "2097152",
                 "Bytes of each of the two slots of a rank's shared-memory segment (shm backend)");
 COHORT_ENV_KNOB(kSmallBytes, "COHORT_SHM_SMALL_BYTES", "32768",
                 "Largest allreduce (bytes) the shm backend does in one round, every rank reducing everything");
+COHORT_ENV_KNOB(kThread, "COHORT_SHM_THREAD", "caller",
+                "Where the shm backend runs collectives: caller (the issuing thread, the Work is complete on "
+                "return) or worker (one thread per group, asynchronous Works)");
 COHORT_ENV_KNOB(kSpinUs, "COHORT_SHM_SPIN_US", "20",
                 "Microseconds the shm backend spins on a peer's counter before sleeping on a futex");
 
@@ -102,6 +105,11 @@ ShmConfig ShmConfig::fromEnv() {
   c.slotBytes = static_cast<size_t>(slot);
   c.smallBytes = static_cast<size_t>(std::max<int64_t>(0, kSmallBytes.integer()));
   c.spin = std::chrono::microseconds(std::max<int64_t>(0, kSpinUs.integer()));
+  const std::string mode = kThread.str();
+  if (mode != "caller" && mode != "worker") {
+    throw ValueError(fmt::format("COHORT_SHM_THREAD must be caller or worker, got '{}'", mode));
+  }
+  c.worker = mode == "worker";
   return c;
 }
 
@@ -210,9 +218,33 @@ ShmBackend::ShmBackend(const StorePtr& store, int rank, int size, const BackendO
       throw;
     }
   }
+  if (config.worker) worker_ = std::thread([this] { workerLoop(); });
+}
+
+void ShmBackend::workerLoop() {
+  std::unique_lock<std::mutex> lock(queueMu_);
+  while (true) {
+    queueCv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;
+    auto [work, task] = std::move(queue_.front());
+    queue_.pop_front();
+    const bool stopping = stop_;
+    lock.unlock();
+    if (stopping) work->fail(work->distError("the process group was destroyed before the op ran"));
+    else task();
+    lock.lock();
+  }
 }
 
 ShmBackend::~ShmBackend() {
+  if (worker_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(queueMu_);
+      stop_ = true;
+    }
+    queueCv_.notify_all();
+    worker_.join();  // ops still queued fail: the group was destroyed before they ran
+  }
   if (bases_[rank()]) {
     ShmHeader* h = header(bases_[rank()]);
     uint32_t live = kLive;

@@ -37,11 +37,14 @@
  * 100 ms; a stalled peer → TimeoutError at the op's deadline; both name the op. After any failure
  * the backend is aborted (later ops fail at once with the first error) and tells its peers so.
  *
- * Threads. Collectives run on the caller's thread and the returned Work is already complete (as
- * the mpi backend's default): a 4 KiB allreduce takes a few µs here, and handing each op to a
- * worker thread would cost two context switches (tens of µs on a 2-core host). Deadlines are
- * still honoured, since every wait is bounded by the op's deadline. Ops of one group are
- * serialized by a mutex; different groups have different segments and may run concurrently.
+ * Threads. By default collectives run on the caller's thread and the returned Work is already
+ * complete (as the mpi backend's default): a 4 KiB allreduce takes about 2 µs here, and handing
+ * each op to a worker thread would cost two context switches (tens of µs on a 2-core host).
+ * Deadlines are still honoured, since every wait is bounded by the op's deadline. The price is
+ * that communication does not overlap the caller's computation; COHORT_SHM_THREAD=worker runs
+ * the ops on one worker thread per group instead, in issue order (as the gloo backend), for
+ * hosts with a core to spare. Ops of one group are serialized by a mutex; different groups have
+ * different segments and may run concurrently.
  *
  * Point to point. send/recv go to an inner gloo backend made with the group (when gloo is
  * built; otherwise supports() says no), since tagged, out-of-order messages do not fit the
@@ -51,10 +54,15 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include <cohort/distributed/backend.h>
@@ -74,12 +82,13 @@ struct alignas(64) ShmHeader {
   char reason[448];                            // why it aborted (written before `state`)
 };
 
-// Sizes and spin time; fromEnv() reads COHORT_SHM_SLOT_BYTES, COHORT_SHM_SMALL_BYTES and
-// COHORT_SHM_SPIN_US (every rank of a group must use the same slot size).
+// Sizes, spin time and thread mode; fromEnv() reads COHORT_SHM_SLOT_BYTES, COHORT_SHM_SMALL_BYTES,
+// COHORT_SHM_SPIN_US and COHORT_SHM_THREAD (every rank of a group must use the same slot size).
 struct ShmConfig {
   size_t slotBytes = 2 << 20;
   size_t smallBytes = 32 << 10;
   std::chrono::microseconds spin{20};
+  bool worker = false;  // run ops on a worker thread (COHORT_SHM_THREAD=worker) instead of the caller's
   static ShmConfig fromEnv();
 };
 
@@ -129,10 +138,13 @@ class ShmBackend : public Backend {
   };
   using Deadline = std::chrono::steady_clock::time_point;
 
-  // Runs one op on the caller's thread: fails the Work at once when the backend is aborted,
-  // else runs `body` and completes the Work with its outputs or its typed error.
+  // Runs one op, on the caller's thread or queued for the worker (see the header comment).
   template <typename F>
   void run(const WorkPtr& work, F&& body);
+  // Fails the Work at once when the backend is aborted, else runs `body` and completes the Work
+  // with its outputs or its typed error.
+  void execute(const WorkPtr& work, const std::function<std::vector<Tensor>(Deadline)>& body);
+  void workerLoop();
 
   // ---- rounds (see the header comment) ----
   uint8_t* slot(int rank, uint64_t round) const;
@@ -171,6 +183,13 @@ class ShmBackend : public Backend {
   std::string brokenMessage_;
 
   BackendPtr p2p_;  // gloo, for send/recv
+
+  // Worker mode only.
+  std::mutex queueMu_;
+  std::condition_variable queueCv_;
+  std::deque<std::pair<WorkPtr, std::function<void()>>> queue_;
+  bool stop_ = false;
+  std::thread worker_;
 };
 
 }  // namespace cohort::dist::shm

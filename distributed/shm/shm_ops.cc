@@ -2,6 +2,7 @@
 // caller's thread.
 #include <algorithm>
 #include <cstring>
+#include <functional>
 
 #include <fmt/format.h>
 
@@ -22,6 +23,22 @@ size_t roundUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 template <typename F>
 void ShmBackend::run(const WorkPtr& work, F&& body) {
+  if (!worker_.joinable()) {
+    execute(work, body);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(queueMu_);
+    if (!stop_) {
+      queue_.emplace_back(work, [this, work, b = std::forward<F>(body)]() mutable { execute(work, b); });
+      queueCv_.notify_one();
+      return;
+    }
+  }
+  work->fail(work->distError("the process group was destroyed before the op ran"));
+}
+
+void ShmBackend::execute(const WorkPtr& work, const std::function<std::vector<Tensor>(Deadline)>& body) {
   std::vector<Tensor> outputs;
   std::exception_ptr error;
   {
@@ -151,14 +168,14 @@ void ShmBackend::alltoallBytes(const std::vector<const uint8_t*>& send, const st
 // ---- the collectives ---------------------------------------------------------------------------
 
 void ShmBackend::allreduce(Tensor& tensor, const AllreduceOptions& opts, const WorkPtr& work) {
-  run(work, [&](Deadline dl) -> std::vector<Tensor> {
+  run(work, [=, this](Deadline dl) mutable -> std::vector<Tensor> {
     allreduceBytes(tensor.dataPtr(), static_cast<size_t>(tensor.numel()), tensor.dtype(), opts.op, dl);
     return {tensor};
   });
 }
 
 void ShmBackend::allreduceCoalesced(std::vector<Tensor>& tensors, const AllreduceOptions& opts, const WorkPtr& work) {
-  run(work, [&](Deadline dl) -> std::vector<Tensor> {
+  run(work, [=, this](Deadline dl) mutable -> std::vector<Tensor> {
     size_t total = 0;
     for (const Tensor& t : tensors) total += t.nbytes();
     std::vector<uint8_t> flat(total);
@@ -179,7 +196,7 @@ void ShmBackend::allreduceCoalesced(std::vector<Tensor>& tensors, const Allreduc
 }
 
 void ShmBackend::broadcast(Tensor& tensor, const BroadcastOptions& opts, const WorkPtr& work) {
-  run(work, [&](Deadline dl) -> std::vector<Tensor> {
+  run(work, [=, this](Deadline dl) mutable -> std::vector<Tensor> {
     const size_t bytes = tensor.nbytes();
     uint8_t* d = bytesOf(tensor);
     if (size() == 1) return {tensor};
@@ -194,7 +211,7 @@ void ShmBackend::broadcast(Tensor& tensor, const BroadcastOptions& opts, const W
 }
 
 void ShmBackend::reduce(Tensor& tensor, const ReduceOptions& opts, const WorkPtr& work) {
-  run(work, [&](Deadline dl) -> std::vector<Tensor> {
+  run(work, [=, this](Deadline dl) mutable -> std::vector<Tensor> {
     const int n = size(), r = rank();
     const size_t count = static_cast<size_t>(tensor.numel());
     if (n == 1) return {tensor};
@@ -218,7 +235,7 @@ void ShmBackend::reduce(Tensor& tensor, const ReduceOptions& opts, const WorkPtr
 
 void ShmBackend::allgather(std::vector<Tensor>& outputs, const Tensor& input, const AllgatherOptions& opts,
                            const WorkPtr& work) {
-  run(work, [&](Deadline dl) -> std::vector<Tensor> {
+  run(work, [=, this](Deadline dl) mutable -> std::vector<Tensor> {
     std::vector<uint8_t*> outs(size());
     for (int q = 0; q < size(); ++q) outs[q] = bytesOf(outputs[q]);
     allgatherBytes(input.dataPtr(), input.nbytes(), outs, dl);
@@ -228,7 +245,7 @@ void ShmBackend::allgather(std::vector<Tensor>& outputs, const Tensor& input, co
 
 void ShmBackend::allgatherIntoTensor(Tensor& output, const Tensor& input, const AllgatherOptions& opts,
                                      const WorkPtr& work) {
-  run(work, [&](Deadline dl) -> std::vector<Tensor> {
+  run(work, [=, this](Deadline dl) mutable -> std::vector<Tensor> {
     const size_t bytes = input.nbytes();
     std::vector<uint8_t*> outs(size());
     for (int q = 0; q < size(); ++q) outs[q] = bytesOf(output) + q * bytes;
@@ -239,7 +256,7 @@ void ShmBackend::allgatherIntoTensor(Tensor& output, const Tensor& input, const 
 
 void ShmBackend::allgatherCoalesced(std::vector<std::vector<Tensor>>& outputs, const std::vector<Tensor>& inputs,
                                     const AllgatherOptions& opts, const WorkPtr& work) {
-  run(work, [&](Deadline dl) -> std::vector<Tensor> {
+  run(work, [=, this](Deadline dl) mutable -> std::vector<Tensor> {
     const int n = size();
     size_t bytes = 0;
     for (const Tensor& t : inputs) bytes += t.nbytes();
@@ -267,7 +284,7 @@ void ShmBackend::allgatherCoalesced(std::vector<std::vector<Tensor>>& outputs, c
 
 void ShmBackend::reduceScatter(Tensor& output, std::vector<Tensor>& inputs, const ReduceScatterOptions& opts,
                                const WorkPtr& work) {
-  run(work, [&](Deadline dl) -> std::vector<Tensor> {
+  run(work, [=, this](Deadline dl) mutable -> std::vector<Tensor> {
     std::vector<const uint8_t*> pieces(size());
     for (int q = 0; q < size(); ++q) pieces[q] = bytesOf(inputs[q]);
     reduceScatterBytes(pieces, bytesOf(output), static_cast<size_t>(output.numel()), output.dtype(), opts.op, dl);
@@ -277,7 +294,7 @@ void ShmBackend::reduceScatter(Tensor& output, std::vector<Tensor>& inputs, cons
 
 void ShmBackend::reduceScatterTensor(Tensor& output, const Tensor& input, const ReduceScatterOptions& opts,
                                      const WorkPtr& work) {
-  run(work, [&](Deadline dl) -> std::vector<Tensor> {
+  run(work, [=, this](Deadline dl) mutable -> std::vector<Tensor> {
     std::vector<const uint8_t*> pieces(size());
     for (int q = 0; q < size(); ++q) pieces[q] = bytesOf(input) + q * output.nbytes();
     reduceScatterBytes(pieces, bytesOf(output), static_cast<size_t>(output.numel()), output.dtype(), opts.op, dl);
@@ -310,7 +327,7 @@ void ShmBackend::reduceScatterBytes(const std::vector<const uint8_t*>& pieces, u
 }
 
 void ShmBackend::alltoall(Tensor& output, const Tensor& input, const AlltoallOptions& opts, const WorkPtr& work) {
-  run(work, [&](Deadline dl) -> std::vector<Tensor> {
+  run(work, [=, this](Deadline dl) mutable -> std::vector<Tensor> {
     const int n = size();
     const bool equal = opts.inputSplitSizes.empty() && opts.outputSplitSizes.empty();
     auto split = [&](const Tensor& t, const std::vector<int64_t>& splits, auto* ptrs, std::vector<size_t>& bytes) {
@@ -336,7 +353,7 @@ void ShmBackend::alltoall(Tensor& output, const Tensor& input, const AlltoallOpt
 
 void ShmBackend::alltoallList(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs, const AlltoallOptions& opts,
                               const WorkPtr& work) {
-  run(work, [&](Deadline dl) -> std::vector<Tensor> {
+  run(work, [=, this](Deadline dl) mutable -> std::vector<Tensor> {
     const int n = size();
     std::vector<const uint8_t*> send(n);
     std::vector<uint8_t*> recv(n);
@@ -354,7 +371,7 @@ void ShmBackend::alltoallList(std::vector<Tensor>& outputs, std::vector<Tensor>&
 
 void ShmBackend::gather(std::vector<Tensor>& outputs, const Tensor& input, const GatherOptions& opts,
                         const WorkPtr& work) {
-  run(work, [&](Deadline dl) -> std::vector<Tensor> {
+  run(work, [=, this](Deadline dl) mutable -> std::vector<Tensor> {
     const int n = size(), r = rank(), root = opts.root;
     const size_t bytes = input.nbytes();
     const uint8_t* in = bytesOf(input);
@@ -376,7 +393,7 @@ void ShmBackend::gather(std::vector<Tensor>& outputs, const Tensor& input, const
 
 void ShmBackend::scatter(Tensor& output, const std::vector<Tensor>& inputs, const ScatterOptions& opts,
                          const WorkPtr& work) {
-  run(work, [&](Deadline dl) -> std::vector<Tensor> {
+  run(work, [=, this](Deadline dl) mutable -> std::vector<Tensor> {
     const int n = size(), r = rank(), root = opts.root;
     const size_t bytes = output.nbytes();
     uint8_t* out = bytesOf(output);
@@ -399,7 +416,7 @@ void ShmBackend::scatter(Tensor& output, const std::vector<Tensor>& inputs, cons
 }
 
 void ShmBackend::barrier(const BarrierOptions& opts, const WorkPtr& work) {
-  run(work, [&](Deadline dl) -> std::vector<Tensor> {
+  run(work, [=, this](Deadline dl) mutable -> std::vector<Tensor> {
     sync(dl, "barrier");
     return {};
   });

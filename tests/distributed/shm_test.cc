@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <fstream>
 
+#include <cohort/config.h>
 #include <cohort/distributed/shm/shm_backend.h>
 
 #include "collectives_suite.h"
@@ -18,6 +19,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
+#if COHORT_USE_SHM
 // "shm" with 4 KiB slots and no single-round allreduce: every op runs chunk by chunk.
 const bool kTinyRegistered = [] {
   registerBackend("shm_tiny_slots", [](const StorePtr& store, int rank, int size, const BackendOptions& opts) -> BackendPtr {
@@ -29,11 +31,26 @@ const bool kTinyRegistered = [] {
   return true;
 }();
 
+// "shm" running its ops on a worker thread (COHORT_SHM_THREAD=worker).
+const bool kWorkerRegistered = [] {
+  registerBackend("shm_worker", [](const StorePtr& store, int rank, int size, const BackendOptions& opts) -> BackendPtr {
+    shm::ShmConfig c;
+    c.worker = true;
+    return std::make_shared<shm::ShmBackend>(store, rank, size, opts, c);
+  });
+  return true;
+}();
+
+#endif
+
 std::vector<std::string> shmBackends() {
   return hasBackend("shm") ? std::vector<std::string>{"shm"} : std::vector<std::string>{};
 }
 std::vector<std::string> tinyBackends() {
   return hasBackend("shm") ? std::vector<std::string>{"shm_tiny_slots"} : std::vector<std::string>{};
+}
+std::vector<std::string> workerBackends() {
+  return hasBackend("shm") ? std::vector<std::string>{"shm_worker"} : std::vector<std::string>{};
 }
 
 INSTANTIATE_TEST_SUITE_P(Shm, Collectives,
@@ -41,6 +58,9 @@ INSTANTIATE_TEST_SUITE_P(Shm, Collectives,
                          collectivesParamName);
 INSTANTIATE_TEST_SUITE_P(ShmTinySlots, Collectives,
                          ::testing::Combine(::testing::ValuesIn(tinyBackends()), ::testing::Values(2, 3, 5)),
+                         collectivesParamName);
+INSTANTIATE_TEST_SUITE_P(ShmWorker, Collectives,
+                         ::testing::Combine(::testing::ValuesIn(workerBackends()), ::testing::Values(2, 3)),
                          collectivesParamName);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(Collectives);
 
@@ -67,6 +87,7 @@ int mappedSegments(const std::string& part) {
   return count;
 }
 
+#if COHORT_USE_SHM
 shm::ShmBackend& shmOf(ProcessGroup& pg) { return dynamic_cast<shm::ShmBackend&>(pg.backend(DeviceType::CPU)); }
 
 TEST(ShmBackend, NoSegmentStaysInDevShmAndDestroyingTheGroupUnmapsThem) {
@@ -90,6 +111,8 @@ TEST(ShmBackend, NoSegmentStaysInDevShmAndDestroyingTheGroupUnmapsThem) {
   EXPECT_EQ(mappedSegments(stem), 0);
   EXPECT_TRUE(devShmEntries(stem).empty());
 }
+
+#endif  // COHORT_USE_SHM
 
 TEST(ShmBackend, StalledRankTimesOutWithItsNameAndAbortsTheBackend) {
   if (!hasBackend("shm")) GTEST_SKIP() << "shm is not built";
