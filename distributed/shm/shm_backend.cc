@@ -26,7 +26,7 @@
 
 namespace cohort::dist::shm {
 
-COHORT_ENV_KNOB(kSlotBytes, "COHORT_SHM_SLOT_BYTES", "2097152",
+COHORT_ENV_KNOB(kSlotBytes, "COHORT_SHM_SLOT_BYTES", "4194304",
                 "Bytes of each of the two slots of a rank's shared-memory segment (shm backend)");
 COHORT_ENV_KNOB(kSmallBytes, "COHORT_SHM_SMALL_BYTES", "32768",
                 "Largest allreduce (bytes) the shm backend does in one round, every rank reducing everything");

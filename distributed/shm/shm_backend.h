@@ -5,7 +5,7 @@
  *
  * Segments. Each rank owns one segment, "/cohort_<token>_<group>_<rank>" (the token is drawn by
  * rank 0 and shared through the group's store, so names are unique to the job and the group): a
- * header page, then two slots of COHORT_SHM_SLOT_BYTES (default 2 MiB) that only its owner
+ * header page, then two slots of COHORT_SHM_SLOT_BYTES (default 4 MiB) that only its owner
  * writes. Ranks announce their segment names through the store, map every peer's segment, meet
  * once over shared memory, and then each unlinks its own name at once: from then on nothing of
  * the group is left in /dev/shm whatever happens, and the memory goes away with the last mapping.
@@ -85,7 +85,7 @@ struct alignas(64) ShmHeader {
 // Sizes, spin time and thread mode; fromEnv() reads COHORT_SHM_SLOT_BYTES, COHORT_SHM_SMALL_BYTES,
 // COHORT_SHM_SPIN_US and COHORT_SHM_THREAD (every rank of a group must use the same slot size).
 struct ShmConfig {
-  size_t slotBytes = 2 << 20;
+  size_t slotBytes = 4 << 20;
   size_t smallBytes = 32 << 10;
   std::chrono::microseconds spin{20};
   bool worker = false;  // run ops on a worker thread (COHORT_SHM_THREAD=worker) instead of the caller's
