@@ -92,6 +92,11 @@ std::string makeToken() {
   return fmt::format("{:x}{:012x}", getpid(), r & 0xffffffffffffULL);
 }
 
+uint64_t pidNamespace() {
+  struct stat st;
+  return stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
 size_t roundUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 }  // namespace
@@ -164,10 +169,11 @@ ShmBackend::ShmBackend(const StorePtr& store, int rank, int size, const BackendO
   h->pid = getpid();
   h->rank = rank;
   h->slotBytes = slotBytes_;
+  h->pidNamespace = pidNamespace();
   h->counter.store(0);
   h->waiters.store(0);
   h->state.store(kLive);
-  pids_[rank] = h->pid;
+  pids_[rank] = 0;
   store->set(fmt::format("shm/seg/{}", rank), names_[rank]);
 
   // The peers' segments.
@@ -196,7 +202,8 @@ ShmBackend::ShmBackend(const StorePtr& store, int rank, int size, const BackendO
                        "COHORT_SHM_SLOT_BYTES alike on every rank)",
                        r, names_[r], slotBytes_, ph->slotBytes));
     }
-    pids_[r] = ph->pid;
+    // A peer's pid means something here only in the same pid namespace, and in another process.
+    pids_[r] = (ph->pidNamespace == h->pidNamespace && h->pidNamespace != 0 && ph->pid != h->pid) ? ph->pid : 0;
   }
   // Meet once over shared memory: then every peer has mapped this rank's segment, and its name can go.
   try {
@@ -305,7 +312,7 @@ void ShmBackend::waitPeer(int peer, uint64_t target, Deadline deadline, const ch
                                        "in {}", peer, what)};
     }
     const auto now = Clock::now();
-    if (now - start >= kLivenessAfter && now - lastLiveness >= kLivenessAfter && pids_[peer] != getpid()) {
+    if (now - start >= kLivenessAfter && now - lastLiveness >= kLivenessAfter && pids_[peer] != 0) {
       lastLiveness = now;
       if (!processAlive(pids_[peer])) {
         throw Failure{false, fmt::format("shm: rank [{}] (pid {}) died while this rank waited for it in {}", peer,

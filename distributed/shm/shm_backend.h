@@ -32,7 +32,7 @@
  * then sleeps on a futex on that counter (the signaller wakes it only when a waiter flag in the
  * header says someone sleeps), so on a 2-core machine a waiting rank gives its core away.
  * Sleeps last at most 100 ms; past the first 100 ms of waiting the waiter checks that the peer's
- * process (pid in its header) is alive, and a peer that aborted or closed its backend sets a
+ * process (pid in its header, when it is in this pid namespace) is alive, and a peer that aborted or closed its backend sets a
  * state flag that wakes its waiters. Hence: a dead peer → PeerError naming it, within about
  * 100 ms; a stalled peer → TimeoutError at the op's deadline; both name the op. After any failure
  * the backend is aborted (later ops fail at once with the first error) and tells its peers so.
@@ -76,6 +76,7 @@ struct alignas(64) ShmHeader {
   int32_t pid;
   int32_t rank;
   uint64_t slotBytes;
+  uint64_t pidNamespace;  // inode of /proc/self/ns/pid: pids are only comparable within one
   alignas(64) std::atomic<uint64_t> counter;  // last round this rank published (futex on the low half)
   alignas(64) std::atomic<uint32_t> waiters;  // peers sleeping on `counter`
   alignas(64) std::atomic<uint32_t> state;    // kLive, kAborted, kClosed
@@ -174,7 +175,7 @@ class ShmBackend : public Backend {
   std::chrono::nanoseconds spin_{0};
   std::vector<std::string> names_;
   std::vector<uint8_t*> bases_;
-  std::vector<int> pids_;
+  std::vector<int> pids_;    // 0 where liveness cannot be checked (this process, another pid namespace)
   uint64_t round_ = 0;
 
   std::mutex opMu_;

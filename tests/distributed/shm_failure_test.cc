@@ -1,4 +1,4 @@
-// The shm backend with ranks as forked processes: a rank killed (SIGKILL) 2 ms into a 64 MiB
+// The shm backend with ranks as forked processes: a rank killed (SIGKILL) inside a 64 MiB
 // allreduce makes the survivors fail with a PeerError naming it, well before the op's timeout,
 // later ops fail at once, and nothing of the group is left in /dev/shm. A watchdog in the parent
 // kills every child past a deadline, so a hang fails the test instead of blocking it.
@@ -31,6 +31,15 @@ namespace cohort::dist::testing {
 namespace {
 
 using namespace std::chrono_literals;
+
+// Whether `pid` runs (a zombie, killed but not yet reaped by this test's parent, does not).
+bool processAlive(int pid) {
+  std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  auto close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z' && line[close + 2] != 'X';
+}
 
 // /dev/shm entries whose name contains `part`.
 std::vector<std::string> devShmEntries(const std::string& part) {
@@ -111,12 +120,18 @@ TEST(ShmBackendFailure, RankKilledMidAllreduceIsNamedAndNoSegmentRemains) {
     pg->allreduce(warm)->wait();
     Tensor big = ones({1 << 24});  // 64 MiB
     if (rank == kDead) {
-      // Dies 2 ms into the op: 64 MiB cannot be reduced by then.
+      // Dies inside its allreduce: the op cannot finish before the others join, and they join
+      // only once this process is dead (so the test does not depend on scheduling).
+      store->set("dead_pid", std::to_string(getpid()));
       std::thread([] {
-        std::this_thread::sleep_for(2ms);
+        std::this_thread::sleep_for(100ms);
         raise(SIGKILL);
       }).detach();
+      pg->allreduce(big)->wait();
+      return "the dead rank's allreduce completed";
     }
+    const int deadPid = std::stoi(store->getString("dead_pid"));
+    while (processAlive(deadPid)) std::this_thread::sleep_for(5ms);
     auto start = std::chrono::steady_clock::now();
     std::string kind = "none", msg;
     try {
