@@ -120,7 +120,8 @@ ShmConfig ShmConfig::fromEnv() {
 
 ShmBackend::ShmBackend(const StorePtr& store, int rank, int size, const BackendOptions& opts, const ShmConfig& config)
     : Backend("shm", rank, size), group_(opts.groupName) {
-  slotBytes_ = roundUp(std::max<size_t>(config.slotBytes, 4096), 4096);
+  // At least 64 bytes per rank and one more (the allreduce's chunk + slice; alltoall's regions).
+  slotBytes_ = roundUp(std::max<size_t>({config.slotBytes, 4096, 64 * static_cast<size_t>(size + 1)}), 4096);
   smallBytes_ = std::min(config.smallBytes, slotBytes_);
   spin_ = config.spin;
   mapBytes_ = kHeaderBytes + 2 * slotBytes_;

@@ -21,10 +21,11 @@
  *
  * Allreduce. Up to COHORT_SHM_SMALL_BYTES (default 32 KiB): one round (every rank copies its
  * tensor in, then every rank reduces all slots in rank order, so all get the same bits). Above:
- * reduce-scatter + allgather per chunk: each rank copies the others' slices of the chunk into its
- * slot, reduces its own 1/n slice reading the peers' slots directly (its own part from its
- * tensor) and writes the result to its tensor and to its next slot, then copies the others'
- * reduced slices. Two rounds per chunk. Reductions run over blocks that stay in L1, in the
+ * reduce-scatter + allgather, pipelined over chunks of n/(n+1) of a slot, one round per chunk:
+ * each rank copies the others' slices of chunk k into its slot; after the round it copies the
+ * others' reduced slices of chunk k-1 out of their slots, then reduces its own 1/n slice of
+ * chunk k reading the peers' slots directly (its own part from its tensor) and writes the result
+ * to its tensor and behind the chunk in its next slot. One last round delivers the last slices. Reductions run over blocks that stay in L1, in the
  * accumulation type (float32 for float16/bfloat16, rounded once), in plain loops over
  * __restrict pointers that the compiler vectorizes.
  *

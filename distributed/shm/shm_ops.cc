@@ -83,27 +83,43 @@ void ShmBackend::allreduceBytes(void* data, size_t count, DType dtype, ReduceOp 
     reduceSources(dtype, d, nullptr, srcs.data(), n, count, op, n);
     return;
   }
-  // Reduce-scatter + allgather, chunk by chunk; slices aligned to 64 bytes.
-  const size_t chunk = slotBytes_ / es;
   const size_t unit = std::max<size_t>(1, 64 / es);
+  // Reduce-scatter + allgather, chunk by chunk, one round per chunk: a slot holds the chunk (the
+  // others' slices of it) and, behind it, this rank's reduced slice of the previous chunk. In
+  // round k every rank copies the others' reduced slices of chunk k-1 and reduces its slice of
+  // chunk k into its next slot; one last round delivers the last chunk's slices.
+  const size_t chunk = (slotBytes_ * n / (n + 1) / es) / (unit * n) * (unit * n);
+  // chunk >= unit * n: the constructor makes slots of at least 64 * (n + 1) bytes.
+  const size_t reducedAt = chunk * es;  // offset of the reduced slice in a slot (64-byte aligned)
+  auto sliceLen = [&](size_t len) { return roundUp((len + n - 1) / n, unit); };
+  auto beg = [&](size_t len, int q) { return std::min(static_cast<size_t>(q) * sliceLen(len), len); };
+  auto end = [&](size_t len, int q) { return std::min(static_cast<size_t>(q + 1) * sliceLen(len), len); };
+  auto copyOut = [&](size_t off, size_t len) {
+    for (int q = 0; q < n; ++q) {
+      if (q != r && end(len, q) > beg(len, q)) {
+        std::memcpy(d + (off + beg(len, q)) * es, readSlot(q) + reducedAt, (end(len, q) - beg(len, q)) * es);
+      }
+    }
+  };
+  size_t prevOff = 0, prevLen = 0;
   for (size_t off = 0; off < count; off += chunk) {
     const size_t len = std::min(chunk, count - off);
-    const size_t sl = roundUp((len + n - 1) / n, unit);
-    auto beg = [&](int q) { return std::min(static_cast<size_t>(q) * sl, len); };
-    auto end = [&](int q) { return std::min(static_cast<size_t>(q + 1) * sl, len); };
     uint8_t* w = writeSlot();
     for (int q = 0; q < n; ++q) {
-      if (q != r && end(q) > beg(q)) std::memcpy(w + beg(q) * es, d + (off + beg(q)) * es, (end(q) - beg(q)) * es);
+      if (q != r && end(len, q) > beg(len, q)) {
+        std::memcpy(w + beg(len, q) * es, d + (off + beg(len, q)) * es, (end(len, q) - beg(len, q)) * es);
+      }
     }
     sync(dl, "allreduce");
-    for (int q = 0; q < n; ++q) srcs[q] = q == r ? d + (off + beg(r)) * es : readSlot(q) + beg(r) * es;
-    // The reduced slice goes to the tensor and to this rank's slot of the next round.
-    reduceSources(dtype, d + (off + beg(r)) * es, writeSlot() + beg(r) * es, srcs.data(), n, end(r) - beg(r), op, n);
-    sync(dl, "allreduce");
-    for (int q = 0; q < n; ++q) {
-      if (q != r && end(q) > beg(q)) std::memcpy(d + (off + beg(q)) * es, readSlot(q) + beg(q) * es, (end(q) - beg(q)) * es);
-    }
+    if (prevLen) copyOut(prevOff, prevLen);
+    for (int q = 0; q < n; ++q) srcs[q] = q == r ? d + (off + beg(len, r)) * es : readSlot(q) + beg(len, r) * es;
+    reduceSources(dtype, d + (off + beg(len, r)) * es, writeSlot() + reducedAt, srcs.data(), n,
+                  end(len, r) - beg(len, r), op, n);
+    prevOff = off;
+    prevLen = len;
   }
+  sync(dl, "allreduce");
+  copyOut(prevOff, prevLen);
 }
 
 void ShmBackend::allgatherBytes(const void* in, size_t bytes, const std::vector<uint8_t*>& outs, Deadline dl) {
