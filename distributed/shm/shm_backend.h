@@ -25,21 +25,30 @@
  * each rank copies the others' slices of chunk k into its slot; after the round it copies the
  * others' reduced slices of chunk k-1 out of their slots, then reduces its own 1/n slice of
  * chunk k reading the peers' slots directly (its own part from its tensor) and writes the result
- * to its tensor and behind the chunk in its next slot. One last round delivers the last slices. Reductions run over blocks that stay in L1, in the
- * accumulation type (float32 for float16/bfloat16, rounded once), in plain loops over
- * __restrict pointers that the compiler vectorizes.
+ * to its tensor and behind the chunk in its next slot. One last round delivers the last slices.
+ * Reductions run over blocks that stay in L1, in the accumulation type (float32 for
+ * float16/bfloat16, rounded once), in plain loops over __restrict pointers that the compiler
+ * vectorizes.
+ *
+ * Other ops. broadcast, reduce, allgather and gather: one round per slot-sized chunk (the root or
+ * every rank writes, the others read; reduce reduces on the root in rank order). reduce_scatter,
+ * scatter and alltoall split the slot into one region per destination rank. Uneven alltoall and
+ * alltoall of lists first exchange every rank's send and receive sizes (one round), so every rank
+ * checks every pair alike (a mismatch is a DistError on all ranks) and agrees on the rounds.
+ * Coalesced forms pack their tensors into one buffer.
  *
  * Waiting. A rank spins on a peer's counter for COHORT_SHM_SPIN_US (default 20 µs, with pause),
  * then sleeps on a futex on that counter (the signaller wakes it only when a waiter flag in the
  * header says someone sleeps), so on a 2-core machine a waiting rank gives its core away.
  * Sleeps last at most 100 ms; past the first 100 ms of waiting the waiter checks that the peer's
- * process (pid in its header, when it is in this pid namespace) is alive, and a peer that aborted or closed its backend sets a
- * state flag that wakes its waiters. Hence: a dead peer → PeerError naming it, within about
- * 100 ms; a stalled peer → TimeoutError at the op's deadline; both name the op. After any failure
+ * process (pid in its header, when it is in this pid namespace) is alive, and a peer that
+ * aborted or closed its backend sets a state flag (and its reason) that wakes its waiters.
+ * Hence: a dead peer → PeerError naming it, within about 100 ms (plus the group's diagnosis,
+ * which waits up to 500 ms for the peers' reports); a stalled peer → TimeoutError at the op's deadline; both name the op. After any failure
  * the backend is aborted (later ops fail at once with the first error) and tells its peers so.
  *
  * Threads. By default collectives run on the caller's thread and the returned Work is already
- * complete (as the mpi backend's default): a 4 KiB allreduce takes about 2 µs here, and handing
+ * complete (as the mpi backend's default): a 4 KiB allreduce takes a few µs here, and handing
  * each op to a worker thread would cost two context switches (tens of µs on a 2-core host).
  * Deadlines are still honoured, since every wait is bounded by the op's deadline. The price is
  * that communication does not overlap the caller's computation; COHORT_SHM_THREAD=worker runs
