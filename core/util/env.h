@@ -2,7 +2,9 @@
  * The one registry of environment knobs. Every variable the runtime reads is declared once with
  * a name, a default and a description (COHORT_ENV_KNOB at namespace scope in the .cc that uses
  * it), read through that declaration, and listed by allKnobs() so `cohortrun --help-env` can
- * print every one. Reads are cheap after the first (the value is cached) and thread-safe.
+ * print every one. Every read calls getenv, so a value set by the program (or a test) before the
+ * read is seen; read knobs once where a hot path needs them (at construction, as backends do).
+ * Reading is safe from any thread as long as nothing calls setenv concurrently (POSIX).
  */
 #pragma once
 
