@@ -126,11 +126,20 @@ void ShmBackend::allgatherBytes(const void* in, size_t bytes, const std::vector<
   if (bytes == 0) return;
   const int n = size(), r = rank();
   const uint8_t* src = static_cast<const uint8_t*>(in);
-  if (outs[r] != src) std::memcpy(outs[r], src, bytes);
-  if (n == 1) return;
+  if (n == 1) {
+    if (outs[r] != src) std::memcpy(outs[r], src, bytes);
+    return;
+  }
   for (size_t off = 0; off < bytes; off += slotBytes_) {
     const size_t len = std::min(slotBytes_, bytes - off);
-    std::memcpy(writeSlot(), src + off, len);
+    // Into the slot and this rank's output, block by block, so the input is read from memory once.
+    uint8_t* w = writeSlot();
+    constexpr size_t kBlock = 64 << 10;
+    for (size_t b = 0; b < len; b += kBlock) {
+      const size_t m = std::min(kBlock, len - b);
+      std::memcpy(w + b, src + off + b, m);
+      if (outs[r] != src) std::memcpy(outs[r] + off + b, w + b, m);
+    }
     sync(dl, "allgather");
     for (int q = 0; q < n; ++q)
       if (q != r) std::memcpy(outs[q] + off, readSlot(q), len);
