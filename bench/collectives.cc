@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
   std::string backend = "gloo", ops = "allreduce,allgather,reduce_scatter,broadcast,alltoall";
   size_t minBytes = 4, maxBytes = size_t{64} << 20, factor = 4, budget = size_t{1} << 30;
   int minIters = 5, maxIters = 1000, warmup = 5;
-  bool noMemcpy = false;
+  bool noMemcpy = false, listBackends = false;
   app.add_option("--backend", backend, "cohort backend: gloo, mpi (registered names)")->capture_default_str();
   app.add_option("--ops", ops, "comma-separated ops")->capture_default_str();
   app.add_option("--min-bytes", minBytes)->capture_default_str()->check(CLI::PositiveNumber);
@@ -128,7 +128,12 @@ int main(int argc, char** argv) {
   app.add_option("--max-iters", maxIters)->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup)->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_flag("--no-memcpy", noMemcpy, "skip the memcpy limit rows");
+  app.add_flag("--list-backends", listBackends, "print the backends this build registered, one per line, and exit");
   CLI11_PARSE(app, argc, argv);
+  if (listBackends) {
+    for (const auto& name : dist::availableBackends()) std::printf("%s\n", name.c_str());
+    return 0;
+  }
 
   try {
     auto opList = splitCsv(ops);

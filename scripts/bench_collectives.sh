@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Collectives benchmark, nccl-tests style, side by side in one run: cohort's gloo and mpi backends
+# Collectives benchmark, nccl-tests style, side by side in one run: cohort's gloo, mpi (and shm) backends
 # (bench/collectives.cc), bare gloo (bench/collectives_gloo_baseline.cc), bare OpenMPI
 # (bench/collectives_mpi_baseline.cc) and one core's memcpy, every op from 4 B to 64 MiB.
 # All programs are started by mpirun (cohort's ranks find each other through initProcessGroup's
@@ -47,6 +47,9 @@ for ((rep = 1; rep <= ${REPEAT:-1}; rep++)); do
   memcpy=(); [[ $rep -gt 1 ]] && memcpy=(--no-memcpy)
   "${mpi[@]}" "$build/bench/collectives" --backend gloo "${memcpy[@]}" "${args[@]}" | tee "$out/cohort_gloo.$rep.txt"
   "${mpi[@]}" "$build/bench/collectives" --backend mpi --no-memcpy "${args[@]}" | tee "$out/cohort_mpi.$rep.txt"
+  if "$build/bench/collectives" --list-backends 2>/dev/null | grep -qx shm; then
+    "${mpi[@]}" "$build/bench/collectives" --backend shm --no-memcpy "${args[@]}" | tee "$out/cohort_shm.$rep.txt"
+  fi
   "${mpi[@]}" "$build/bench/collectives_mpi_baseline" "${args[@]}" | tee "$out/mpi.$rep.txt"
   store="$(mktemp -d)"
   "${mpi[@]}" "$build/bench/collectives_gloo_baseline" --store-dir "$store" "${args[@]}" | tee "$out/gloo.$rep.txt"

@@ -45,6 +45,9 @@ def main():
              ("gloo", load(os.path.join(d, "gloo"))),
              ("cohort mpi", load(os.path.join(d, "cohort_mpi"))),
              ("MPI", load(os.path.join(d, "mpi")))]
+    shm = load(os.path.join(d, "cohort_shm"))
+    if shm:
+        progs.append(("cohort shm", shm))
     memcpy = {size: bus for (op, size), (_t, bus, _w) in progs[0][1].items() if op == "memcpy"}
     ops = []
     for _name, rows in progs:
