@@ -58,53 +58,21 @@ std::function<void()> makeOp(ProcessGroup& pg, const std::string& op, size_t byt
 
 // One checked call with known inputs; returns the number of wrong output elements.
 long checkOnce(ProcessGroup& pg, const std::string& op, Tensor& in, Tensor& out) {
-  const int n = pg.size(), r = pg.rank();
-  auto fill = [](Tensor& t, int rank, size_t offset) {
-    float* p = t.data<float>();
-    for (int64_t i = 0; i < t.numel(); ++i) p[i] = checkValue(rank, offset + static_cast<size_t>(i));
-  };
-  long wrong = 0;
+  float* p = in.data<float>();
+  for (int64_t i = 0; i < in.numel(); ++i) p[i] = checkValue(pg.rank(), static_cast<size_t>(i));
   if (op == "allreduce") {
-    fill(in, r, 0);
     pg.allreduce(in)->wait();
-    const float* p = in.data<float>();
-    for (int64_t i = 0; i < in.numel(); ++i) {
-      float want = 0;
-      for (int q = 0; q < n; ++q) want += checkValue(q, static_cast<size_t>(i));
-      wrong += p[i] != want;
-    }
   } else if (op == "broadcast") {
-    fill(in, r, 0);
     pg.broadcast(in)->wait();
-    const float* p = in.data<float>();
-    for (int64_t i = 0; i < in.numel(); ++i) wrong += p[i] != checkValue(0, static_cast<size_t>(i));
   } else if (op == "allgather") {
-    fill(in, r, 0);
     pg.allgatherIntoTensor(out, in)->wait();
-    const float* p = out.data<float>();
-    const int64_t chunk = in.numel();
-    for (int64_t i = 0; i < out.numel(); ++i) wrong += p[i] != checkValue(static_cast<int>(i / chunk), static_cast<size_t>(i % chunk));
   } else if (op == "reduce_scatter") {
-    fill(in, r, 0);
     pg.reduceScatterTensor(out, in)->wait();
-    const float* p = out.data<float>();
-    const size_t base = static_cast<size_t>(r) * static_cast<size_t>(out.numel());
-    for (int64_t i = 0; i < out.numel(); ++i) {
-      float want = 0;
-      for (int q = 0; q < n; ++q) want += checkValue(q, base + static_cast<size_t>(i));
-      wrong += p[i] != want;
-    }
   } else if (op == "alltoall") {
-    fill(in, r, 0);
     pg.alltoall(out, in)->wait();
-    // Chunk q of my output is chunk r of rank q's input.
-    const float* p = out.data<float>();
-    const int64_t chunk = in.numel() / n;
-    for (int64_t i = 0; i < out.numel(); ++i) {
-      int q = static_cast<int>(i / chunk);
-      wrong += p[i] != checkValue(q, static_cast<size_t>(r * chunk + i % chunk));
-    }
   }
+  const Tensor& result = (op == "allreduce" || op == "broadcast") ? in : out;
+  long wrong = countWrong(op, pg.rank(), pg.size(), result.data<float>(), static_cast<size_t>(result.numel()));
   in.zero_();
   if (out.defined()) out.zero_();
   return wrong;

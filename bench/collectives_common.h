@@ -109,6 +109,30 @@ inline void printMemcpyRows(const std::vector<size_t>& sizes) {
 // Element i of rank r's input in the checked call: small integers, so float32 sums are exact.
 inline float checkValue(int rank, size_t i) { return static_cast<float>((rank + 1) + static_cast<int>(i % 7)); }
 
+// Wrong elements in `out`, rank `rank`'s output of one checked `op` among n ranks whose inputs
+// were input element i = checkValue(r, i): allreduce/broadcast (in place, `count` elements),
+// allgather (the gathered `count`), reduce_scatter (this rank's count = total / n) and alltoall.
+inline long countWrong(const std::string& op, int rank, int n, const float* out, size_t count) {
+  long wrong = 0;
+  const size_t chunk = count / static_cast<size_t>(n);
+  for (size_t i = 0; i < count; ++i) {
+    float want = 0;
+    if (op == "allreduce") {
+      for (int q = 0; q < n; ++q) want += checkValue(q, i);
+    } else if (op == "broadcast") {
+      want = checkValue(0, i);
+    } else if (op == "allgather") {
+      want = checkValue(static_cast<int>(i / chunk), i % chunk);
+    } else if (op == "reduce_scatter") {
+      for (int q = 0; q < n; ++q) want += checkValue(q, static_cast<size_t>(rank) * count + i);
+    } else if (op == "alltoall") {
+      want = checkValue(static_cast<int>(i / chunk), static_cast<size_t>(rank) * chunk + i % chunk);
+    }
+    wrong += out[i] != want;
+  }
+  return wrong;
+}
+
 inline std::vector<std::string> splitCsv(const std::string& s) {
   std::vector<std::string> out;
   size_t start = 0;

@@ -19,97 +19,28 @@ using namespace cohort_bench;
 
 namespace {
 
-struct Op {
-  std::function<void()> call;
-  std::function<long()> check;  // fills inputs, runs once, counts wrong elements
-};
-
-Op makeOp(const std::string& op, size_t bytes, int rank, int n, std::vector<float>& in, std::vector<float>& out) {
+// Sizes the buffers for `op` at `bytes` and returns one call of it.
+std::function<void()> makeOp(const std::string& op, size_t bytes, int n, std::vector<float>& in,
+                             std::vector<float>& out) {
   const size_t count = bytes / 4, chunk = count / static_cast<size_t>(n);
-  auto fill = [rank](std::vector<float>& v) {
-    for (size_t i = 0; i < v.size(); ++i) v[i] = checkValue(rank, i);
-  };
-  auto zero = [&] {
-    std::fill(in.begin(), in.end(), 0.0f);
-    std::fill(out.begin(), out.end(), 0.0f);
-  };
   const int c = static_cast<int>(count), k = static_cast<int>(chunk);
+  const bool inPlace = op == "allreduce" || op == "broadcast";
+  in.assign(op == "allgather" ? chunk : count, 0.0f);
+  out.assign(inPlace ? 0 : (op == "reduce_scatter" ? chunk : count), 0.0f);
   if (op == "allreduce") {
-    in.assign(count, 0.0f);
-    out.clear();
-    auto call = [&in, c] { MPI_Allreduce(MPI_IN_PLACE, in.data(), c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); };
-    return {call, [&, call, fill, zero, n] {
-              fill(in);
-              call();
-              long wrong = 0;
-              for (size_t i = 0; i < in.size(); ++i) {
-                float want = 0;
-                for (int q = 0; q < n; ++q) want += checkValue(q, i);
-                wrong += in[i] != want;
-              }
-              zero();
-              return wrong;
-            }};
+    return [&in, c] { MPI_Allreduce(MPI_IN_PLACE, in.data(), c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); };
   }
-  if (op == "broadcast") {
-    in.assign(count, 0.0f);
-    out.clear();
-    auto call = [&in, c] { MPI_Bcast(in.data(), c, MPI_FLOAT, 0, MPI_COMM_WORLD); };
-    return {call, [&, call, fill, zero] {
-              fill(in);
-              call();
-              long wrong = 0;
-              for (size_t i = 0; i < in.size(); ++i) wrong += in[i] != checkValue(0, i);
-              zero();
-              return wrong;
-            }};
-  }
+  if (op == "broadcast") return [&in, c] { MPI_Bcast(in.data(), c, MPI_FLOAT, 0, MPI_COMM_WORLD); };
   if (op == "allgather") {
-    in.assign(chunk, 0.0f);
-    out.assign(count, 0.0f);
-    auto call = [&in, &out, k] { MPI_Allgather(in.data(), k, MPI_FLOAT, out.data(), k, MPI_FLOAT, MPI_COMM_WORLD); };
-    return {call, [&, call, fill, zero, chunk] {
-              fill(in);
-              call();
-              long wrong = 0;
-              for (size_t i = 0; i < out.size(); ++i) wrong += out[i] != checkValue(static_cast<int>(i / chunk), i % chunk);
-              zero();
-              return wrong;
-            }};
+    return [&in, &out, k] { MPI_Allgather(in.data(), k, MPI_FLOAT, out.data(), k, MPI_FLOAT, MPI_COMM_WORLD); };
   }
   if (op == "reduce_scatter") {
-    in.assign(count, 0.0f);
-    out.assign(chunk, 0.0f);
-    auto call = [&in, &out, k] {
+    return [&in, &out, k] {
       MPI_Reduce_scatter_block(in.data(), out.data(), k, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     };
-    return {call, [&, call, fill, zero, chunk, n, rank] {
-              fill(in);
-              call();
-              long wrong = 0;
-              for (size_t i = 0; i < out.size(); ++i) {
-                float want = 0;
-                for (int q = 0; q < n; ++q) want += checkValue(q, rank * chunk + i);
-                wrong += out[i] != want;
-              }
-              zero();
-              return wrong;
-            }};
   }
   if (op == "alltoall") {
-    in.assign(count, 0.0f);
-    out.assign(count, 0.0f);
-    auto call = [&in, &out, k] { MPI_Alltoall(in.data(), k, MPI_FLOAT, out.data(), k, MPI_FLOAT, MPI_COMM_WORLD); };
-    return {call, [&, call, fill, zero, chunk, rank] {
-              fill(in);
-              call();
-              long wrong = 0;
-              for (size_t i = 0; i < out.size(); ++i) {
-                wrong += out[i] != checkValue(static_cast<int>(i / chunk), rank * chunk + i % chunk);
-              }
-              zero();
-              return wrong;
-            }};
+    return [&in, &out, k] { MPI_Alltoall(in.data(), k, MPI_FLOAT, out.data(), k, MPI_FLOAT, MPI_COMM_WORLD); };
   }
   std::fprintf(stderr, "collectives_mpi_baseline: unknown op '%s'\n", op.c_str());
   MPI_Abort(MPI_COMM_WORLD, 2);
@@ -151,13 +82,18 @@ int main(int argc, char** argv) {
   std::vector<float> in, out;
   for (const auto& op : splitCsv(ops)) {
     for (size_t bytes : sizeList(op, minBytes, maxBytes, factor, n)) {
-      Op o = makeOp(op, bytes, rank, n, in, out);
-      long wrong = o.check();
+      auto call = makeOp(op, bytes, n, in, out);
+      for (size_t i = 0; i < in.size(); ++i) in[i] = checkValue(rank, i);
+      call();
+      std::vector<float>& result = out.empty() ? in : out;
+      long wrong = countWrong(op, rank, n, result.data(), result.size());
+      std::fill(in.begin(), in.end(), 0.0f);
+      std::fill(out.begin(), out.end(), 0.0f);
       int iters = itersFor(bytes, budget, minIters, maxIters);
-      for (int i = 0; i < warmup; ++i) o.call();
+      for (int i = 0; i < warmup; ++i) call();
       MPI_Barrier(MPI_COMM_WORLD);
       auto t0 = Clock::now();
-      for (int i = 0; i < iters; ++i) o.call();
+      for (int i = 0; i < iters; ++i) call();
       double secs = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
       long total = 0;
       MPI_Reduce(&wrong, &total, 1, MPI_LONG, MPI_SUM, 0, MPI_COMM_WORLD);
