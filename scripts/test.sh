@@ -35,6 +35,9 @@ case "$mode" in
                 -DCOHORT_SANITIZE_ADDRESS=ON -DCOHORT_SANITIZE_THREAD=OFF)
     export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:strict_string_checks=1:detect_stack_use_after_return=1}
     export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+    # LeakSanitizer's exit-time scan crashes ("Tracer caught signal 11") when libgomp worker
+    # threads exist (oneDNN's GEMM with more than one OpenMP thread); one thread avoids that.
+    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
     ;;
   tsan)
     build=${COHORT_BUILD_DIR:-build-tsan}

@@ -153,13 +153,13 @@ void GlooBackend::allreduceCoalesced(std::vector<Tensor>& tensors, const Allredu
     Tensor flat = empty({total}, TensorOptions{.dtype = ts[0].dtype()});
     size_t off = 0;
     for (const Tensor& t : ts) {
-      std::memcpy(bytesOf(flat) + off, t.dataPtr(), t.nbytes());
+      if (t.nbytes()) std::memcpy(bytesOf(flat) + off, t.dataPtr(), t.nbytes());  // empty: no data pointer
       off += t.nbytes();
     }
     allreduceTensor(ctx, flat, op, work->remaining());
     off = 0;
     for (const Tensor& t : ts) {
-      std::memcpy(t.dataPtr(), bytesOf(flat) + off, t.nbytes());
+      if (t.nbytes()) std::memcpy(t.dataPtr(), bytesOf(flat) + off, t.nbytes());
       off += t.nbytes();
     }
     return ts;
@@ -237,7 +237,7 @@ void GlooBackend::reduceScatter(Tensor& output, std::vector<Tensor>& inputs, con
     const size_t n = out.nbytes();
     if (n == 0) return {out};
     std::vector<uint8_t> send(n * ctx->size), recv(n * ctx->size);
-    for (int r = 0; r < ctx->size; ++r) std::memcpy(send.data() + r * n, ins[r].dataPtr(), n);
+    for (int r = 0; r < ctx->size && n; ++r) std::memcpy(send.data() + r * n, ins[r].dataPtr(), n);
     alltoallBytes(ctx, send.data(), recv.data(), send.size(), work->remaining());
     reduceChunks(out, recv.data(), ctx->size, op);
     return {out};
@@ -319,7 +319,7 @@ void GlooBackend::gather(std::vector<Tensor>& outputs, const Tensor& input, cons
     o.setTimeout(work->remaining());
     ::gloo::gather(o);
     if (ctx->rank == root) {
-      for (int r = 0; r < ctx->size; ++r) std::memcpy(outs[r].dataPtr(), all.data() + r * n, n);
+      for (int r = 0; r < ctx->size && n; ++r) std::memcpy(outs[r].dataPtr(), all.data() + r * n, n);
     }
     return outs;
   });
