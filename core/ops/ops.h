@@ -10,7 +10,7 @@
  *   core/ops/compare.cc        comparisons, where, maximum/minimum
  *   core/ops/activation.cc     relu, gelu, silu, sigmoid, tanh
  *   core/ops/inplace.cc        the in-place Tensor members (add_, mul_, addcmul_, ...)
- *   core/ops/reduce.cc         reductions
+ *   core/ops/reduce.cc         reductions (max/min/argmax/argmin over a dim: reduce_extreme.cc)
  *   core/ops/linalg.cc         matmul, bmm, linear, addmm (through core/blas)
  *   core/ops/nn_ops.cc         softmax, log_softmax, losses, layer_norm, dropout, embedding
  *   core/ops/conv.cc           conv2d, pooling
@@ -91,7 +91,7 @@ Tensor silu(const Tensor& a);
 Tensor sigmoid(const Tensor& a);
 Tensor tanh(const Tensor& a);
 
-// ---- reductions (core/ops/reduce.cc) ---------------------------------------------------------
+// ---- reductions (core/ops/reduce.cc, reduce_extreme.cc) -----------------------------------------
 Tensor sum(const Tensor& a, const Shape& dims = {}, bool keepdim = false);
 Tensor mean(const Tensor& a, const Shape& dims = {}, bool keepdim = false);
 Tensor amax(const Tensor& a, const Shape& dims = {}, bool keepdim = false);

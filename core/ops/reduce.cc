@@ -97,6 +97,13 @@ ReducePlan planReduce(const Tensor& a, const Shape& dims, bool keepdim, const ch
   return p;
 }
 
+void requireNonEmptyReduction(const ReducePlan& p, const Tensor& a, const Shape& dims, const char* op) {
+  if (p.reduced == 0)
+    throw ValueError(fmt::format("{}: cannot reduce over an empty dim (input shape {}, dims {}); the operation has no "
+                                 "identity",
+                                 op, shapeStr(a.sizes()), dims.empty() ? std::string("all") : shapeStr(dims)));
+}
+
 namespace {
 
 // ---- the value-reduction kernel ------------------------------------------------------------
@@ -107,27 +114,6 @@ namespace {
 //   Out finish(Total)
 // where C = cohort::Acc<T> is the element's compute type.
 
-constexpr int64_t kLanes = 64;  // GCC vectorizes a 64-lane select (max) loop, not a 16-lane one
-constexpr int64_t kRowBlock = 4096;    // elements per lane block (inner reductions)
-constexpr int64_t kTile = 4096;        // columns per tile (outer reductions); the Acc tile stays in L1
-constexpr int64_t kRowsPerFold = 256;  // rows accumulated in Acc before folding into Total
-
-// Converts n elements to the compute type. float16 uses F16C 8 at a time (the scalar
-// conversion does not vectorize); everything else is a plain loop the compiler vectorizes.
-template <typename T>
-inline void toCompute(const T* src, cohort::Acc<T>* dst, int64_t n) {
-  int64_t i = 0;
-#if defined(__F16C__)
-  if constexpr (std::is_same_v<T, Half>) {
-    for (; i + 8 <= n; i += 8)
-      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
-  }
-#endif
-  for (; i < n; ++i) dst[i] = static_cast<cohort::Acc<T>>(src[i]);
-}
-
-template <typename T>
-inline constexpr bool kIsHalf = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
 
 // Reduces n <= kRowBlock contiguous elements with kLanes independent accumulators.
 template <typename E, typename Op>
@@ -283,12 +269,6 @@ void requireFloat(const Tensor& a, const char* op) {
                                  a.dtype(), shapeStr(a.sizes())));
 }
 
-void requireNonEmptyReduction(const ReducePlan& p, const Tensor& a, const Shape& dims, const char* op) {
-  if (p.reduced == 0)
-    throw ValueError(fmt::format("{}: cannot reduce over an empty dim (input shape {}, dims {}); the operation has no "
-                                 "identity",
-                                 op, shapeStr(a.sizes()), dims.empty() ? std::string("all") : shapeStr(dims)));
-}
 
 // out = f(x, a, b) elementwise in x's dtype, with a and b broadcast to x's shape.
 template <typename F>
@@ -411,196 +391,6 @@ Tensor extreme(const Tensor& a, const Shape& dims, bool keepdim, const char* op)
 
 Tensor amax(const Tensor& a, const Shape& dims, bool keepdim) { return extreme<true>(a, dims, keepdim, "amax"); }
 Tensor amin(const Tensor& a, const Shape& dims, bool keepdim) { return extreme<false>(a, dims, keepdim, "amin"); }
-
-// ---- max / min / argmax / argmin over one dim ----------------------------------------------------
-
-namespace {
-
-// Values (optional) and int64 indices of the first extreme element along the reduced dim; a NaN
-// counts as the extreme (the first NaN wins), as in PyTorch.
-template <typename T, bool IsMax>
-bool betterThan(Acc<T> v, Acc<T> best) {
-  bool b = IsMax ? v > best : v < best;
-  if constexpr (kIsFloat<T>) b = b || (v != v && best == best);
-  return b;
-}
-
-template <typename T>
-bool sameValue(Acc<T> a, Acc<T> b) {
-  if constexpr (kIsFloat<T>) return (a == b) | ((a != a) & (b != b));
-  else return a == b;
-}
-
-// Value and index of the first extreme element of x[0, n), n >= 1, in one pass: 32 lanes each keep
-// their extreme and its position (a strict comparison keeps a lane's first occurrence; the
-// compare-and-blend on a float and an int32 vectorizes), then lanes merge by value, ties going to
-// the lower position. NaN counts as the extreme, the first NaN wins.
-template <typename T, bool IsMax>
-void argBlock(const Acc<T>* x, int64_t n, Acc<T>& bestV, int64_t& bestI) {
-  using C = Acc<T>;
-  constexpr int64_t L = 32;
-  C bv = x[0];
-  int64_t bi = 0;
-  int64_t i = 1;
-  if (n >= 2 * L) {
-    C m[L];
-    int32_t id[L];
-    for (int64_t j = 0; j < L; ++j) {
-      m[j] = x[j];
-      id[j] = static_cast<int32_t>(j);
-    }
-    for (i = L; i + L <= n; i += L)
-      for (int64_t j = 0; j < L; ++j) {
-        const C v = x[i + j];
-        bool take = IsMax ? v > m[j] : v < m[j];
-        if constexpr (kIsFloat<T>) take = take | ((v != v) & (m[j] == m[j]));
-        m[j] = take ? v : m[j];
-        id[j] = take ? static_cast<int32_t>(i + j) : id[j];
-      }
-    bv = m[0];
-    bi = id[0];
-    for (int64_t j = 1; j < L; ++j)
-      if (betterThan<T, IsMax>(m[j], bv) || (sameValue<T>(m[j], bv) && id[j] < bi)) {
-        bv = m[j];
-        bi = id[j];
-      }
-  }
-  for (; i < n; ++i)  // positions after every lane's: only a strictly better value replaces
-    if (betterThan<T, IsMax>(x[i], bv)) {
-      bv = x[i];
-      bi = i;
-    }
-  bestV = bv;
-  bestI = bi;
-}
-
-// Rows along the last dim (inner == 1, contiguous): argBlock over blocks of kRowBlock elements
-// (half types converted to float per block), a later block replacing the best only when strictly
-// better. Same results as the general loop below: the first extreme element, the first NaN if
-// there is one.
-template <typename T, bool IsMax>
-void argRows(const T* x, int64_t O, int64_t R, T* vals, int64_t* idx) {
-  using C = Acc<T>;
-  C buf[detail::kIsHalf<T> ? detail::kRowBlock : 1];
-  for (int64_t o = 0; o < O; ++o) {
-    const T* row = x + o * R;
-    C best{};
-    int64_t bestI = 0;
-    for (int64_t start = 0; start < R; start += detail::kRowBlock) {
-      const int64_t len = std::min(detail::kRowBlock, R - start);
-      const C* blk;
-      if constexpr (detail::kIsHalf<T>) {
-        detail::toCompute(row + start, buf, len);
-        blk = buf;
-      } else {
-        blk = row + start;
-      }
-      C m;
-      int64_t k;
-      argBlock<T, IsMax>(blk, len, m, k);
-      if (start == 0 || betterThan<T, IsMax>(m, best)) {
-        best = m;
-        bestI = start + k;
-      }
-    }
-    if (vals) vals[o] = static_cast<T>(best);
-    idx[o] = bestI;
-  }
-}
-
-template <typename T, bool IsMax>
-void argKernel(const detail::ReducePlan& p, T* vals, int64_t* idx) {
-  using C = Acc<T>;
-  const T* x = static_cast<const T*>(p.src.dataPtr());
-  const int64_t R = p.reduced, I = p.inner, O = p.outer;
-  if constexpr (!std::is_same_v<T, bool>) {
-    if (I == 1 && R >= 2 * detail::kLanes) return argRows<T, IsMax>(x, O, R, vals, idx);
-  }
-  auto better = [](C v, C best) { return betterThan<T, IsMax>(v, best); };
-  std::vector<C> bestV(static_cast<size_t>(I));
-  std::vector<int64_t> bestI(static_cast<size_t>(I));
-  for (int64_t o = 0; o < O; ++o) {
-    const T* base = x + o * R * I;
-    for (int64_t i = 0; i < I; ++i) {
-      bestV[i] = static_cast<C>(base[i]);
-      bestI[i] = 0;
-    }
-    for (int64_t r = 1; r < R; ++r) {
-      const T* row = base + r * I;
-      for (int64_t i = 0; i < I; ++i) {
-        C v = static_cast<C>(row[i]);
-        if (better(v, bestV[i])) {
-          bestV[i] = v;
-          bestI[i] = r;
-        }
-      }
-    }
-    for (int64_t i = 0; i < I; ++i) {
-      if (vals) vals[o * I + i] = static_cast<T>(bestV[i]);
-      idx[o * I + i] = bestI[i];
-    }
-  }
-}
-
-template <bool IsMax>
-std::pair<Tensor, Tensor> extremeDim(const Tensor& a, int64_t dim, bool keepdim, bool wantValues, const char* op) {
-  detail::ReducePlan p = detail::planReduce(a, {dim}, keepdim, op);
-  detail::requireNonEmptyReduction(p, a, {dim}, op);
-  Tensor values = wantValues ? empty(p.outShape, {.dtype = a.dtype()}) : Tensor();
-  Tensor indices = empty(p.outShape, {.dtype = DType::Int64});
-  COHORT_DISPATCH(a.dtype(), op, [&]<typename T>() {
-    if (p.outer * p.inner > 0) argKernel<T, IsMax>(p, wantValues ? values.data<T>() : nullptr, indices.data<int64_t>());
-  });
-  if (wantValues) {
-    Shape inShape = a.sizes(), kept = p.keptShape;
-    int64_t R = p.reduced, I = p.inner;
-    autograd::record(op, {a}, {values}, {indices}, [inShape, kept, R, I](Ctx& ctx, const GradList& g) -> GradList {
-      // The whole gradient goes to the returned index.
-      Tensor idx = ctx.saved(0).contiguous();
-      Tensor gc = g[0].contiguous();
-      Tensor grad = zeros(inShape, {.dtype = gc.dtype()});
-      const int64_t n = idx.numel();
-      const int64_t* ip = idx.data<int64_t>();
-      COHORT_DISPATCH_FLOAT(gc.dtype(), "max backward", [&]<typename T>() {
-        const T* gp = gc.data<T>();
-        T* out = grad.data<T>();
-        for (int64_t k = 0; k < n; ++k) {
-          int64_t o = k / I, i = k % I;
-          out[(o * R + ip[k]) * I + i] = gp[k];
-        }
-      });
-      return {grad};
-    });
-  }
-  return {values, indices};
-}
-
-template <bool IsMax>
-Tensor argExtreme(const Tensor& a, std::optional<int64_t> dim, bool keepdim, const char* op) {
-  if (!a.defined()) throw ValueError(fmt::format("{}: the input tensor is undefined", op));
-  autograd::NoGradGuard ng;
-  if (dim) return extremeDim<IsMax>(a, *dim, keepdim, false, op).second;
-  // Over the flattened tensor; keepdim keeps every dim as size 1, as in PyTorch.
-  Tensor flat = a.reshape({a.numel()});
-  Tensor r = extremeDim<IsMax>(flat, 0, false, false, op).second;
-  if (keepdim) return r.reshape(Shape(static_cast<size_t>(a.dim()), 1));
-  return r;
-}
-
-}  // namespace
-
-std::pair<Tensor, Tensor> max(const Tensor& a, int64_t dim, bool keepdim) {
-  return extremeDim<true>(a, dim, keepdim, true, "max");
-}
-std::pair<Tensor, Tensor> min(const Tensor& a, int64_t dim, bool keepdim) {
-  return extremeDim<false>(a, dim, keepdim, true, "min");
-}
-Tensor argmax(const Tensor& a, std::optional<int64_t> dim, bool keepdim) {
-  return argExtreme<true>(a, dim, keepdim, "argmax");
-}
-Tensor argmin(const Tensor& a, std::optional<int64_t> dim, bool keepdim) {
-  return argExtreme<false>(a, dim, keepdim, "argmin");
-}
 
 // ---- var / std ------------------------------------------------------------------------------------
 
