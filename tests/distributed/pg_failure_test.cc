@@ -118,12 +118,13 @@ std::shared_ptr<ProcessGroup> joinGroup(const TempDir& dir, int rank, int size, 
   return ProcessGroup::create(store, rank, size, o);
 }
 
-// Survivors report: exit 0 and "<error type>|<seconds>|<message>".
-int survivorBody(ProcessGroup& pg, std::ofstream& report, Tensor t) {
+// A rank's report: "<error type>|<seconds>|<message>" for the op `fn` runs ("none" if it succeeded).
+template <typename F>
+int reportOutcome(std::ofstream& report, F&& fn) {
   auto start = std::chrono::steady_clock::now();
   std::string kind = "none", msg;
   try {
-    pg.allreduce(t)->wait();
+    fn();
   } catch (const PeerError& e) {
     kind = "PeerError", msg = e.what();
   } catch (const TimeoutError& e) {
@@ -136,6 +137,22 @@ int survivorBody(ProcessGroup& pg, std::ofstream& report, Tensor t) {
   return 0;
 }
 
+struct Outcome {
+  std::string kind;
+  double seconds = 0;
+  std::string message;
+};
+Outcome parseOutcome(const std::string& report) {
+  auto bar1 = report.find('|'), bar2 = report.find('|', bar1 + 1);
+  if (bar1 == std::string::npos || bar2 == std::string::npos) return {"unreadable report: " + report, 0, ""};
+  return {report.substr(0, bar1), std::stod(report.substr(bar1 + 1, bar2 - bar1 - 1)), report.substr(bar2 + 1)};
+}
+
+// Survivors report the outcome of one more allreduce.
+int survivorBody(ProcessGroup& pg, std::ofstream& report, Tensor t) {
+  return reportOutcome(report, [&] { pg.allreduce(t)->wait(); });
+}
+
 void checkSurvivors(const std::vector<ChildResult>& results, int dead, double maxSeconds) {
   for (size_t r = 0; r < results.size(); ++r) {
     const auto& res = results[r];
@@ -146,12 +163,7 @@ void checkSurvivors(const std::vector<ChildResult>& results, int dead, double ma
     }
     ASSERT_TRUE(WIFEXITED(res.status) && WEXITSTATUS(res.status) == 0)
         << "rank " << r << " status " << res.status << " report: " << res.report;
-    std::string report = res.report;
-    auto bar1 = report.find('|'), bar2 = report.find('|', bar1 + 1);
-    ASSERT_NE(bar2, std::string::npos) << report;
-    std::string kind = report.substr(0, bar1);
-    double secs = std::stod(report.substr(bar1 + 1, bar2 - bar1 - 1));
-    std::string msg = report.substr(bar2 + 1);
+    auto [kind, secs, msg] = parseOutcome(res.report);
     std::cout << "rank " << r << " (" << secs << " s): " << kind << ": " << msg << "\n";
     EXPECT_NE(kind, "none") << "rank " << r << " got no error";
     EXPECT_LT(secs, maxSeconds) << "rank " << r << ": " << msg;
@@ -231,33 +243,21 @@ TEST(ProcessGroupFailure, MismatchedCollectiveUnderDetailFailsOnEveryRank) {
     auto pg = ProcessGroup::create(store, rank, kSize, o);
     Tensor t = ones({10});
     pg->allreduce(t)->wait();  // a matching call passes the check
-    auto start = std::chrono::steady_clock::now();
-    std::string kind = "none", msg;
-    try {
+    return reportOutcome(report, [&] {
       if (rank == kOdd) {
         pg->broadcast(t)->wait();
       } else {
         pg->allreduce(t)->wait();
       }
-    } catch (const TimeoutError& e) {
-      kind = "TimeoutError", msg = e.what();
-    } catch (const DistError& e) {
-      kind = "DistError", msg = e.what();
-    }
-    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    report << kind << "|" << secs << "|" << msg;
-    return 0;
+    });
   }, dir);
   for (int r = 0; r < kSize; ++r) {
     const auto& res = results[r];
     EXPECT_FALSE(res.killedByWatchdog) << "rank " << r << " hung";
     ASSERT_TRUE(WIFEXITED(res.status) && WEXITSTATUS(res.status) == 0) << "rank " << r << ": " << res.report;
-    const std::string& rep = res.report;
-    auto bar1 = rep.find('|'), bar2 = rep.find('|', bar1 + 1);
-    ASSERT_NE(bar2, std::string::npos) << rep;
-    EXPECT_EQ(rep.substr(0, bar1), "DistError") << "rank " << r << ": " << rep;
-    EXPECT_LT(std::stod(rep.substr(bar1 + 1, bar2 - bar1 - 1)), 10.0) << "rank " << r << " waited for the timeout";
-    std::string msg = rep.substr(bar2 + 1);
+    auto [kind, secs, msg] = parseOutcome(res.report);
+    EXPECT_EQ(kind, "DistError") << "rank " << r << ": " << res.report;
+    EXPECT_LT(secs, 10.0) << "rank " << r << " waited for the timeout";
     EXPECT_NE(msg.find("collective mismatch in group 'world' at sequence number 2"), std::string::npos) << msg;
     EXPECT_NE(msg.find("rank 0: allreduce(dtype=float32, shapes=[[10]], op=sum)"), std::string::npos) << msg;
     EXPECT_NE(msg.find("rank 1: allreduce(dtype=float32, shapes=[[10]], op=sum)"), std::string::npos) << msg;
