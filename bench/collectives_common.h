@@ -133,6 +133,21 @@ inline long countWrong(const std::string& op, int rank, int n, const float* out,
   return wrong;
 }
 
+// The bare baselines' checked call: fills `in` with this rank's check values, runs `call` once,
+// counts wrong elements of the result (`out`, or `in` for the in-place ops) and zeroes both again
+// for the timed calls.
+template <typename Call>
+long checkedCall(const std::string& op, int rank, int n, std::vector<float>& in, std::vector<float>& out,
+                 const Call& call) {
+  for (size_t i = 0; i < in.size(); ++i) in[i] = checkValue(rank, i);
+  call();
+  const std::vector<float>& result = out.empty() ? in : out;
+  long wrong = countWrong(op, rank, n, result.data(), result.size());
+  std::fill(in.begin(), in.end(), 0.0f);
+  std::fill(out.begin(), out.end(), 0.0f);
+  return wrong;
+}
+
 inline std::vector<std::string> splitCsv(const std::string& s) {
   std::vector<std::string> out;
   size_t start = 0;

@@ -120,12 +120,7 @@ int main(int argc, char** argv) {
           if (rank == 0) std::printf("# %s: no bare gloo function, skipped\n", op.c_str());
           break;
         }
-        for (size_t i = 0; i < in.size(); ++i) in[i] = checkValue(rank, i);
-        call();
-        std::vector<float>& result = out.empty() ? in : out;
-        long wrong = countWrong(op, rank, n, result.data(), result.size());
-        std::fill(in.begin(), in.end(), 0.0f);
-        std::fill(out.begin(), out.end(), 0.0f);
+        long wrong = checkedCall(op, rank, n, in, out, call);
         int iters = itersFor(bytes, budget, minIters, maxIters);
         for (int i = 0; i < warmup; ++i) call();
         gloo::BarrierOptions b(ctx);
