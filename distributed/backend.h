@@ -87,6 +87,10 @@ struct BackendOptions {
   std::string groupName = "world";
   Millis timeout = kDefaultGroupTimeout;
   std::vector<int> globalRanks;  // this group's members as ranks of the world group
+  // This rank's node (empty: COHORT_NODE_ID, else the hostname; see topology.h), and every rank's
+  // when the group already exchanged them (empty: a backend that needs them exchanges them).
+  std::string nodeId;
+  std::vector<std::string> nodeIds;
 };
 
 // Makes a backend for one process group. `store` is already prefixed for this group.

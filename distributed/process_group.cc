@@ -20,6 +20,7 @@
 #include <cohort/distributed/debug/consistency_check.h>
 #include <cohort/distributed/debug/flight_recorder.h>
 #include <cohort/distributed/store/prefix_store.h>
+#include <cohort/distributed/topology.h>
 
 namespace cohort::dist {
 
@@ -194,20 +195,43 @@ ProcessGroup::~ProcessGroup() {
 
 void ProcessGroup::initBackends() {
   std::string name = opts_.backend;
+  std::vector<std::string> nodeIds;
+  if (name == "auto" || name == "hierarchical") {
+    nodeIds = exchangeNodeIds(*store_, "node/", rank_, size_, localNodeId(opts_.nodeId), opts_.timeout);
+  }
   if (name == "auto") {
-    if (hasBackend("gloo")) {
+    const NodeLayout layout = NodeLayout::fromIds(nodeIds);
+    const bool oneNode = layout.numNodes() == 1;
+    const bool sharedNode = layout.maxNodeSize() > 1;
+    std::string why;
+    if (oneNode && hasBackend("shm")) {
+      name = "shm";
+      why = "every rank is on one node";
+    } else if (!oneNode && sharedNode && hasBackend("hierarchical")) {
+      name = "hierarchical";
+      why = "several nodes, some with several ranks";
+    } else if (hasBackend("gloo")) {
       name = "gloo";
+      why = oneNode ? "every rank is on one node, but this build has no shm backend"
+                    : (sharedNode ? "several nodes, but this build has no hierarchical backend"
+                                  : "one rank per node");
     } else {
       auto names = availableBackends();
       throw NotSupportedError(fmt::format(
           "process group '{}': backend \"auto\" needs gloo, which this build lacks (available: {})", opts_.name,
           names.empty() ? std::string("none") : fmt::format("{}", fmt::join(names, ", "))));
     }
+    if (rank_ == 0) {
+      COHORT_LOG(Info, "process group '{}': backend auto chose {} for CPU tensors: {} ({} ranks on {} nodes)",
+                 opts_.name, name, why, size_, layout.numNodes());
+    }
   }
   BackendOptions bo;
   bo.groupName = opts_.name;
   bo.timeout = opts_.timeout;
   bo.globalRanks = globalRanks_;
+  bo.nodeId = opts_.nodeId;
+  bo.nodeIds = std::move(nodeIds);
   auto backendStore = std::make_shared<PrefixStore>("backend/" + name, store_);
   setBackend(DeviceType::CPU, createBackend(name, backendStore, rank_, size_, bo));
 }
@@ -713,6 +737,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::makeSubgroup(const std::string& pref
                                                          int subRank, ProcessGroupOptions opts) {
   if (opts.name == "world") opts.name = opts_.name + "/" + prefix;
   if (opts.backend == "auto") opts.backend = opts_.backend;
+  if (opts.nodeId.empty()) opts.nodeId = opts_.nodeId;
   std::vector<int> global;
   for (int r : parentRanks) global.push_back(globalRanks_[r]);
   auto store = std::make_shared<PrefixStore>(prefix, store_);

@@ -47,9 +47,13 @@ DebugLevel debugLevelFromEnv();  // COHORT_DEBUG=OFF|INFO|DETAIL
 struct ProcessGroupOptions {
   std::string name = "world";
   Millis timeout = kDefaultGroupTimeout;
-  // Backend for CPU tensors: "auto" picks shm when every rank shares a host (once it exists), else
-  // gloo; or a registered name ("gloo", "mpi", "shm").
+  // Backend for CPU tensors: "auto" picks shm when every rank is on one node (and shm is built),
+  // hierarchical when there are several nodes and some node has several ranks, else gloo; or a
+  // registered name ("gloo", "mpi", "shm", "hierarchical"). Subgroups choose again for their ranks.
   std::string backend = "auto";
+  // This rank's node for grouping ranks by host; empty: COHORT_NODE_ID, else the hostname.
+  // Ranks that are threads of one process set it to simulate several nodes.
+  std::string nodeId;
   DebugLevel debug = DebugLevel::Off;  // overridden by COHORT_DEBUG when set
   size_t flightRecorderEntries = 2000;
 };

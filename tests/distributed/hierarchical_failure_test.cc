@@ -1,0 +1,194 @@
+// The hierarchical backend with ranks as forked processes on two simulated nodes (2 x 2): a rank
+// killed (SIGKILL) inside an allreduce — a non-leader, caught by its leader in the shm stage, or
+// a leader, caught by the other leader in the network stage and by its own node in the shm stage —
+// makes every survivor fail with a PeerError naming the op and the group before the op's timeout;
+// later ops fail at once, and nothing of the group is left in /dev/shm. A watchdog in the parent
+// kills every child past a deadline, so a hang fails the test instead of blocking it.
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cohort/core/ops/ops.h>
+#include <cohort/distributed/process_group.h>
+#include <cohort/distributed/store/file_store.h>
+
+namespace cohort::dist::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+bool processAlive(int pid) {
+  std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  auto close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z' && line[close + 2] != 'X';
+}
+
+std::vector<std::string> devShmEntries(const std::string& part) {
+  std::vector<std::string> out;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d)) {
+      std::string n = e->d_name;
+      if (n.find(part) != std::string::npos) out.push_back(n);
+    }
+    closedir(d);
+  }
+  return out;
+}
+
+struct Forked {
+  int status = 0;
+  std::string report;
+  bool hung = false;
+};
+
+std::vector<Forked> runForked(int size, std::chrono::seconds deadline, const std::string& dir,
+                              const std::function<std::string(int)>& body) {
+  std::vector<pid_t> pids(size);
+  for (int r = 0; r < size; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      std::string rep;
+      try {
+        rep = body(r);
+      } catch (const std::exception& e) {
+        rep = std::string("uncaught|0|none|") + e.what();
+      }
+      std::ofstream(fmt::format("{}/report{}", dir, r)) << rep;
+      std::_Exit(0);
+    }
+    pids[r] = pid;
+  }
+  std::vector<Forked> out(size);
+  auto end = std::chrono::steady_clock::now() + deadline;
+  for (int r = 0; r < size; ++r) {
+    while (true) {
+      pid_t got = waitpid(pids[r], &out[r].status, WNOHANG);
+      if (got == pids[r]) break;
+      if (std::chrono::steady_clock::now() > end) {
+        kill(pids[r], SIGKILL);
+        waitpid(pids[r], &out[r].status, 0);
+        out[r].hung = true;
+        break;
+      }
+      std::this_thread::sleep_for(5ms);
+    }
+    std::ifstream in(fmt::format("{}/report{}", dir, r));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    out[r].report = ss.str();
+  }
+  return out;
+}
+
+class HierarchicalKilled : public ::testing::TestWithParam<int> {};
+
+TEST_P(HierarchicalKilled, SurvivorsFailWithTheOpNamedAndNoSegmentRemains) {
+  if (!hasBackend("hierarchical")) GTEST_SKIP() << "the hierarchical backend is not built";
+  const int kDead = GetParam();
+  char tmpl[] = "/tmp/cohort_hier_test_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  const std::string group = fmt::format("hkilled{}r{}", getpid(), kDead);
+  constexpr int kSize = 4;
+  constexpr auto kTimeout = Millis(10'000);
+  auto results = runForked(kSize, 60s, dir, [&](int rank) -> std::string {
+    auto store = std::make_shared<FileStore>(dir + "/store", Millis(30'000));
+    ProcessGroupOptions o;
+    o.backend = "hierarchical";
+    o.timeout = kTimeout;
+    o.name = group;
+    o.nodeId = rank < 2 ? "simA" : "simB";
+    auto pg = ProcessGroup::create(store, rank, kSize, o);
+    Tensor warm = ones({10});
+    pg->allreduce(warm)->wait();
+    Tensor big = ones({1 << 22});  // 16 MiB
+    if (rank == kDead) {
+      // Dies inside its allreduce: the op cannot finish before the others join, and they join
+      // only once this process is dead (so the test does not depend on scheduling).
+      store->set("dead_pid", std::to_string(getpid()));
+      std::thread([] {
+        std::this_thread::sleep_for(100ms);
+        raise(SIGKILL);
+      }).detach();
+      pg->allreduce(big)->wait();
+      return "the dead rank's allreduce completed";
+    }
+    const int deadPid = std::stoi(store->getString("dead_pid"));
+    while (processAlive(deadPid)) std::this_thread::sleep_for(5ms);
+    auto start = std::chrono::steady_clock::now();
+    std::string kind = "none", msg;
+    try {
+      pg->allreduce(big)->wait();
+    } catch (const PeerError& e) {
+      kind = "PeerError", msg = e.what();
+    } catch (const TimeoutError& e) {
+      kind = "TimeoutError", msg = e.what();
+    } catch (const DistError& e) {
+      kind = "DistError", msg = e.what();
+    }
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::string later = "none";
+    try {
+      pg->allreduce(warm)->wait();
+    } catch (const DistError& e) {
+      later = "DistError";
+    }
+    return fmt::format("{}|{}|{}|{}", kind, secs, later, msg);
+  });
+  for (int r = 0; r < kSize; ++r) {
+    const Forked& f = results[r];
+    EXPECT_FALSE(f.hung) << "rank " << r << " hung: " << f.report;
+    if (r == kDead) {
+      EXPECT_TRUE(WIFSIGNALED(f.status) && WTERMSIG(f.status) == SIGKILL) << "rank " << r << " should have died";
+      continue;
+    }
+    std::vector<std::string> parts;
+    std::stringstream ss(f.report);
+    for (std::string p; std::getline(ss, p, '|') && parts.size() < 3;) parts.push_back(p);
+    ASSERT_EQ(parts.size(), 3u) << f.report;
+    std::string msg = f.report.substr(parts[0].size() + parts[1].size() + parts[2].size() + 3);
+    std::cout << "rank " << r << " (" << parts[1] << " s): " << parts[0] << ": " << msg << "\n";
+    // A PeerError (not the timeout): the survivors noticed the death before the deadline.
+    EXPECT_EQ(parts[0], "PeerError") << msg;
+    EXPECT_LT(std::stod(parts[1]), std::chrono::duration<double>(kTimeout).count()) << msg;
+    EXPECT_EQ(parts[2], "DistError") << "a later op must fail at once";
+    EXPECT_NE(msg.find(fmt::format("allreduce #2 in group '{}'", group)), std::string::npos) << msg;
+    // The group's diagnosis names the dead rank.
+    EXPECT_TRUE(std::regex_search(
+        msg, std::regex(fmt::format(R"((dead or stalled\)|never reached it): \[(\d+, )*{}[,\]])", kDead))))
+        << msg;
+  }
+  // The dead rank's node-mate catches it in the shm stage of its own node.
+  const int mate = kDead ^ 1;
+  EXPECT_NE(results[mate].report.find(fmt::format("over node {} of group '{}'", kDead / 2, group)), std::string::npos)
+      << results[mate].report;
+  EXPECT_TRUE(devShmEntries(group).empty()) << fmt::format("{}", fmt::join(devShmEntries(group), " "));
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+// Rank 3: a non-leader. Rank 2: the leader of node 1.
+INSTANTIATE_TEST_SUITE_P(Rank, HierarchicalKilled, ::testing::Values(3, 2));
+
+}  // namespace
+}  // namespace cohort::dist::testing
