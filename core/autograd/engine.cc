@@ -19,7 +19,26 @@ void accumulateInto(std::vector<Tensor>& buffer, uint32_t pos, Tensor g) {
   else buffer[pos] = add(buffer[pos], g);
 }
 
+// The callbacks of the backward running on this thread (innermost when backward is reentrant).
+thread_local std::vector<std::function<void()>>* tCallbacks = nullptr;
+
+struct CallbackFrame {
+  std::vector<std::function<void()>> callbacks;
+  std::vector<std::function<void()>>* outer;
+  CallbackFrame() : outer(tCallbacks) { tCallbacks = &callbacks; }
+  ~CallbackFrame() { tCallbacks = outer; }
+  CallbackFrame(const CallbackFrame&) = delete;
+  CallbackFrame& operator=(const CallbackFrame&) = delete;
+};
+
 }  // namespace
+
+void queueCallback(std::function<void()> fn) {
+  if (tCallbacks == nullptr) throw ValueError("autograd::queueCallback: called outside backward()");
+  tCallbacks->push_back(std::move(fn));
+}
+
+bool inBackward() { return tCallbacks != nullptr; }
 
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retainGraph) {
   COHORT_CHECK_EQ(roots.size(), grads.size(), "backward: one gradient per root");
@@ -80,6 +99,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     }
 
   NoGradGuard noGrad;
+  CallbackFrame frame;
   while (!ready.empty()) {
     Node* node = ready.top();
     ready.pop();
@@ -99,6 +119,11 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
       if (i < out.size() && out[i].defined()) accumulateInto(buffers[e.fn.get()], e.inputNr, std::move(out[i]));
       if (--deps[e.fn.get()] == 0) ready.push(e.fn.get());
     }
+  }
+  // Indexed, not iterated: a callback may queue another.
+  for (size_t i = 0; i < frame.callbacks.size(); ++i) {
+    auto fn = std::move(frame.callbacks[i]);
+    fn();
   }
 }
 

@@ -6,6 +6,7 @@
  */
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include <cohort/core/autograd/node.h>
@@ -15,5 +16,12 @@ namespace cohort::autograd {
 // Backward from `roots` with the given gradients (same length; undefined = ones for one-element
 // roots). Without retainGraph, saved tensors are freed as nodes run.
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retainGraph = false);
+
+// Called from a hook while backward runs: `fn` runs on the same thread once the current backward
+// has run every node, before backward() returns (callbacks queued by callbacks run too, in order).
+// An exception from `fn` propagates out of backward(). When backward fails before the end, queued
+// callbacks are dropped. DDP waits for its last bucket here. Outside backward: a ValueError.
+void queueCallback(std::function<void()> fn);
+bool inBackward();  // whether this thread is running backward()
 
 }  // namespace cohort::autograd
