@@ -4,11 +4,17 @@
 //   build/examples/train_gpt --steps 300                       # small model, a few minutes on one core
 //   build/examples/train_gpt --steps 600 --checkpoint run.ckpt # saves every --checkpoint-every steps
 //   build/examples/train_gpt --steps 600 --checkpoint run.ckpt --resume
+//   cohortrun --standalone --nproc-per-node 2 build/examples/train_gpt --ddp --checkpoint run.ckpt --resume
+//
+// With --ddp every rank trains on its DistributedSampler shard (global batch = --batch-size ×
+// ranks) under DistributedDataParallel; rank 0 prints and writes the checkpoint, every rank
+// resumes from it (so a job restarted by cohortrun continues where the last checkpoint was).
 #include <CLI/CLI.hpp>
 
 #include <filesystem>
 
 #include <cohort/cohort.h>
+#include <cohort/distributed.h>
 #include <cohort/core/data/data_loader.h>
 #include <cohort/core/data/text.h>
 #include <cohort/core/io/checkpoint.h>
@@ -72,6 +78,10 @@ int main(int argc, char** argv) {
   app.add_flag("--resume", resume, "continue from --checkpoint if it exists");
   app.add_option("--sample-tokens", sampleTokens, "characters to sample at the end (0 = none)");
   app.add_option("--prompt", prompt, "text the sample starts from");
+  bool ddp = false;
+  std::string backend;
+  app.add_flag("--ddp", ddp, "data-parallel over the job's ranks (under cohortrun, mpirun or srun)");
+  app.add_option("--backend", backend, "collective backend with --ddp (default: COHORT_BACKEND, else auto)");
   CLI11_PARSE(app, argc, argv);
   if (resume && checkpoint.empty()) {
     fmt::print(stderr, "train_gpt: --resume needs --checkpoint\n");
@@ -80,6 +90,10 @@ int main(int argc, char** argv) {
 
   try {
     manualSeed(seed);
+    dist::ProcessGroupPtr pg;
+    if (ddp) pg = dist::initProcessGroup({.backend = backend});
+    const int rank = pg ? pg->rank() : 0, world = pg ? pg->size() : 1;
+    const bool talk = rank == 0;
     std::string text = data::kjvText("all");
     data::CharVocab vocab(text);
     cfg.vocabSize = vocab.size();
@@ -87,10 +101,15 @@ int main(int argc, char** argv) {
     auto train = std::make_shared<data::CharDataset>(vocab, std::string_view(text).substr(0, split), cfg.blockSize);
     auto val = std::make_shared<data::CharDataset>(vocab, std::string_view(text).substr(split), cfg.blockSize,
                                                    cfg.blockSize);
-    nn::GPT model(cfg);
-    optim::AdamW opt(model.parameters(), {.lr = lr, .beta1 = 0.9, .beta2 = 0.95, .weightDecay = weightDecay});
+    auto gpt = std::make_shared<nn::GPT>(cfg);
+    nn::GPT& model = *gpt;
+    std::shared_ptr<nn::Module> trained = gpt;
+    if (pg) trained = std::make_shared<dist::DistributedDataParallel>(gpt, pg);
+    optim::AdamW opt(trained->parameters(), {.lr = lr, .beta1 = 0.9, .beta2 = 0.95, .weightDecay = weightDecay});
     optim::CosineWithWarmup sched(opt, {.warmupSteps = warmup, .totalSteps = steps, .minLr = minLr});
-    data::DataLoader loader(train, {.batchSize = batchSize, .shuffle = true, .seed = seed, .dropLast = true});
+    data::DataLoaderOptions lo{.batchSize = batchSize, .shuffle = true, .seed = seed, .dropLast = true};
+    if (pg) lo.sampler = data::DistributedSampler({.rank = rank, .worldSize = world, .seed = seed, .dropLast = true});
+    data::DataLoader loader(train, lo);
     data::DataLoader valLoader(val, {.batchSize = batchSize});
 
     int64_t step = 0;
@@ -99,20 +118,23 @@ int main(int argc, char** argv) {
           checkpoint, {.model = &model, .optimizer = &opt, .scheduler = &sched, .loader = &loader,
                        .generator = &defaultGenerator()});
       step = st.step;
-      fmt::print("resumed from {} at step {} (epoch {}, batch {})\n", checkpoint, step, st.dataPosition.epoch,
+      if (talk)
+        fmt::print("resumed from {} at step {} (epoch {}, batch {})\n", checkpoint, step, st.dataPosition.epoch,
                  st.dataPosition.batch);
     }
     int64_t params = 0;
     for (auto& p : model.parameters()) params += p.numel();
-    fmt::print("train_gpt: {} parameters, vocab {}, {} train / {} validation characters, {} steps\n", params,
-               vocab.size(), split, text.size() - split, steps);
+    if (talk)
+      fmt::print("train_gpt: {} parameters, vocab {}, {} train / {} validation characters, {} steps{}\n", params,
+                 vocab.size(), split, text.size() - split, steps,
+                 pg ? fmt::format(" on {} ranks ({} backend)", world, pg->backend(DeviceType::CPU).name()) : "");
 
     int64_t stopAt = stopAfter > 0 ? std::min(stopAfter, steps) : steps;
     examples::Progress progress(stopAt, "tokens");
     progress.setStartStep(step);
     while (step < stopAt) {
       for (auto& b : loader) {
-        Tensor logits = model(b.data);
+        Tensor logits = (*trained)(b.data);
         Tensor loss = nn::functional::crossEntropy(logits.reshape({-1, cfg.vocabSize}), b.target.reshape({-1}));
         opt.zeroGrad();
         loss.backward();
@@ -120,10 +142,10 @@ int main(int argc, char** argv) {
         opt.step();
         sched.step();
         ++step;
-        progress.add(b.data.numel());
-        if (step % logInterval == 0 || step == stopAt)
+        progress.add(b.data.numel() * world);
+        if (talk && (step % logInterval == 0 || step == stopAt))
           progress.log(step, loss.item<double>(), fmt::format("lr {:.2e}", opt.paramGroups()[0].lr()));
-        if (!checkpoint.empty() && (step % ckptEvery == 0 || step == stopAt)) {
+        if (talk && !checkpoint.empty() && (step % ckptEvery == 0 || step == stopAt)) {
           io::TrainingState st;
           st.model = model.stateDict();
           st.optimizer = opt.stateDict();
@@ -136,6 +158,8 @@ int main(int argc, char** argv) {
         if (step >= stopAt) break;
       }
     }
+    if (pg) pg->barrier()->wait();  // rank 0's last checkpoint is on disk before anyone exits
+    if (!talk) return 0;
     fmt::print("validation loss: {:.4f}\n", evalLoss(model, valLoader, 20, cfg.vocabSize));
     if (sampleTokens > 0) {
       model.eval();

@@ -1,0 +1,9 @@
+// The one header a distributed training script adds: joining the job, process groups and their
+// collectives, and DistributedDataParallel with its comm hooks and Join.
+#pragma once
+
+#include <cohort/distributed/ddp/comm_hook.h>
+#include <cohort/distributed/ddp/distributed_data_parallel.h>
+#include <cohort/distributed/ddp/join.h>
+#include <cohort/distributed/init.h>
+#include <cohort/distributed/process_group.h>
