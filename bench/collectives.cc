@@ -5,11 +5,14 @@
  *
  *   mpirun -np 2 build-bench/bench/collectives --backend gloo
  *   mpirun -np 2 build-bench/bench/collectives --backend mpi --ops allreduce --min-bytes 4096 --max-bytes 4096
+ *   mpirun -np 4 build-bench/bench/collectives --backend hierarchical --ranks-per-node 2   # 2 simulated nodes x 2
  *
  * scripts/bench_collectives.sh runs it for each backend next to the bare MPI and gloo programs
  * and prints the figures side by side. Rank 0 first measures the memcpy limit while the other
  * ranks wait for it in the rendezvous (they sleep there, so the figure is one core's, unshared).
  */
+#include <cstdlib>
+
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
@@ -86,7 +89,13 @@ int main(int argc, char** argv) {
   size_t minBytes = 4, maxBytes = size_t{64} << 20, factor = 4, budget = size_t{1} << 30;
   int minIters = 5, maxIters = 1000, warmup = 5;
   bool noMemcpy = false, listBackends = false;
-  app.add_option("--backend", backend, "cohort backend: gloo, mpi (registered names)")->capture_default_str();
+  int ranksPerNode = 0;
+  app.add_option("--backend", backend, "cohort backend: gloo, mpi, shm, hierarchical, auto (registered names)")
+      ->capture_default_str();
+  app.add_option("--ranks-per-node", ranksPerNode,
+                 "simulate nodes of this many consecutive ranks (sets COHORT_NODE_ID per rank; 0: real hosts)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--ops", ops, "comma-separated ops")->capture_default_str();
   app.add_option("--min-bytes", minBytes)->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--max-bytes", maxBytes)->capture_default_str()->check(CLI::PositiveNumber);
@@ -113,12 +122,19 @@ int main(int argc, char** argv) {
     auto where = dist::env::detectEnvironment();
     if (where.rank == 0 && !noMemcpy) printMemcpyRows(sizeList("allreduce", minBytes, maxBytes, factor, where.worldSize));
 
+    if (ranksPerNode > 0) ::setenv("COHORT_NODE_ID", fmt::format("sim{}", where.rank / ranksPerNode).c_str(), 1);
     dist::InitOptions init;
     init.backend = backend;
     init.environment = where;
     auto pg = dist::initProcessGroup(init);
     const int n = pg->size();
-    if (pg->rank() == 0) printHeader("cohort", fmt::format("backend {}", backend), n);
+    if (pg->rank() == 0) {
+      const std::string chosen = pg->backend(DeviceType::CPU).name();
+      printHeader("cohort",
+                  fmt::format("backend {}{}{}", backend, chosen == backend ? "" : " -> " + chosen,
+                              ranksPerNode > 0 ? fmt::format(", {} ranks per simulated node", ranksPerNode) : ""),
+                  n);
+    }
 
     for (const auto& op : opList) {
       for (size_t bytes : sizeList(op, minBytes, maxBytes, factor, n)) {
