@@ -1,0 +1,139 @@
+// Ranks as forked processes, for the tests where a rank dies, stalls or misbehaves: each child
+// runs a body and writes a report file; the parent reaps them all and kills the stragglers past a
+// deadline, so a hang fails the test instead of blocking it.
+#pragma once
+
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include <cohort/core/util/error.h>
+
+namespace cohort::dist::testing {
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "cohort_pg_XXXXXX").string();
+    if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+struct ChildResult {
+  int status = 0;  // from waitpid
+  std::string report;
+  bool killedByWatchdog = false;
+};
+
+// Forks `size` children running body(rank, report-file) and waits for all of them, killing the
+// stragglers after `deadline`. Each child writes what it saw into its report file.
+inline std::vector<ChildResult> runForked(int size, std::chrono::seconds deadline,
+                                   const std::function<int(int rank, std::ofstream& report)>& body, const TempDir& dir) {
+  std::vector<pid_t> pids(size);
+  for (int r = 0; r < size; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      int code = 1;
+      {
+        std::ofstream report(dir.file(fmt::format("report{}", r)));
+        try {
+          code = body(r, report);
+        } catch (const std::exception& e) {
+          report << "uncaught: " << e.what();
+        }
+      }
+      std::_Exit(code);
+    }
+    pids[r] = pid;
+  }
+  std::vector<ChildResult> results(size);
+  auto end = std::chrono::steady_clock::now() + deadline;
+  int left = size;
+  while (left > 0) {
+    for (int r = 0; r < size; ++r) {
+      if (pids[r] == 0) continue;
+      int status = 0;
+      pid_t got = waitpid(pids[r], &status, WNOHANG);
+      if (got == pids[r]) {
+        results[r].status = status;
+        pids[r] = 0;
+        --left;
+      }
+    }
+    if (left == 0) break;
+    if (std::chrono::steady_clock::now() > end) {
+      for (int r = 0; r < size; ++r) {
+        if (pids[r] == 0) continue;
+        kill(pids[r], SIGKILL);
+        waitpid(pids[r], &results[r].status, 0);
+        results[r].killedByWatchdog = true;
+        pids[r] = 0;
+      }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  for (int r = 0; r < size; ++r) {
+    std::ifstream in(dir.file(fmt::format("report{}", r)));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    results[r].report = ss.str();
+  }
+  return results;
+}
+
+// A rank's report: "<error type>|<seconds>|<message>" for the op `fn` runs ("none" if it succeeded).
+template <typename F>
+int reportOutcome(std::ofstream& report, F&& fn) {
+  auto start = std::chrono::steady_clock::now();
+  std::string kind = "none", msg;
+  try {
+    fn();
+  } catch (const PeerError& e) {
+    kind = "PeerError", msg = e.what();
+  } catch (const TimeoutError& e) {
+    kind = "TimeoutError", msg = e.what();
+  } catch (const DistError& e) {
+    kind = "DistError", msg = e.what();
+  }
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  report << kind << "|" << secs << "|" << msg;
+  return 0;
+}
+
+struct Outcome {
+  std::string kind;
+  double seconds = 0;
+  std::string message;
+};
+inline Outcome parseOutcome(const std::string& report) {
+  auto bar1 = report.find('|'), bar2 = report.find('|', bar1 + 1);
+  if (bar1 == std::string::npos || bar2 == std::string::npos) return {"unreadable report: " + report, 0, ""};
+  return {report.substr(0, bar1), std::stod(report.substr(bar1 + 1, bar2 - bar1 - 1)), report.substr(bar2 + 1)};
+}
+
+}  // namespace cohort::dist::testing
