@@ -171,16 +171,27 @@ void expectMatchesReference(const Outcome& o, double tol) {
 
 constexpr double kFp32Tol = 2e-6;
 
+std::vector<std::string> cpuBackends() {
+  std::vector<std::string> out;
+  for (const char* b : {"gloo", "shm"})
+    if (hasBackend(b)) out.push_back(b);
+  return out;
+}
+
 TEST(DDP, MatchesSingleProcessForTwoThreeAndFourRanks) {
-  for (int world : {2, 3, 4}) {
-    SCOPED_TRACE(fmt::format("world {}", world));
-    Scenario s;
-    s.world = world;
-    s.options.findUnusedParameters = true;  // Net has a parameter no forward uses
-    Outcome o = runScenario(s);
-    expectMatchesReference(o, kFp32Tol);
-    // The never-used parameter keeps no gradient, as in the single process (SGD skips it).
-    EXPECT_FALSE(o.referenceGradDefined.back());
+  for (const std::string& backend : cpuBackends()) {
+    for (int world : {2, 3, 4}) {
+      SCOPED_TRACE(fmt::format("{}, world {}", backend, world));
+      Scenario s;
+      s.world = world;
+      s.options.findUnusedParameters = true;  // Net has a parameter no forward uses
+      Outcome o = runScenario(s, backend);
+      expectMatchesReference(o, kFp32Tol);
+      // The never-used parameter keeps no gradient on any rank, as in the single process (SGD
+      // skips it).
+      EXPECT_FALSE(o.referenceGradDefined[0]);
+      for (int r = 0; r < world; ++r) EXPECT_FALSE(o.rankGradDefined[r][0]) << "rank " << r;
+    }
   }
 }
 
@@ -289,14 +300,15 @@ TEST(DDP, CommHooks) {
 }
 
 TEST(DDP, UnevenInputsUnderJoinFinishAndMatch) {
-  for (int world : {2, 3}) {
-    SCOPED_TRACE(fmt::format("world {}", world));
-    Scenario s;
-    s.world = world;
-    s.options.findUnusedParameters = true;
-    s.stepsOf = [](int rank) { return 2 + 2 * rank; };  // rank 0 joins first, rank N-1 last
-    s.withBuffer = false;
-    expectMatchesReference(runScenario(s), kFp32Tol);
+  for (const std::string& backend : cpuBackends()) {
+    for (int world : {2, 3}) {
+      SCOPED_TRACE(fmt::format("{}, world {}", backend, world));
+      Scenario s;
+      s.world = world;
+      s.options.findUnusedParameters = true;
+      s.stepsOf = [](int rank) { return 2 + 2 * rank; };  // rank 0 joins first, rank N-1 last
+      expectMatchesReference(runScenario(s, backend), kFp32Tol);
+    }
   }
   {
     SCOPED_TRACE("a rank with no data at all, rebuilt buckets, a buffer");
