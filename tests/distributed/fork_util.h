@@ -38,6 +38,7 @@ class TempDir {
     std::filesystem::remove_all(path_, ec);
   }
   std::string file(const std::string& name) const { return (path_ / name).string(); }
+  std::string path() const { return path_.string(); }
 
  private:
   std::filesystem::path path_;
@@ -50,16 +51,17 @@ struct ChildResult {
 };
 
 // Forks `size` children running body(rank, report-file) and waits for all of them, killing the
-// stragglers after `deadline`. Each child writes what it saw into its report file.
-inline std::vector<ChildResult> runForked(int size, std::chrono::seconds deadline,
-                                   const std::function<int(int rank, std::ofstream& report)>& body, const TempDir& dir) {
+// stragglers after `deadline`. Each child writes what it saw into <dir>/report<rank>.
+inline std::vector<ChildResult> runForkedIn(const std::string& dir, int size, std::chrono::seconds deadline,
+                                            const std::function<int(int rank, std::ofstream& report)>& body) {
+  auto reportPath = [&](int r) { return fmt::format("{}/report{}", dir, r); };
   std::vector<pid_t> pids(size);
   for (int r = 0; r < size; ++r) {
     pid_t pid = fork();
     if (pid == 0) {
       int code = 1;
       {
-        std::ofstream report(dir.file(fmt::format("report{}", r)));
+        std::ofstream report(reportPath(r));
         try {
           code = body(r, report);
         } catch (const std::exception& e) {
@@ -77,8 +79,7 @@ inline std::vector<ChildResult> runForked(int size, std::chrono::seconds deadlin
     for (int r = 0; r < size; ++r) {
       if (pids[r] == 0) continue;
       int status = 0;
-      pid_t got = waitpid(pids[r], &status, WNOHANG);
-      if (got == pids[r]) {
+      if (waitpid(pids[r], &status, WNOHANG) == pids[r]) {
         results[r].status = status;
         pids[r] = 0;
         --left;
@@ -95,15 +96,50 @@ inline std::vector<ChildResult> runForked(int size, std::chrono::seconds deadlin
       }
       break;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   for (int r = 0; r < size; ++r) {
-    std::ifstream in(dir.file(fmt::format("report{}", r)));
+    std::ifstream in(reportPath(r));
     std::stringstream ss;
     ss << in.rdbuf();
     results[r].report = ss.str();
   }
   return results;
+}
+
+inline std::vector<ChildResult> runForked(int size, std::chrono::seconds deadline,
+                                          const std::function<int(int rank, std::ofstream& report)>& body,
+                                          const TempDir& dir) {
+  return runForkedIn(dir.path(), size, deadline, body);
+}
+
+// The same, for bodies that return their report as a string (the child exits 0).
+inline std::vector<ChildResult> runForked(int size, std::chrono::seconds deadline, const std::string& dir,
+                                          const std::function<std::string(int rank)>& body) {
+  return runForkedIn(dir, size, deadline, [&](int r, std::ofstream& report) {
+    report << body(r);
+    return 0;
+  });
+}
+
+// Whether `pid` runs (a zombie, killed but not yet reaped by its parent, does not).
+inline bool processAlive(int pid) {
+  std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  auto close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z' && line[close + 2] != 'X';
+}
+
+// /dev/shm entries whose name contains `part`.
+inline std::vector<std::string> devShmEntries(const std::string& part) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    std::string n = e.path().filename().string();
+    if (n.find(part) != std::string::npos) out.push_back(n);
+  }
+  return out;
 }
 
 // A rank's report: "<error type>|<seconds>|<message>" for the op `fn` runs ("none" if it succeeded).

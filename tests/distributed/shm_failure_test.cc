@@ -27,79 +27,12 @@
 #include <cohort/distributed/process_group.h>
 #include <cohort/distributed/store/file_store.h>
 
+#include "fork_util.h"
+
 namespace cohort::dist::testing {
 namespace {
 
 using namespace std::chrono_literals;
-
-// Whether `pid` runs (a zombie, killed but not yet reaped by this test's parent, does not).
-bool processAlive(int pid) {
-  std::ifstream stat(fmt::format("/proc/{}/stat", pid));
-  std::string line;
-  if (!std::getline(stat, line)) return false;
-  auto close = line.rfind(')');
-  return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z' && line[close + 2] != 'X';
-}
-
-// /dev/shm entries whose name contains `part`.
-std::vector<std::string> devShmEntries(const std::string& part) {
-  std::vector<std::string> out;
-  if (DIR* d = opendir("/dev/shm")) {
-    while (dirent* e = readdir(d)) {
-      std::string n = e->d_name;
-      if (n.find(part) != std::string::npos) out.push_back(n);
-    }
-    closedir(d);
-  }
-  return out;
-}
-
-// ---- forked ranks ---------------------------------------------------------------------------
-
-struct Forked {
-  int status = 0;
-  std::string report;
-  bool hung = false;
-};
-
-std::vector<Forked> runForked(int size, std::chrono::seconds deadline, const std::string& dir,
-                              const std::function<std::string(int)>& body) {
-  std::vector<pid_t> pids(size);
-  for (int r = 0; r < size; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      std::string rep;
-      try {
-        rep = body(r);
-      } catch (const std::exception& e) {
-        rep = std::string("uncaught|0|") + e.what();
-      }
-      std::ofstream(fmt::format("{}/report{}", dir, r)) << rep;
-      std::_Exit(0);
-    }
-    pids[r] = pid;
-  }
-  std::vector<Forked> out(size);
-  auto end = std::chrono::steady_clock::now() + deadline;
-  for (int r = 0; r < size; ++r) {
-    while (true) {
-      pid_t got = waitpid(pids[r], &out[r].status, WNOHANG);
-      if (got == pids[r]) break;
-      if (std::chrono::steady_clock::now() > end) {
-        kill(pids[r], SIGKILL);
-        waitpid(pids[r], &out[r].status, 0);
-        out[r].hung = true;
-        break;
-      }
-      std::this_thread::sleep_for(5ms);
-    }
-    std::ifstream in(fmt::format("{}/report{}", dir, r));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    out[r].report = ss.str();
-  }
-  return out;
-}
 
 TEST(ShmBackendFailure, RankKilledMidAllreduceIsNamedAndNoSegmentRemains) {
   if (!hasBackend("shm")) GTEST_SKIP() << "shm is not built";
@@ -154,8 +87,8 @@ TEST(ShmBackendFailure, RankKilledMidAllreduceIsNamedAndNoSegmentRemains) {
     return fmt::format("{}|{}|{}|{}", kind, secs, later, msg);
   });
   for (int r = 0; r < kSize; ++r) {
-    const Forked& f = results[r];
-    EXPECT_FALSE(f.hung) << "rank " << r << " hung: " << f.report;
+    const ChildResult& f = results[r];
+    EXPECT_FALSE(f.killedByWatchdog) << "rank " << r << " hung: " << f.report;
     if (r == kDead) {
       EXPECT_TRUE(WIFSIGNALED(f.status) && WTERMSIG(f.status) == SIGKILL) << "rank " << r << " should have died";
       continue;
