@@ -113,7 +113,14 @@ void declare(CLI::App& app, Parsed& p) {
 void finish(Parsed& p, const std::vector<std::string>& remaining) {
   LaunchOptions& o = p.o;
   std::vector<std::string> rest = remaining;
-  if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
+  if (!rest.empty() && rest.front() == "--") {
+    rest.erase(rest.begin());
+  } else if (!rest.empty() && rest.front().size() > 1 && rest.front()[0] == '-') {
+    // prefix_command() hands an unknown flag on as if it were the program.
+    throw ValueError(fmt::format("unknown option {} (options come before the program; put -- before a program "
+                                 "whose name starts with '-')",
+                                 rest.front()));
+  }
   if (o.helpEnv || o.version) return;
   if (rest.empty()) throw ValueError("no program given: cohortrun [options] [--] program [args...]");
   o.program = rest.front();
