@@ -17,9 +17,14 @@
 #include <fmt/format.h>
 
 #include <cohort/core/util/check.h>
+#include <cohort/core/util/env.h>
 #include <cohort/core/util/error.h>
 
 namespace cohort::launcher {
+
+COHORT_ENV_KNOB(kPath, "PATH", "/usr/local/bin:/usr/bin:/bin",
+                "Where cohortrun looks for a program given without a '/' (as a shell does)");
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -63,8 +68,7 @@ std::string resolveProgram(const std::string& program) {
     if (!executable(program)) throw ValueError(fmt::format("cohortrun: '{}' is not an executable file", program));
     return program;
   }
-  const char* path = std::getenv("PATH");
-  std::string dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
+  const std::string dirs = kPath.str();
   size_t start = 0;
   while (start <= dirs.size()) {
     size_t end = dirs.find(':', start);
@@ -295,6 +299,14 @@ std::vector<WorkerExit> WorkerGroup::stop(double graceSeconds) {
   signalAll(SIGKILL);
   for (auto& w : workers_) {
     if (auto e = reap(*w, true)) exits.push_back(*e);
+  }
+  // SIGKILL is delivered asynchronously: what a worker started may still be dying. Wait (bounded)
+  // until each process group is empty, so nothing of the job outlives stop().
+  auto groupsDeadline = Clock::now() + std::chrono::seconds(2);
+  for (auto& w : workers_) {
+    while (w->pid > 0 && ::kill(-w->pid, 0) == 0 && Clock::now() < groupsDeadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
   }
   // Whatever is left in the pipes (a grandchild may hold a write end: SIGKILLed above with its group).
   for (auto& w : workers_) {

@@ -107,7 +107,7 @@ TEST(Cohortrun, AFailingWorkerStopsTheOthersAndGivesItsExitCode) {
   for (int rank : {0, 2}) {
     auto pids = readPids(dir / ("rank_" + std::to_string(rank) + ".pid"));
     ASSERT_EQ(pids.size(), 1u) << "rank " << rank;
-    EXPECT_FALSE(alive(pids[0])) << "rank " << rank << " outlived the job";
+    EXPECT_FALSE(stillAliveAfter(pids[0])) << "rank " << rank << " outlived the job";
   }
 }
 
@@ -155,7 +155,7 @@ TEST(Cohortrun, SigtermToTheLauncherLeavesNoWorkerBehind) {
   ASSERT_TRUE(r.finished) << r.output;
   EXPECT_EQ(r.exitCode(), 128 + SIGTERM) << r.output;
   EXPECT_NE(r.output.find("received SIGTERM: stopping the workers"), std::string::npos) << r.output;
-  for (pid_t p : pids) EXPECT_FALSE(alive(p)) << "pid " << p << " outlived its launcher";
+  for (pid_t p : pids) EXPECT_FALSE(stillAliveAfter(p)) << "pid " << p << " outlived its launcher";
 }
 
 TEST(Cohortrun, UnreachableRendezvousFailsWithinTheTimeoutNamingTheEndpoint) {

@@ -119,6 +119,16 @@ inline bool alive(pid_t pid) {
   return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] != 'Z';
 }
 
+// Whether pid is still alive after up to `deadline` (a SIGKILLed process dies asynchronously).
+inline bool stillAliveAfter(pid_t pid, std::chrono::seconds deadline = std::chrono::seconds(5)) {
+  auto end = std::chrono::steady_clock::now() + deadline;
+  while (alive(pid)) {
+    if (std::chrono::steady_clock::now() >= end) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
 // Waits (bounded) for a file to exist.
 inline bool waitForFile(const std::string& path, std::chrono::seconds deadline = std::chrono::seconds(30)) {
   auto end = std::chrono::steady_clock::now() + deadline;
