@@ -1,0 +1,177 @@
+#include <cohort/fsdp/flat_param.h>
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include <cohort/core/autograd/grad_mode.h>
+#include <cohort/core/ops/ops.h>
+#include <cohort/core/util/check.h>
+#include <cohort/core/util/error.h>
+
+namespace cohort::fsdp {
+
+Tensor viewOfStorage(const std::shared_ptr<Storage>& storage, int64_t offset, const Shape& shape, DType dtype) {
+  return Tensor(std::make_shared<TensorImpl>(storage, offset, shape, contiguousStrides(shape), dtype));
+}
+
+FlatParamHandle::FlatParamHandle(std::string label, std::vector<FlatParamInfo> params, FlatParamGroups groups,
+                                 DType masterDtype, DType computeDtype, DType reduceDtype)
+    : label_(std::move(label)),
+      params_(std::move(params)),
+      groups_(std::move(groups)),
+      masterDtype_(masterDtype),
+      computeDtype_(computeDtype),
+      reduceDtype_(reduceDtype) {
+  COHORT_CHECK(!params_.empty(), "FlatParamHandle '{}': a unit needs at least one parameter", label_);
+  autograd::NoGradGuard noGrad;
+  for (auto& p : params_) {
+    p.offset = numel_;
+    p.numel = shapeNumel(p.shape);
+    numel_ += p.numel;
+  }
+  const int64_t s = shardSize();
+  paddedNumel_ = (numel_ + s - 1) / s * s;
+  shardNumel_ = paddedNumel_ / s;
+  const int64_t lo = shardRank() * shardNumel_, hi = lo + shardNumel_;
+
+  // This rank's shard of the flat buffer, from the module's current values; padding is zero.
+  shard_ = zeros({shardNumel_}, {.dtype = masterDtype_});
+  for (auto& p : params_) {
+    const int64_t b = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
+    if (b < e) {
+      Tensor src = p.original.detach().reshape({-1}).narrow(0, b - p.offset, e - b);
+      shard_.narrow(0, b - lo, e - b).copy_(src);
+    }
+  }
+  shard_.setRequiresGrad(true);
+
+  aliased_ = s == 1 && computeDtype_ == masterDtype_;
+  if (aliased_) {
+    fullStorage_ = shard_.storage();
+    gathered_ = true;
+  } else {
+    fullStorage_ = std::make_shared<Storage>(static_cast<size_t>(paddedNumel_) * elementSize(computeDtype_),
+                                             Device::cpu());
+    fullStorage_->release();
+  }
+  fullFlat_ = viewOfStorage(fullStorage_, 0, {paddedNumel_}, computeDtype_);
+  for (auto& p : params_) {
+    p.full = viewOfStorage(fullStorage_, p.offset, p.shape, computeDtype_);
+    for (auto& [module, name] : p.slots) module->replaceParameter(name, p.full);
+    p.original = Tensor();
+  }
+}
+
+FlatParamHandle::~FlatParamHandle() {
+  // A gather or reduction still in flight writes into our buffers: let it finish first.
+  try {
+    if (pending_) pending_->wait();
+    if (reducePending_) reducePending_->wait();
+  } catch (...) {
+  }
+}
+
+int FlatParamHandle::shardSize() const { return groups_.shard ? groups_.shard->size() : 1; }
+int FlatParamHandle::shardRank() const { return groups_.shard ? groups_.shard->rank() : 0; }
+
+void FlatParamHandle::startGather() {
+  if (aliased_ || gathered_ || pending_) return;
+  autograd::NoGradGuard noGrad;
+  if (fullStorage_->released()) fullStorage_->reallocate(static_cast<size_t>(paddedNumel_) * elementSize(computeDtype_));
+  gatherInput_ = computeDtype_ == masterDtype_ ? shard_.detach() : shard_.detach().to(computeDtype_);
+  if (shardSize() == 1) {
+    fullFlat_.copy_(gatherInput_);
+    gatherInput_ = Tensor();
+    gathered_ = true;
+    return;
+  }
+  pending_ = groups_.shard->allgatherIntoTensor(fullFlat_, gatherInput_);
+}
+
+void FlatParamHandle::waitGather() {
+  startGather();
+  if (!pending_) return;
+  dist::WorkPtr w = std::move(pending_);
+  pending_ = nullptr;
+  gatherInput_ = Tensor();
+  w->wait();
+  gathered_ = true;
+}
+
+void FlatParamHandle::release() {
+  if (aliased_) return;
+  if (pending_) waitGather();
+  if (!gathered_) return;
+  fullStorage_->release();
+  gathered_ = false;
+}
+
+void FlatParamHandle::writeBackShard() {
+  if (aliased_) return;
+  waitGather();
+  autograd::NoGradGuard noGrad;
+  shard_.copy_(fullFlat_.narrow(0, static_cast<int64_t>(shardRank()) * shardNumel_, shardNumel_));
+}
+
+void FlatParamHandle::resetIteration() {
+  reduced_ = false;
+  ranForward = false;
+  backwardGathered = false;
+}
+
+std::vector<Tensor> FlatParamHandle::freshViews() const {
+  std::vector<Tensor> out;
+  out.reserve(params_.size());
+  for (const auto& p : params_) out.push_back(viewOfStorage(fullStorage_, p.offset, p.shape, computeDtype_));
+  return out;
+}
+
+Tensor FlatParamHandle::startReduce(const std::vector<Tensor>& grads) {
+  COHORT_CHECK(!reduced_, "FSDP unit '{}' reduced twice in one backward (does the unit run twice in one forward?)",
+               label_);
+  COHORT_CHECK_EQ(grads.size(), params_.size(), "FSDP unit '{}': one gradient per parameter", label_);
+  reduced_ = true;
+  autograd::NoGradGuard noGrad;
+  flatGrad_ = empty({paddedNumel_}, {.dtype = reduceDtype_});
+  if (paddedNumel_ > numel_) flatGrad_.narrow(0, numel_, paddedNumel_ - numel_).zero_();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto& p = params_[i];
+    Tensor dst = flatGrad_.narrow(0, p.offset, p.numel).view(p.shape);
+    if (grads[i].defined()) dst.copy_(grads[i]);
+    else dst.zero_();
+  }
+  const bool shardReduce = shardSize() > 1;
+  const bool replicate = groups_.replicate && groups_.replicate->size() > 1;
+  gradShard_ = shardReduce ? empty({shardNumel_}, {.dtype = reduceDtype_}) : flatGrad_;
+  gradOut_ = reduceDtype_ == masterDtype_ ? gradShard_ : empty({shardNumel_}, {.dtype = masterDtype_});
+  if (shardReduce) {
+    reducePending_ = groups_.shard->reduceScatterTensor(gradShard_, flatGrad_, {.op = dist::ReduceOp::Avg});
+    reducePendingIsShard_ = true;
+  } else if (replicate) {
+    reducePending_ = groups_.replicate->allreduce(gradShard_, {.op = dist::ReduceOp::Avg});
+    reducePendingIsShard_ = false;
+  }
+  if (!reducePending_) finishReduce();
+  return gradOut_;
+}
+
+void FlatParamHandle::finishReduce() {
+  if (!gradShard_.defined()) return;
+  if (reducePending_) {
+    dist::WorkPtr w = std::move(reducePending_);
+    reducePending_ = nullptr;
+    w->wait();
+    if (reducePendingIsShard_ && groups_.replicate && groups_.replicate->size() > 1)
+      groups_.replicate->allreduce(gradShard_, {.op = dist::ReduceOp::Avg})->wait();
+  }
+  flatGrad_ = Tensor();
+  if (!gradOut_.isSameAs(gradShard_)) {
+    autograd::NoGradGuard noGrad;
+    gradOut_.copy_(gradShard_);
+  }
+  gradShard_ = Tensor();
+  gradOut_ = Tensor();  // autograd holds it now (the shard's AccumulateGrad takes it without a copy)
+}
+
+}  // namespace cohort::fsdp

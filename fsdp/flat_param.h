@@ -1,0 +1,137 @@
+/*
+ * FlatParamHandle: one FSDP unit's parameters as one flat buffer.
+ *
+ * The unit's parameters (in module traversal order) are laid end to end in a flat buffer of
+ * `paddedNumel` elements, padded with zeros to a multiple of the shard group's size S. Rank r of
+ * the shard group owns elements [r * shardNumel, (r + 1) * shardNumel): `shard()` is that slice, a
+ * float32 (or the parameters' own dtype) leaf tensor that requires grad and is what the optimizer
+ * sees, so optimizer state is sharded with it.
+ *
+ * While the unit runs, the full buffer lives in one Storage (`fullStorage`) and each module
+ * parameter is a leaf tensor viewing its slice of that storage (registered in the module with
+ * replaceParameter, under every name it had, so tied weights stay tied). Between uses the storage
+ * is released (Storage::release): the parameter tensors and every tensor autograd saved from them
+ * stay valid objects and get their data back when the unit is gathered again into the same
+ * Storage. The gather writes through a separate TensorImpl (its own version counter), so it does
+ * not look like an in-place change to autograd's saved-tensor checks.
+ *
+ * With S == 1 and compute dtype == master dtype (NO_SHARD without mixed precision), the full
+ * buffer is the shard's own storage: nothing is gathered or freed, the optimizer's in-place update
+ * is what the module sees.
+ *
+ * Gradients: after the unit's backward, the parameters' gradients are copied into a flat gradient
+ * buffer (reduce dtype, zero padding), reduce-scattered with Avg over the shard group, all-reduced
+ * with Avg over the replicate group (HYBRID_SHARD, NO_SHARD), and handed to autograd as the shard's
+ * gradient (master dtype), which accumulates it into shard().grad.
+ *
+ * Threads: the thread driving forward and backward; collectives are issued on it in the same
+ * order on every rank.
+ */
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <cohort/core/nn/module.h>
+#include <cohort/core/tensor/tensor.h>
+#include <cohort/distributed/process_group.h>
+
+namespace cohort::fsdp {
+
+// One parameter inside a flat buffer.
+struct FlatParamInfo {
+  std::string name;                                        // fully qualified, first registration
+  std::vector<std::pair<nn::Module*, std::string>> slots;  // every (module, local name) holding it
+  std::vector<std::string> names;                          // the fully qualified name of each slot
+  Shape shape;
+  int64_t offset = 0;  // in the flat buffer, elements
+  int64_t numel = 0;
+  Tensor original;     // the module's parameter before wrapping (values copied in; then dropped)
+  Tensor full;         // a leaf (no grad) viewing fullStorage: what the module holds between steps
+};
+
+struct FlatParamGroups {
+  dist::ProcessGroupPtr shard;      // null: size 1 (the shard is the whole buffer)
+  dist::ProcessGroupPtr replicate;  // null: no replication across groups
+};
+
+class FlatParamHandle {
+ public:
+  // `params` carry name, slots, shape and `original`; offsets are assigned here. The values of the
+  // originals are copied into the shard, then the module parameters are replaced by views.
+  FlatParamHandle(std::string label, std::vector<FlatParamInfo> params, FlatParamGroups groups, DType masterDtype,
+                  DType computeDtype, DType reduceDtype);
+  ~FlatParamHandle();
+  FlatParamHandle(const FlatParamHandle&) = delete;
+  FlatParamHandle& operator=(const FlatParamHandle&) = delete;
+
+  const std::string& label() const { return label_; }
+  const std::vector<FlatParamInfo>& params() const { return params_; }
+  int64_t numel() const { return numel_; }
+  int64_t paddedNumel() const { return paddedNumel_; }
+  int64_t shardNumel() const { return shardNumel_; }
+  int shardSize() const;
+  int shardRank() const;
+  Tensor& shard() { return shard_; }
+  const Tensor& shard() const { return shard_; }
+  bool aliased() const { return aliased_; }  // full buffer == shard storage (never freed)
+  bool gathered() const { return gathered_; }
+  bool gatherInFlight() const { return pending_ != nullptr; }
+  // Whether some module still uses the full parameters: they are views into the flat buffer.
+  DType computeDtype() const { return computeDtype_; }
+
+  // Starts the all-gather into the full buffer (no-op when gathered or in flight).
+  void startGather();
+  // Completes it (starting it first when needed); the module's parameters hold the full values.
+  void waitGather();
+  // Frees the full buffer (no-op when aliased or not gathered).
+  void release();
+  // Copies this rank's slice of the gathered full buffer into the shard (after the full
+  // parameters were changed in place; no-op when aliased).
+  void writeBackShard();
+
+  // Fresh tensors viewing each parameter's slice of the full buffer (own TensorImpls), for one
+  // forward: FSDP makes them the outputs of the unit's autograd node.
+  std::vector<Tensor> freshViews() const;
+
+  // Backward: flattens `grads` (one per parameter; undefined = none) into a flat gradient buffer
+  // and launches its reduction. Returns the tensor that holds the shard's gradient (master dtype)
+  // once finishReduce() has run; until then its contents are not ready.
+  Tensor startReduce(const std::vector<Tensor>& grads);
+  void finishReduce();
+  bool reduced() const { return reduced_; }
+  bool reduceInFlight() const { return reducePending_ != nullptr; }
+  void resetIteration();
+
+  bool ranForward = false;
+  bool backwardGathered = false;
+
+ private:
+  std::string label_;
+  std::vector<FlatParamInfo> params_;
+  FlatParamGroups groups_;
+  DType masterDtype_, computeDtype_, reduceDtype_;
+  int64_t numel_ = 0, paddedNumel_ = 0, shardNumel_ = 0;
+  Tensor shard_;
+  std::shared_ptr<Storage> fullStorage_;
+  Tensor fullFlat_;  // own TensorImpl over fullStorage_: the gather's output
+  bool aliased_ = false;
+  bool gathered_ = false;
+  dist::WorkPtr pending_;
+  Tensor gatherInput_;  // keeps a cast shard alive while the gather runs
+
+  bool reduced_ = false;
+  dist::WorkPtr reducePending_;
+  bool reducePendingIsShard_ = false;  // the in-flight op is the reduce-scatter (else the all-reduce)
+  Tensor flatGrad_, gradShard_, gradOut_;
+};
+
+// A tensor viewing `storage` at `offset` (elements) with `shape`, with its own TensorImpl and
+// version counter.
+Tensor viewOfStorage(const std::shared_ptr<Storage>& storage, int64_t offset, const Shape& shape, DType dtype);
+
+}  // namespace cohort::fsdp
