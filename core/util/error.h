@@ -51,5 +51,9 @@ class CheckpointError : public Error {
 class RpcError : public Error {
   using Error::Error;
 };
+// An RPC whose deadline passed before its response arrived.
+class RpcTimeoutError : public RpcError {
+  using RpcError::RpcError;
+};
 
 }  // namespace cohort

@@ -1,0 +1,676 @@
+#include <cohort/rpc/agent.h>
+
+#include <cohort/core/util/logging.h>
+#include <cohort/rpc/rref.h>
+
+namespace cohort::rpc {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::mutex& factoryMu() {
+  static std::mutex m;
+  return m;
+}
+std::map<std::string, AgentFactory>& factories() {
+  static std::map<std::string, AgentFactory> f;
+  return f;
+}
+
+const char* errorTypeName(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const RpcTimeoutError&) {
+    return "RpcTimeoutError";
+  } catch (const RpcError&) {
+    return "RpcError";
+  } catch (const IndexError&) {
+    return "IndexError";
+  } catch (const ValueError&) {
+    return "ValueError";
+  } catch (const TimeoutError&) {
+    return "TimeoutError";
+  } catch (const PeerError&) {
+    return "PeerError";
+  } catch (const DistError&) {
+    return "DistError";
+  } catch (const NotSupportedError&) {
+    return "NotSupportedError";
+  } catch (const Error&) {
+    return "Error";
+  } catch (const std::exception&) {
+    return "std::exception";
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+// Walks a value tree for the rrefs it carries.
+void collectRRefs(const Value& v, std::vector<std::shared_ptr<RRefHandle>>& out) {
+  switch (v.kind()) {
+    case Kind::RRef: out.push_back(v.toRRef()); break;
+    case Kind::List:
+      for (const auto& x : v.toList()) collectRRefs(x, out);
+      break;
+    case Kind::Dict:
+      for (const auto& [k, x] : v.toDict()) collectRRefs(x, out);
+      break;
+    default: break;
+  }
+}
+
+Value idValue(const RRefId& id) { return Value(List{Value(int64_t{id.creator}), Value(static_cast<int64_t>(id.local))}); }
+RRefId idFrom(const Value& v) {
+  const List& l = v.toList();
+  if (l.size() < 2) throw RpcError("malformed rref request: no rref id");
+  int64_t c = l[0].toInt(), loc = l[1].toInt();
+  if (c < 0 || c > INT32_MAX) throw RpcError(fmt::format("malformed rref request: creator rank {}", c));
+  return RRefId{static_cast<int32_t>(c), static_cast<uint64_t>(loc)};
+}
+
+}  // namespace
+
+std::string describeException(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    return ex.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+void registerAgentFactory(const std::string& kind, AgentFactory factory) {
+  std::lock_guard<std::mutex> lock(factoryMu());
+  factories()[kind] = std::move(factory);
+}
+std::vector<std::string> agentKinds() {
+  std::lock_guard<std::mutex> lock(factoryMu());
+  std::vector<std::string> out;
+  for (const auto& [k, f] : factories()) out.push_back(k);
+  return out;
+}
+AgentFactory findAgentFactory(const std::string& kind) {
+  std::lock_guard<std::mutex> lock(factoryMu());
+  auto it = factories().find(kind);
+  return it == factories().end() ? nullptr : it->second;
+}
+
+// ---- RRefHandle ----------------------------------------------------------------------------
+
+RRefHandle::~RRefHandle() {
+  if (auto a = agent_.lock()) a->releaseRRef(*this);
+}
+std::shared_ptr<RpcAgent> RRefHandle::agent() const { return agent_.lock(); }
+
+// ---- RpcAgent ------------------------------------------------------------------------------
+
+RpcAgent::RpcAgent(WorkerInfo self, int worldSize, RpcOptions options)
+    : self_(std::move(self)), worldSize_(worldSize), options_(std::move(options)), store_(options_.store) {
+  if (worldSize_ < 1 || self_.rank < 0 || self_.rank >= worldSize_) {
+    throw ValueError(fmt::format("rpc::init: rank {} is outside a world of {}", self_.rank, worldSize_));
+  }
+  if (self_.name.empty() || self_.name.size() > 256) {
+    throw ValueError(fmt::format("rpc::init: a worker name must have 1 to 256 characters, got {}", self_.name.size()));
+  }
+  if (options_.numWorkerThreads < 1) throw ValueError("rpc::init: numWorkerThreads must be at least 1");
+}
+
+RpcAgent::~RpcAgent() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    timerStop_ = true;
+  }
+  timerCv_.notify_all();
+  if (timer_.joinable()) timer_.join();
+  if (pool_) pool_->stop();
+}
+
+void RpcAgent::startThreads() {
+  pool_ = std::make_unique<ThreadPool>(options_.numWorkerThreads);
+  timer_ = std::thread([this] { timerLoop(); });
+}
+
+WorkerInfo RpcAgent::worker(const std::string& name) const {
+  auto it = rankOf_.find(name);
+  if (it == rankOf_.end()) throw RpcError(fmt::format("no RPC worker is named '{}'", name));
+  return workers_[it->second];
+}
+WorkerInfo RpcAgent::worker(int rank) const {
+  if (rank < 0 || rank >= static_cast<int>(workers_.size())) {
+    throw RpcError(fmt::format("no RPC worker has rank {} (world of {})", rank, worldSize_));
+  }
+  return workers_[rank];
+}
+std::vector<WorkerInfo> RpcAgent::workers() const { return workers_; }
+
+std::string RpcAgent::describeCall(int rank, Op op, const std::string& fn) const {
+  std::string what = op == Op::Call ? fmt::format("rpc '{}'", fn)
+                     : fn.empty()   ? fmt::format("{}", opName(op))
+                                    : fmt::format("{} '{}'", opName(op), fn);
+  return fmt::format("{} to worker '{}' (rank {})", what, workers_[rank].name, rank);
+}
+
+size_t RpcAgent::pendingCalls() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pending_.size();
+}
+size_t RpcAgent::ownedRRefs() const {
+  std::lock_guard<std::mutex> lock(rrefMu_);
+  return owned_.size();
+}
+
+Future<Value> RpcAgent::call(const std::string& to, const std::string& fn, List args, Millis timeout) {
+  return send(worker(to).rank, Op::Call, fn, Value(std::move(args)), timeout);
+}
+
+void RpcAgent::completeOnPool(Future<Value> f, Value v) {
+  auto task = [f, v = std::move(v)]() mutable { f.setValue(std::move(v)); };
+  if (!pool_ || !pool_->run(task)) task();
+}
+void RpcAgent::failOnPool(Future<Value> f, std::exception_ptr e) {
+  auto task = [f, e]() mutable { f.setError(e); };
+  if (!pool_ || !pool_->run(task)) task();
+}
+
+Future<Value> RpcAgent::send(int rank, Op op, const std::string& fn, Value body, Millis timeout) {
+  if (timeout.count() <= 0) timeout = options_.rpcTimeout;
+  if (rank < 0 || rank >= worldSize_) return Future<Value>::failed(std::make_exception_ptr(RpcError(fmt::format("no RPC worker has rank {}", rank))));
+  std::string what = describeCall(rank, op, fn);
+  if (state_.load() != State::Running) {
+    return Future<Value>::failed(std::make_exception_ptr(RpcError(what + " failed: the agent has shut down")));
+  }
+  if (rank == self_.rank) {
+    // A call to oneself runs on the pool without encoding: arguments are shared, not copied.
+    COHORT_CHECK(op == Op::Call, "the RRef protocol never sends {} to itself", opName(op));
+    Future<Value> out;
+    if (!pool_->run([this, out, fn, body = std::move(body)]() mutable {
+          Future<Value> r = dispatchCall(fn, std::move(body));
+          r.addCallback([out, fn, this](Future<Value> d) mutable {
+            if (auto e = d.exception()) {
+              out.setError(std::make_exception_ptr(RpcError(fmt::format("rpc '{}' on worker '{}' raised {}: {}", fn,
+                                                                         self_.name, errorTypeName(e), describeException(e)))));
+            } else {
+              out.setValue(d.value());
+            }
+          });
+        })) {
+      out.setError(std::make_exception_ptr(RpcError(what + " failed: the agent has shut down")));
+    }
+    return out;
+  }
+  uint64_t id = nextId_.fetch_add(1);
+  Future<Value> fut;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = deadPeers_.find(rank); it != deadPeers_.end()) {
+      return Future<Value>::failed(std::make_exception_ptr(RpcError(fmt::format("{} failed: {}", what, it->second))));
+    }
+    auto deadline = Clock::now() + timeout;
+    pending_.emplace(id, Pending{fut, rank, what, deadline, timeout});
+    deadlines_.emplace(deadline, id);
+  }
+  timerCv_.notify_one();
+  Frame f;
+  f.kind = FrameKind::Request;
+  f.op = op;
+  f.id = id;
+  f.function = fn;
+  f.body = std::move(body);
+  encodeFor(rank, std::move(f), timeout, [this, rank, id](std::exception_ptr e, EncodedFrame enc) {
+    if (e) {
+      if (auto p = takePending(id)) failOnPool(p->future, std::make_exception_ptr(RpcError(fmt::format("{} failed: {}", p->what, describeException(e)))));
+      return;
+    }
+    transmit(rank, std::move(enc));
+  });
+  return fut;
+}
+
+void RpcAgent::encodeFor(int to, Frame frame, Millis timeout,
+                         std::function<void(std::exception_ptr, EncodedFrame)> done) {
+  std::vector<std::shared_ptr<RRefHandle>> rrefs;
+  collectRRefs(frame.body, rrefs);
+  auto encode = [this, to, frame = std::move(frame), done]() {
+    EncodedFrame enc;
+    try {
+      enc = encodeFrame(frame, [this, to](const std::shared_ptr<RRefHandle>& h) {
+        RRefWire w{h->owner(), h->id().creator, h->id().local, h->owner() != to, h->typeName()};
+        if (h->owner() == self_.rank) ownerIncRef(h->id(), "sending it");
+        return w;
+      }, options_.limits);
+    } catch (...) {
+      done(std::current_exception(), {});
+      return;
+    }
+    done(nullptr, std::move(enc));
+  };
+  // Forks to third workers: the owner counts the receiver's reference before the message leaves.
+  std::vector<Future<Value>> acks;
+  for (const auto& h : rrefs) {
+    if (h->owner() != self_.rank && h->owner() != to) {
+      acks.push_back(send(h->owner(), Op::RRefAddRef, "", idValue(h->id()), timeout));
+    }
+  }
+  if (acks.empty()) {
+    encode();
+    return;
+  }
+  whenAll(acks).addCallback([encode, done](Future<void> all) {
+    if (auto e = all.exception()) done(e, {});
+    else encode();
+  });
+}
+
+std::optional<RpcAgent::Pending> RpcAgent::takePending(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pending_.find(id);
+  if (it == pending_.end()) return std::nullopt;
+  Pending p = std::move(it->second);
+  pending_.erase(it);
+  auto range = deadlines_.equal_range(p.deadline);
+  for (auto d = range.first; d != range.second; ++d) {
+    if (d->second == id) {
+      deadlines_.erase(d);
+      break;
+    }
+  }
+  if (pending_.empty()) pendingCv_.notify_all();
+  return p;
+}
+
+void RpcAgent::onResponse(int from, Frame frame) {
+  if (frame.kind == FrameKind::Error && frame.id == 0) {
+    // A refusal of the whole connection (wrong secret, unknown name).
+    failPeer(from, fmt::format("worker '{}' refused the connection: {}", workers_[from].name, frame.message));
+    return;
+  }
+  auto p = takePending(frame.id);
+  if (!p) return;  // timed out meanwhile
+  if (p->rank != from) {
+    failOnPool(p->future, std::make_exception_ptr(RpcError(fmt::format("{}: the response came from rank {}", p->what, from))));
+    return;
+  }
+  if (frame.kind == FrameKind::Response) {
+    completeOnPool(p->future, std::move(frame.body));
+  } else {
+    failOnPool(p->future, std::make_exception_ptr(RpcError(frame.message)));
+  }
+}
+
+void RpcAgent::failPeer(int rank, const std::string& why) {
+  std::vector<Pending> failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_.load() == State::Running) deadPeers_.emplace(rank, why);
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->second.rank == rank) {
+        failed.push_back(std::move(it->second));
+        it = pending_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto d = deadlines_.begin(); d != deadlines_.end();) {
+      if (!pending_.count(d->second)) d = deadlines_.erase(d);
+      else ++d;
+    }
+    if (pending_.empty()) pendingCv_.notify_all();
+  }
+  for (auto& p : failed) {
+    failOnPool(p.future, std::make_exception_ptr(RpcError(fmt::format("{} failed: {}", p.what, why))));
+  }
+}
+
+void RpcAgent::timerLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!timerStop_) {
+    if (deadlines_.empty()) {
+      timerCv_.wait(lock);
+      continue;
+    }
+    auto next = deadlines_.begin()->first;
+    if (Clock::now() < next) {
+      timerCv_.wait_until(lock, next);
+      continue;
+    }
+    uint64_t id = deadlines_.begin()->second;
+    deadlines_.erase(deadlines_.begin());
+    auto it = pending_.find(id);
+    if (it == pending_.end()) continue;
+    Pending p = std::move(it->second);
+    pending_.erase(it);
+    if (pending_.empty()) pendingCv_.notify_all();
+    lock.unlock();
+    failOnPool(p.future, std::make_exception_ptr(RpcTimeoutError(
+                             fmt::format("{} timed out after {} ms", p.what, p.timeout.count()))));
+    lock.lock();
+  }
+}
+
+EncodedFrame RpcAgent::errorFrame(uint64_t id, const std::string& fn, const std::string& message) const {
+  Frame f;
+  f.kind = FrameKind::Error;
+  f.id = id;
+  f.function = fn;
+  f.worker = self_.name;
+  f.message = message;
+  return encodeFrame(f);
+}
+
+// ---- serving -------------------------------------------------------------------------------
+
+Future<Value> RpcAgent::dispatchCall(const std::string& fn, Value args) {
+  try {
+    auto f = FunctionRegistry::global().find(fn);
+    if (!f) throw RpcError(fmt::format("no function named '{}' is registered", fn));
+    if (args.kind() != Kind::List) throw RpcError(fmt::format("'{}': the arguments are a {}, not a list", fn, kindName(args.kind())));
+    return f->handler(std::move(args.toList()));
+  } catch (...) {
+    return Future<Value>::failed(std::current_exception());
+  }
+}
+
+void RpcAgent::respondWith(int to, const Frame& request, Future<Value> result, Respond respond) {
+  uint64_t id = request.id;
+  std::string fn = request.op == Op::Call ? request.function
+                                          : (request.function.empty() ? std::string(opName(request.op))
+                                                                      : request.function);
+  result.addCallback([this, to, id, fn, respond = std::move(respond)](Future<Value> done) {
+    Frame r;
+    r.id = id;
+    r.function = fn;
+    r.worker = self_.name;
+    if (auto e = done.exception()) {
+      r.kind = FrameKind::Error;
+      r.message = fmt::format("rpc '{}' on worker '{}' raised {}: {}", fn, self_.name, errorTypeName(e), describeException(e));
+    } else {
+      r.kind = FrameKind::Response;
+      r.body = done.value();
+    }
+    encodeFor(to, std::move(r), options_.rpcTimeout, [this, id, fn, respond](std::exception_ptr e, EncodedFrame enc) {
+      if (e) {
+        // The result could not be sent (a CUDA tensor, over the limits): the caller learns why.
+        respond(errorFrame(id, fn, fmt::format("rpc '{}' on worker '{}': its result could not be sent: {}", fn,
+                                               self_.name, describeException(e))));
+        return;
+      }
+      respond(std::move(enc));
+    });
+  });
+}
+
+void RpcAgent::onRequest(int from, Frame frame, Respond respond) {
+  if (state_.load() != State::Running && frame.op != Op::RRefDecRef) {
+    respond(errorFrame(frame.id, frame.function, fmt::format("worker '{}' has shut down", self_.name)));
+    return;
+  }
+  try {
+    switch (frame.op) {
+      case Op::Call: {
+        uint64_t id = frame.id;
+        std::string fn = frame.function;
+        auto task = [this, from, frame = std::move(frame), respond]() mutable {
+          Future<Value> r = dispatchCall(frame.function, std::move(frame.body));
+          respondWith(from, frame, r, respond);
+        };
+        if (!pool_->run(task)) respond(errorFrame(id, fn, "the agent has shut down"));
+        return;
+      }
+      case Op::RRefCreate: {
+        // body: [creator, local, type name, args]. Counted here, in arrival order, for the creator.
+        const List& l = frame.body.toList();
+        if (l.size() != 4) throw RpcError("malformed rref create request");
+        RRefId id = idFrom(frame.body);
+        if (id.creator != from) throw RpcError(fmt::format("rank {} created an rref in the name of rank {}", from, id.creator));
+        Future<Value> value;
+        {
+          std::lock_guard<std::mutex> lock(rrefMu_);
+          if (owned_.count(id)) throw RpcError("rref created twice");
+          owned_[id] = OwnedRRef{1, value, l[2].toStr()};
+        }
+        uint64_t reqId = frame.id;
+        std::string fn = frame.function;
+        auto task = [this, from, frame = std::move(frame), respond, value]() mutable {
+          Value args = std::move(frame.body.toList()[3]);
+          Future<Value> r = dispatchCall(frame.function, std::move(args));
+          r.addCallback([value](Future<Value> d) mutable {
+            if (auto e = d.exception()) value.setError(e);
+            else value.setValue(d.value());
+          });
+          respondWith(from, frame, r.then([](Future<Value> d) {
+            d.wait();
+            return Value();
+          }), respond);
+        };
+        if (!pool_->run(task)) respond(errorFrame(reqId, fn, "the agent has shut down"));
+        return;
+      }
+      case Op::RRefFetch: {
+        respondWith(from, frame, ownedValue(idFrom(frame.body)), respond);
+        return;
+      }
+      case Op::RRefCall: {
+        const List& l = frame.body.toList();
+        if (l.size() != 3) throw RpcError("malformed rref call request");
+        Future<Value> value = ownedValue(idFrom(frame.body));
+        Future<Value> result;
+        value.addCallback([this, result, fn = frame.function, args = l[2]](Future<Value> v) mutable {
+          if (auto e = v.exception()) {
+            result.setError(e);
+            return;
+          }
+          if (args.kind() != Kind::List) {
+            result.setError(std::make_exception_ptr(RpcError("malformed rref call request: arguments are not a list")));
+            return;
+          }
+          List full;
+          full.push_back(v.value());
+          for (auto& a : args.toList()) full.push_back(std::move(a));
+          if (!pool_->run([this, result, fn, full = std::move(full)]() mutable {
+                Future<Value> r = dispatchCall(fn, Value(std::move(full)));
+                r.addCallback([result](Future<Value> d) mutable {
+                  if (auto e = d.exception()) result.setError(e);
+                  else result.setValue(d.value());
+                });
+              })) {
+            result.setError(std::make_exception_ptr(RpcError("the agent has shut down")));
+          }
+        });
+        respondWith(from, frame, result, respond);
+        return;
+      }
+      case Op::RRefAddRef: {
+        ownerIncRef(idFrom(frame.body), "a fork");
+        respondWith(from, frame, Future<Value>::ready(Value()), respond);
+        return;
+      }
+      case Op::RRefDecRef: {
+        ownerDecRef(idFrom(frame.body));
+        respondWith(from, frame, Future<Value>::ready(Value()), respond);
+        return;
+      }
+      case Op::Barrier: throw RpcError("unexpected barrier request");
+    }
+  } catch (...) {
+    respondWith(from, frame, Future<Value>::failed(std::current_exception()), respond);
+  }
+}
+
+// ---- RRefs ---------------------------------------------------------------------------------
+
+void RpcAgent::ownerIncRef(const RRefId& id, const char* why) {
+  std::lock_guard<std::mutex> lock(rrefMu_);
+  auto it = owned_.find(id);
+  if (it == owned_.end()) {
+    throw RpcError(fmt::format("rref ({}, {}) is unknown on its owner '{}' ({}): its value is gone", id.creator,
+                               id.local, self_.name, why));
+  }
+  ++it->second.count;
+}
+
+void RpcAgent::ownerDecRef(const RRefId& id) {
+  Future<Value> dying;  // destroyed outside the lock
+  {
+    std::lock_guard<std::mutex> lock(rrefMu_);
+    auto it = owned_.find(id);
+    if (it == owned_.end()) {
+      throw RpcError(fmt::format("rref ({}, {}) released on '{}' more often than it was counted", id.creator,
+                                 id.local, self_.name));
+    }
+    if (--it->second.count == 0) {
+      dying = std::move(it->second.value);
+      owned_.erase(it);
+    }
+  }
+}
+
+Future<Value> RpcAgent::ownedValue(const RRefId& id) {
+  std::lock_guard<std::mutex> lock(rrefMu_);
+  auto it = owned_.find(id);
+  if (it == owned_.end()) {
+    throw RpcError(fmt::format("rref ({}, {}) is unknown on its owner '{}'", id.creator, id.local, self_.name));
+  }
+  return it->second.value;
+}
+
+std::shared_ptr<RRefHandle> RpcAgent::makeHandle(int owner, const RRefId& id, std::string typeName) {
+  return std::make_shared<RRefHandle>(weak_from_this(), owner, id, std::move(typeName), owner == self_.rank);
+}
+
+RRefDecoder RpcAgent::decoderFor(int from) {
+  return [this, from](const RRefWire& w) -> std::shared_ptr<RRefHandle> {
+    if (w.owner >= worldSize_ || w.creator >= worldSize_) {
+      throw RpcError(fmt::format("rref names rank {} in a world of {}", std::max(w.owner, w.creator), worldSize_));
+    }
+    RRefId id{w.creator, w.local};
+    if (w.owner == self_.rank) {
+      if (!w.counted) ownerIncRef(id, fmt::format("sent back by rank {}", from).c_str());
+    } else if (!w.counted) {
+      throw RpcError(fmt::format("rank {} sent an uncounted reference to an rref owned by rank {}", from, w.owner));
+    }
+    return makeHandle(w.owner, id, w.typeName);
+  };
+}
+
+std::shared_ptr<RRefHandle> RpcAgent::createRemote(const std::string& to, const std::string& fn, List args,
+                                                   std::string typeName, Millis timeout) {
+  int owner = worker(to).rank;
+  RRefId id{self_.rank, nextRRef_.fetch_add(1)};
+  if (owner == self_.rank) {
+    Future<Value> value;
+    {
+      std::lock_guard<std::mutex> lock(rrefMu_);
+      owned_[id] = OwnedRRef{1, value, typeName};
+    }
+    auto h = makeHandle(owner, id, std::move(typeName));
+    h->created = value.then([](Future<Value> d) {
+      d.wait();
+      return Value();
+    });
+    if (!pool_->run([this, fn, args = std::move(args), value]() mutable {
+          Future<Value> r = dispatchCall(fn, Value(std::move(args)));
+          r.addCallback([value](Future<Value> d) mutable {
+            if (auto e = d.exception()) value.setError(e);
+            else value.setValue(d.value());
+          });
+        })) {
+      value.setError(std::make_exception_ptr(RpcError("the agent has shut down")));
+    }
+    return h;
+  }
+  auto h = makeHandle(owner, id, typeName);
+  List body{Value(int64_t{id.creator}), Value(static_cast<int64_t>(id.local)), Value(typeName), Value(std::move(args))};
+  h->created = send(owner, Op::RRefCreate, fn, Value(std::move(body)), timeout);
+  return h;
+}
+
+Future<Value> RpcAgent::fetchRRef(const std::shared_ptr<RRefHandle>& h, Millis timeout) {
+  if (h->isOwner()) {
+    try {
+      return ownedValue(h->id());
+    } catch (...) {
+      return Future<Value>::failed(std::current_exception());
+    }
+  }
+  return send(h->owner(), Op::RRefFetch, "", idValue(h->id()), timeout);
+}
+
+Future<Value> RpcAgent::callOnRRef(const std::shared_ptr<RRefHandle>& h, const std::string& fn, List args,
+                                   Millis timeout) {
+  if (h->isOwner()) {
+    return fetchRRef(h, timeout).then([this, fn, args = std::move(args)](Future<Value> v) mutable {
+      List full;
+      full.push_back(v.value());
+      for (auto& a : args) full.push_back(std::move(a));
+      return send(self_.rank, Op::Call, fn, Value(std::move(full)));
+    });
+  }
+  List body{Value(int64_t{h->id().creator}), Value(static_cast<int64_t>(h->id().local)), Value(std::move(args))};
+  return send(h->owner(), Op::RRefCall, fn, Value(std::move(body)), timeout);
+}
+
+void RpcAgent::releaseRRef(const RRefHandle& h) noexcept {
+  try {
+    if (h.isOwner()) {
+      ownerDecRef(h.id());
+    } else if (state_.load() == State::Running) {
+      send(h.owner(), Op::RRefDecRef, "", idValue(h.id()));
+    }
+  } catch (const std::exception& e) {
+    COHORT_LOG(Warning, "rpc: releasing rref ({}, {}) failed: {}", h.id().creator, h.id().local, e.what());
+  }
+}
+
+// ---- shutdown ------------------------------------------------------------------------------
+
+void RpcAgent::shutdown(bool graceful) {
+  std::call_once(shutdownOnce_, [&] {
+    std::exception_ptr barrierError;
+    if (graceful) {
+      auto deadline = Clock::now() + options_.shutdownTimeout;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        pendingCv_.wait_until(lock, deadline, [&] { return pending_.empty(); });
+      }
+      try {
+        store_->set(fmt::format("shutdown/{}", self_.rank), std::string("1"));
+        std::vector<std::string> keys;
+        for (int r = 0; r < worldSize_; ++r) keys.push_back(fmt::format("shutdown/{}", r));
+        auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
+        store_->wait(keys, std::max(left, Millis(1)));
+      } catch (...) {
+        barrierError = std::current_exception();
+      }
+      // Decrements sent while others were finishing.
+      std::unique_lock<std::mutex> lock(mu_);
+      pendingCv_.wait_until(lock, std::min(deadline, Clock::now() + Millis(2000)), [&] { return pending_.empty(); });
+    }
+    state_.store(State::Stopped);
+    std::vector<Pending> left;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& [id, p] : pending_) left.push_back(std::move(p));
+      pending_.clear();
+      deadlines_.clear();
+      timerStop_ = true;
+    }
+    timerCv_.notify_all();
+    for (auto& p : left) {
+      failOnPool(p.future, std::make_exception_ptr(RpcError(fmt::format("{} failed: the agent shut down", p.what))));
+    }
+    closeTransport();
+    if (timer_.joinable()) timer_.join();
+    if (pool_) pool_->stop();
+    std::map<RRefId, OwnedRRef> dying;  // values may hold rrefs whose release takes rrefMu_
+    {
+      std::lock_guard<std::mutex> lock(rrefMu_);
+      dying.swap(owned_);
+    }
+    dying.clear();
+    if (barrierError) std::rethrow_exception(barrierError);
+  });
+}
+
+}  // namespace cohort::rpc

@@ -1,0 +1,219 @@
+// The TensorPipe agent across processes: typed sync and async calls with tensors of every dtype
+// and size 0 to 64 MiB, chained futures, remote exceptions, unknown functions and wrong argument
+// types, per-call timeouts, a peer that dies with calls pending, the shared secret, malformed
+// frames, and graceful shutdown with calls in flight.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include <cohort/core/ops/ops.h>
+#include <cohort/rpc/tensorpipe/tensorpipe_agent.h>
+
+#include "rpc_test_util.h"
+
+namespace cohort::rpc {
+namespace {
+
+using namespace testing;
+
+const bool kRegistered = [] {
+  registerFunction("add", [](int64_t a, int64_t b) { return a + b; });
+  registerFunction("echo", [](Value v) { return v; });
+  registerFunction("concat", [](std::vector<std::string> parts, std::map<std::string, int64_t> counts) {
+    std::string s;
+    for (const auto& p : parts) s += p;
+    for (const auto& [k, n] : counts) s += fmt::format("|{}={}", k, n);
+    return s;
+  });
+  registerFunction("nbytes", [](Tensor t) { return static_cast<int64_t>(t.nbytes()); });
+  registerFunction("fail", [](int64_t x) -> int64_t { throw ValueError(fmt::format("bad input {}", x)); });
+  registerFunction("sleep_ms", [](int64_t ms) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    return ms;
+  });
+  registerFunction("die", [](int64_t code) -> int64_t { std::_Exit(static_cast<int>(code)); });
+  registerFunction("whoami", [] { return getWorkerInfo().name; });
+  return true;
+}();
+
+Tensor sample(DType dtype, const Shape& shape) {
+  Tensor t = arange(0, static_cast<double>(shapeNumel(shape)), 1, {.dtype = DType::Float64});
+  return t.to(dtype).reshape(shape).contiguous();
+}
+
+TEST(RpcAgent, SyncAndAsyncCallsCarryEveryKindOfValue) {
+  auto reports = runWorkers(2, [](int rank) -> std::string {
+    if (rank == 1) return "ok";
+    std::string bad;
+    if (rpcSync<int64_t>("w1", "add", 40, 2) != 42) bad += "add; ";
+    if (rpcSync<std::string>("w1", "whoami") != "w1") bad += "whoami; ";
+    if (rpcSync<std::string>("w0", "whoami") != "w0") bad += "call to self; ";
+    std::string c = rpcSync<std::string>("w1", "concat", std::vector<std::string>{"a", "b"},
+                                         std::map<std::string, int64_t>{{"x", 1}, {"y", 2}});
+    if (c != "ab|x=1|y=2") bad += "concat gave " + c + "; ";
+    // Tensors of every dtype, empty and not, echoed back equal.
+    for (int d = 0; d < kNumDTypes; ++d) {
+      for (const Shape& shape : {Shape{0}, Shape{}, Shape{3, 5}, Shape{1000}}) {
+        Tensor t = sample(static_cast<DType>(d), shape);
+        Value back = rpcSync("w1", "echo", t);
+        if (!(back == Value(t))) bad += fmt::format("echo {} {}; ", dtypeName(t.dtype()), shapeStr(shape));
+      }
+    }
+    // 64 MiB each way, and nested values.
+    Tensor big = sample(DType::Float32, {16, 1024, 1024});
+    if (rpcSync<int64_t>("w1", "nbytes", big) != int64_t{64} << 20) bad += "nbytes of 64 MiB; ";
+    if (!(rpcSync<Tensor>("w1", "echo", big).toVector<float>() == big.toVector<float>())) bad += "echo of 64 MiB; ";
+    Value nested(List{Value(Dict{{"t", Value(sample(DType::BFloat16, {2, 2}))}}), Value(List{Value(true), Value()})});
+    if (!(rpcSync("w1", "echo", nested) == nested)) bad += "nested; ";
+    // Async calls and chained futures.
+    std::vector<Future<int64_t>> fs;
+    for (int i = 0; i < 100; ++i) fs.push_back(rpcAsync<int64_t>("w1", "add", i, 1000));
+    Future<int64_t> chained = rpcAsync<int64_t>("w1", "add", 1, 2)
+                                  .then([](Future<int64_t> f) { return rpcAsync<int64_t>("w1", "add", f.value(), 10); })
+                                  .then([](Future<int64_t> f) { return f.value() * 2; });
+    for (int i = 0; i < 100; ++i) {
+      if (fs[i].value() != i + 1000) bad += fmt::format("async {}; ", i);
+    }
+    if (chained.value() != 26) bad += fmt::format("chained gave {}; ", chained.value());
+    auto agent = std::dynamic_pointer_cast<TensorPipeAgent>(currentAgent());
+    if (!agent || agent->transportTo(1) != "shm") bad += "the peer on this host is not reached over shm; ";
+    return bad.empty() ? "ok" : bad;
+  });
+  EXPECT_EQ(reports[0], "ok");
+  EXPECT_EQ(reports[1], "ok");
+}
+
+TEST(RpcAgent, RemoteExceptionsAndBadCallsComeBackAsRpcErrors) {
+  auto reports = runWorkers(2, [](int rank) -> std::string {
+    if (rank == 1) return "ok";
+    std::string out;
+    out += errorOf([] { rpcSync<int64_t>("w1", "fail", 7); }) + "\n";
+    out += errorOf([] { rpcSync<int64_t>("w1", "nope", 7); }) + "\n";
+    out += errorOf([] { rpcSync<int64_t>("w1", "add", 1, "two"); }) + "\n";
+    out += errorOf([] { rpcSync<int64_t>("w1", "add", 1); }) + "\n";
+    out += errorOf([] { rpcSync<std::string>("w1", "add", 1, 2); }) + "\n";
+    out += errorOf([] { rpcSync<int64_t>("nobody", "add", 1, 2); }) + "\n";
+    // The agent carries on.
+    out += std::to_string(rpcSync<int64_t>("w1", "add", 2, 3));
+    return out;
+  });
+  std::vector<std::string> lines;
+  std::stringstream ss(reports[0]);
+  for (std::string l; std::getline(ss, l);) lines.push_back(l);
+  ASSERT_EQ(lines.size(), 7u) << reports[0];
+  EXPECT_EQ(lines[0], "RpcError: rpc 'fail' on worker 'w1' raised ValueError: bad input 7");
+  EXPECT_EQ(lines[1], "RpcError: rpc 'nope' on worker 'w1' raised RpcError: no function named 'nope' is registered");
+  EXPECT_EQ(lines[2], "RpcError: rpc 'add' on worker 'w1' raised RpcError: 'add' (int64, int64) -> int64: argument 2: "
+                      "expected int64, got string of 3 bytes");
+  EXPECT_EQ(lines[3], "RpcError: rpc 'add' on worker 'w1' raised RpcError: 'add' (int64, int64) -> int64 takes 2 "
+                      "arguments, got 1");
+  EXPECT_EQ(lines[4], "RpcError: result of 'add': expected string, got int64 3");
+  EXPECT_EQ(lines[5], "RpcError: no RPC worker is named 'nobody'");
+  EXPECT_EQ(lines[6], "5");
+  EXPECT_EQ(reports[1], "ok");
+}
+
+TEST(RpcAgent, TimedOutCallsFailAndTheAgentCarriesOn) {
+  auto reports = runWorkers(2, [](int rank) -> std::string {
+    if (rank == 1) return "ok";
+    std::string e = errorOf([] { rpcSync<int64_t>(Timeout{Millis(200)}, "w1", "sleep_ms", 3000); });
+    if (e != "RpcTimeoutError: rpc 'sleep_ms' to worker 'w1' (rank 1) timed out after 200 ms") return "timeout: " + e;
+    if (currentAgent()->pendingCalls() != 0) return "the timed-out call is still pending";
+    return rpcSync<int64_t>("w1", "add", 1, 1) == 2 ? "ok" : "no call after the timeout";
+  });
+  EXPECT_EQ(reports[0], "ok");
+  EXPECT_EQ(reports[1], "ok");
+}
+
+TEST(RpcAgent, ADeadPeerFailsItsPendingCallsByNameAndOthersContinue) {
+  auto reports = runWorkers(
+      3,
+      [](int rank) -> std::string {
+        if (rank == 1) {
+          std::this_thread::sleep_for(std::chrono::seconds(30));  // killed by w0's call first
+          return "w1 survived";
+        }
+        if (rank == 2) {
+          // Serves w0 until w0 is done, then leaves without the barrier (w1 will never arrive).
+          currentAgent()->options().store->wait({"w0-done"}, Millis(30'000));
+          shutdown(false);
+          return "ok";
+        }
+        auto slow = rpcAsync<int64_t>("w1", "sleep_ms", 20'000);
+        auto dying = rpcAsync<int64_t>("w1", "die", 3);
+        std::string e1 = errorOf([&] { slow.wait(std::chrono::seconds(15)); });
+        std::string e2 = errorOf([&] { dying.wait(std::chrono::seconds(15)); });
+        std::string e3 = errorOf([] { rpcSync<int64_t>("w1", "add", 1, 2); });
+        int64_t other = rpcSync<int64_t>("w2", "add", 1, 2);
+        currentAgent()->options().store->set("w0-done", std::string("1"));
+        shutdown(false);
+        return e1 + "\n" + e2 + "\n" + e3 + "\n" + std::to_string(other);
+      },
+      {}, std::chrono::seconds(60));
+  std::vector<std::string> lines;
+  std::stringstream ss(reports[0]);
+  for (std::string l; std::getline(ss, l);) lines.push_back(l);
+  ASSERT_EQ(lines.size(), 4u) << reports[0];
+  EXPECT_EQ(lines[0].rfind("RpcError: rpc 'sleep_ms' to worker 'w1' (rank 1) failed: the connection to 'w1' broke", 0), 0u)
+      << lines[0];
+  EXPECT_EQ(lines[1].rfind("RpcError: rpc 'die' to worker 'w1' (rank 1) failed: the connection to 'w1' broke", 0), 0u)
+      << lines[1];
+  EXPECT_EQ(lines[2].rfind("RpcError: rpc 'add' to worker 'w1' (rank 1) failed: the connection to 'w1' broke", 0), 0u)
+      << lines[2];
+  EXPECT_EQ(lines[3], "3");
+  EXPECT_EQ(reports[2], "ok");
+}
+
+TEST(RpcAgent, GracefulShutdownWaitsForCallsInFlight) {
+  auto reports = runWorkers(2, [](int rank) -> std::string {
+    if (rank == 1) return "ok";
+    auto f = rpcAsync<int64_t>("w1", "sleep_ms", 300);
+    shutdown();  // returns only once the call was answered and w1 arrived
+    if (!f.isCompleted()) return "shutdown returned with the call pending";
+    return f.value() == 300 ? "ok" : "wrong result";
+  });
+  EXPECT_EQ(reports[0], "ok");
+  EXPECT_EQ(reports[1], "ok");
+}
+
+TEST(RpcAgent, AWrongSharedSecretIsRefused) {
+  auto reports = runWorkers(
+      3,
+      [](int rank) -> std::string {
+        if (rank == 1) return "ok";
+        std::string e = errorOf([] { rpcSync<int64_t>("w1", "add", 1, 2); });
+        if (rank == 2) return e.empty() ? "ok" : "the right secret was refused: " + e;
+        return e;
+      },
+      [](int rank, RpcOptions& o) { o.secret = rank == 0 ? "intruder" : "s3cret"; });
+  EXPECT_EQ(reports[0], "RpcError: rpc 'add' to worker 'w1' (rank 1) failed: worker 'w1' refused the connection: "
+                        "worker 'w0' presented the wrong shared secret");
+  EXPECT_EQ(reports[1], "ok");
+  EXPECT_EQ(reports[2], "ok");
+}
+
+TEST(RpcAgent, MalformedFramesAreRefusedAndTheAgentServesOthers) {
+  auto reports = runWorkers(3, [](int rank) -> std::string {
+    if (rank == 1) return "ok";
+    if (rank == 2) {
+      currentAgent()->options().store->wait({"garbage-sent"}, Millis(30'000));
+      return rpcSync<int64_t>("w1", "add", 2, 2) == 4 ? "ok" : "w1 stopped serving";
+    }
+    auto agent = std::dynamic_pointer_cast<TensorPipeAgent>(currentAgent());
+    auto first = rpcAsync<int64_t>(Timeout{Millis(20'000)}, "w1", "sleep_ms", 500);  // opens the pipe
+    agent->transmitRawForTesting(1, std::string("CRPC\x01\x02", 6));  // cut after the frame kind
+    std::string e = errorOf([&] { first.wait(std::chrono::seconds(15)); });
+    currentAgent()->options().store->set("garbage-sent", std::string("1"));
+    return e;
+  });
+  EXPECT_EQ(reports[0].rfind("RpcError: rpc 'sleep_ms' to worker 'w1' (rank 1) failed: worker 'w1' refused the "
+                             "connection: a malformed message arrived: malformed RPC frame at byte 6: truncated: the op needs 1 bytes, 0 left",
+                             0),
+            0u)
+      << reports[0];
+  EXPECT_EQ(reports[1], "ok");
+  EXPECT_EQ(reports[2], "ok");
+}
+
+}  // namespace
+}  // namespace cohort::rpc
