@@ -116,7 +116,7 @@ TEST(RpcAgent, RemoteExceptionsAndBadCallsComeBackAsRpcErrors) {
 TEST(RpcAgent, TimedOutCallsFailAndTheAgentCarriesOn) {
   auto reports = runWorkers(2, [](int rank) -> std::string {
     if (rank == 1) return "ok";
-    std::string e = errorOf([] { rpcSync<int64_t>(Timeout{Millis(200)}, "w1", "sleep_ms", 3000); });
+    std::string e = errorOf([] { rpcSync<int64_t>(Timeout{Millis(200)}, "w1", "sleep_ms", 1000); });
     if (e != "RpcTimeoutError: rpc 'sleep_ms' to worker 'w1' (rank 1) timed out after 200 ms") return "timeout: " + e;
     if (currentAgent()->pendingCalls() != 0) return "the timed-out call is still pending";
     return rpcSync<int64_t>("w1", "add", 1, 1) == 2 ? "ok" : "no call after the timeout";
