@@ -152,8 +152,9 @@ Tensor FlatParamHandle::startReduce(const std::vector<Tensor>& grads) {
     reducePending_ = groups_.replicate->allreduce(gradShard_, {.op = dist::ReduceOp::Avg});
     reducePendingIsShard_ = false;
   }
+  Tensor out = gradOut_;
   if (!reducePending_) finishReduce();
-  return gradOut_;
+  return out;
 }
 
 void FlatParamHandle::finishReduce() {
