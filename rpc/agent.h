@@ -69,6 +69,7 @@ struct RpcOptions {
   // 127.0.0.1 when that fails.
   std::string tcpHost;
   bool useShm = true;  // peers on the same host (and network namespace) talk over shared memory
+  bool useCma = true;  // tensors between processes of one host move by cross-memory attach
   WireLimits limits;
   std::string agent = "tensorpipe";  // which registered transport
 };

@@ -70,6 +70,10 @@ void TensorPipeAgent::start() {
     urls.push_back("shm://" + shmName);
   }
   context_->registerChannel(0, "basic", tp::channel::basic::create());
+  // Cross-memory attach: a tensor between processes of one host is one process_vm_readv, no
+  // ring-buffer copies. TensorPipe checks its viability (same user, ptrace scope) and falls back
+  // to basic when it is not.
+  if (options_.useCma) context_->registerChannel(10, "cma", tp::channel::cma::create());
   listener_ = context_->listen(urls);
   std::string uvUrl = listener_->url("uv");
   std::string shmUrl = options_.useShm ? listener_->url("shm") : "";

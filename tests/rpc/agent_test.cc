@@ -217,3 +217,26 @@ TEST(RpcAgent, MalformedFramesAreRefusedAndTheAgentServesOthers) {
 
 }  // namespace
 }  // namespace cohort::rpc
+
+namespace cohort::rpc {
+namespace {
+using namespace testing;
+
+TEST(RpcAgent, TcpCarriesCallsWhenShmIsOff) {
+  auto reports = runWorkers(
+      2,
+      [](int rank) -> std::string {
+        if (rank == 1) return "ok";
+        auto agent = std::dynamic_pointer_cast<TensorPipeAgent>(currentAgent());
+        if (agent->transportTo(1) != "uv") return "not over uv";
+        Tensor t = arange(0, 1000, 1, {.dtype = DType::Int32});
+        Value back = rpcSync("w1", "echo", t);
+        return back == Value(t) && rpcSync<int64_t>("w1", "add", 2, 5) == 7 ? "ok" : "wrong results over uv";
+      },
+      [](int, RpcOptions& o) { o.useShm = false; });
+  EXPECT_EQ(reports[0], "ok");
+  EXPECT_EQ(reports[1], "ok");
+}
+
+}  // namespace
+}  // namespace cohort::rpc

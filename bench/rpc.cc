@@ -1,0 +1,102 @@
+// RPC figures between two processes on this host (the parent calls, a forked child serves), in the
+// form of the PyTorch RPC baselines (../shared/BASELINES.md, bench/rpc_torch.py):
+//   tiny rpcSync round trip; a 16 MiB tensor sent and acknowledged (callee returns its size); a
+//   16 MiB tensor echoed back; N concurrent rpcAsync calls in flight (calls/s).
+// Usage: rpc [--iters N] [--concurrent N] [--reps R] [--no-shm]
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include <cohort/core/ops/ops.h>
+#include <cohort/distributed/store/file_store.h>
+#include <cohort/rpc/rpc.h>
+
+using namespace cohort;
+using Clock = std::chrono::steady_clock;
+
+static double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+static double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int main(int argc, char** argv) {
+  CLI::App app{"cohort RPC benchmark: two processes on this host"};
+  int iters = 2000, concurrent = 10000, reps = 5;
+  bool noShm = false;
+  app.add_option("--iters", iters, "tiny calls per repetition");
+  app.add_option("--concurrent", concurrent, "rpcAsync calls in flight at once");
+  app.add_option("--reps", reps, "repetitions (medians are reported)");
+  app.add_flag("--no-shm", noShm, "use TCP (uv) between the two processes");
+  CLI11_PARSE(app, argc, argv);
+
+  rpc::registerFunction("noop", [](int64_t x) { return x; });
+  rpc::registerFunction("nbytes", [](Tensor t) { return static_cast<int64_t>(t.nbytes()); });
+  rpc::registerFunction("echo", [](Tensor t) { return t; });
+
+  char tmpl[] = "/tmp/cohort_bench_rpc_XXXXXX";
+  std::string dir = mkdtemp(tmpl);
+  auto options = [&] {
+    rpc::RpcOptions o;
+    o.store = std::make_shared<dist::FileStore>(dir + "/store", rpc::Millis(60'000));
+    o.useShm = !noShm;
+    o.numWorkerThreads = 2;
+    return o;
+  };
+  pid_t child = fork();
+  if (child == 0) {
+    rpc::init("server", 1, 2, options());
+    rpc::shutdown();
+    std::_Exit(0);
+  }
+  rpc::init("client", 0, 2, options());
+
+  std::vector<double> tiny, send16, echo16, conc;
+  Tensor big = ones({4 * 1024 * 1024});  // 16 MiB of float32
+  for (int i = 0; i < 200; ++i) rpc::rpcSync<int64_t>("server", "noop", i);  // warm-up
+  rpc::rpcSync<int64_t>("server", "nbytes", big);
+  for (int r = 0; r < reps; ++r) {
+    auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) rpc::rpcSync<int64_t>("server", "noop", i);
+    tiny.push_back(seconds(t0, Clock::now()) / iters);
+
+    const int bigIters = 20;
+    t0 = Clock::now();
+    for (int i = 0; i < bigIters; ++i) rpc::rpcSync<int64_t>("server", "nbytes", big);
+    send16.push_back(seconds(t0, Clock::now()) / bigIters);
+
+    t0 = Clock::now();
+    for (int i = 0; i < bigIters; ++i) rpc::rpcSync<Tensor>("server", "echo", big);
+    echo16.push_back(seconds(t0, Clock::now()) / bigIters);
+
+    std::vector<Future<int64_t>> fs;
+    fs.reserve(concurrent);
+    t0 = Clock::now();
+    for (int i = 0; i < concurrent; ++i) fs.push_back(rpc::rpcAsync<int64_t>("server", "noop", i));
+    int64_t wrong = 0;
+    for (int i = 0; i < concurrent; ++i) wrong += fs[i].value() != i;
+    conc.push_back(concurrent / seconds(t0, Clock::now()));
+    if (wrong) std::printf("ERROR: %lld concurrent calls returned wrong values\n", static_cast<long long>(wrong));
+  }
+  rpc::shutdown();
+  int status = 0;
+  waitpid(child, &status, 0);
+  std::filesystem::remove_all(dir);
+
+  double bytes = 16.0 * 1024 * 1024;
+  std::printf("cohort RPC, 2 processes, transport %s, medians of %d repetitions\n", noShm ? "uv (TCP)" : "shm", reps);
+  std::printf("%-44s %12s %14s\n", "", "cohort", "PyTorch 1.13");
+  std::printf("%-44s %9.1f us %11s us\n", "rpcSync of a tiny function (round trip)", median(tiny) * 1e6, "373");
+  std::printf("%-44s %9.2f ms %11s ms  (%.2f GB/s vs 4.3)\n", "16 MiB tensor sent, callee returns its size",
+              median(send16) * 1e3, "3.9", bytes / median(send16) / 1e9);
+  std::printf("%-44s %9.2f ms %11s ms\n", "16 MiB tensor echoed back", median(echo16) * 1e3, "12.1");
+  std::printf("%-44s %9.0f calls/s (all %d completed)\n", "concurrent rpcAsync in flight", median(conc), concurrent);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
+}
