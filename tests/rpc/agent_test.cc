@@ -240,3 +240,39 @@ TEST(RpcAgent, TcpCarriesCallsWhenShmIsOff) {
 
 }  // namespace
 }  // namespace cohort::rpc
+
+namespace cohort::rpc {
+namespace {
+using namespace testing;
+
+TEST(RpcAgent, MessagesOverTheLimitsAreRefused) {
+  auto reports = runWorkers(
+      2,
+      [](int rank) -> std::string {
+        if (rank == 1) return "ok";
+        // The sender's own limit: refused before anything is sent, the pipe stays usable.
+        std::string own = errorOf([] { rpcSync<int64_t>("w1", "nbytes", zeros({1 << 20}, {.dtype = DType::Float64})); });
+        int64_t small = rpcSync<int64_t>("w1", "nbytes", zeros({4}));
+        return own + "|" + std::to_string(small);
+      },
+      [](int rank, RpcOptions& o) { o.limits.maxTensorBytes = size_t{4} << 20; });
+  EXPECT_EQ(reports[0], "RpcError: rpc 'nbytes' to worker 'w1' (rank 1) failed: the message's 1 tensors (8388608 bytes) "
+                        "exceed the limits (65536 tensors, 4194304 bytes)|16");
+  EXPECT_EQ(reports[1], "ok");
+
+  reports = runWorkers(
+      2,
+      [](int rank) -> std::string {
+        if (rank == 1) return "ok";
+        return errorOf([] { rpcSync<int64_t>("w1", "nbytes", zeros({1 << 20})); });
+      },
+      [](int rank, RpcOptions& o) {
+        if (rank == 1) o.limits.maxTensorBytes = size_t{1} << 20;
+      });
+  EXPECT_EQ(reports[0], "RpcError: rpc 'nbytes' to worker 'w1' (rank 1) failed: worker 'w1' refused the connection: "
+                        "a malformed message arrived: RPC message tensors exceed the limit of 1048576 bytes");
+  EXPECT_EQ(reports[1], "ok");
+}
+
+}  // namespace
+}  // namespace cohort::rpc
