@@ -264,7 +264,7 @@ nn::TensorList FullyShardedDataParallel::forwardMulti(const nn::TensorList& inpu
         });
       }
     }
-  } else {
+  } else if (summoned_ == 0) {
     releaseAll();  // no backward follows
     restoreRestingParams();
   }
@@ -300,7 +300,7 @@ void FullyShardedDataParallel::noteGathered() {
 void FullyShardedDataParallel::postForward(size_t u, nn::TensorList& outputs) {
   FlatParamHandle& h = *units_[u].handle;
   h.ranForward = true;
-  if (reshardAfterForward(u) || !autograd::isGradEnabled()) h.release();
+  if (summoned_ == 0 && (reshardAfterForward(u) || !autograd::isGradEnabled())) h.release();
   if (!autograd::isGradEnabled()) return;
   for (Tensor& t : outputs) {
     if (t.defined() && t.requiresGrad() && !t.isLeaf()) {
@@ -435,11 +435,13 @@ double FullyShardedDataParallel::clipGradNorm(double maxNorm, double normType) {
 
 FullyShardedDataParallel::SummonFullParams::SummonFullParams(FullyShardedDataParallel& fsdp, bool writeback)
     : fsdp_(fsdp), writeback_(writeback) {
+  ++fsdp_.summoned_;
   fsdp_.finishInFlightReduce();
   for (auto& u : fsdp_.units_) u.handle->waitGather();
 }
 
 FullyShardedDataParallel::SummonFullParams::~SummonFullParams() {
+  --fsdp_.summoned_;
   for (auto& u : fsdp_.units_) {
     if (writeback_) u.handle->writeBackShard();
     u.handle->release();

@@ -135,7 +135,8 @@ class FullyShardedDataParallel : public nn::Module {
 
   // Gathers every unit's full parameters while alive (collective), e.g. to read or write them
   // from outside forward; on destruction, writes them back to the shards when `writeback` (each
-  // rank its own slice) and frees them.
+  // rank its own slice) and frees them. Forward under no_grad inside the scope (evaluation on
+  // one rank, say) keeps the units gathered and needs no collective.
   class SummonFullParams {
    public:
     SummonFullParams(FullyShardedDataParallel& fsdp, bool writeback = false);
@@ -186,6 +187,7 @@ class FullyShardedDataParallel : public nn::Module {
   bool endQueued_ = false;
   std::optional<size_t> inFlightReduce_;
   StepStats stats_;
+  int summoned_ = 0;  // SummonFullParams scopes alive: forward then leaves units gathered
 };
 
 }  // namespace cohort::fsdp

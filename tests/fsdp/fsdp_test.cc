@@ -249,3 +249,29 @@ TEST(FSDP, UnitsReduceDuringBackwardAndFewAreGatheredAtOnce) {
 
 }  // namespace
 }  // namespace cohort::fsdp::testing
+
+namespace cohort::fsdp::testing {
+namespace {
+
+// Inside SummonFullParams one rank may run the model under no_grad on its own (evaluation on
+// rank 0): nothing is gathered or freed, so no collective is issued and nothing hangs.
+TEST(FSDP, OneRankEvaluatesInsideSummonFullParamsWithoutCollectives) {
+  dist::testing::ThreadWorld tw("gloo", 2, dist::Millis(5'000));
+  auto plain = std::make_shared<Net>(42);
+  Tensor want = (*plain)(inputs(0, 0)).detach();
+  tw.run([&](int r) {
+    auto net = std::make_shared<Net>(42);
+    FullyShardedDataParallel f(net, borrow(tw.pg(r)), {.autoWrapPolicy = wrapModuleTypes({"Block"})});
+    FullyShardedDataParallel::SummonFullParams full(f);
+    if (r == 0) {
+      autograd::NoGradGuard ng;
+      for (int k = 0; k < 2; ++k) {
+        Tensor got = f(inputs(0, 0));
+        EXPECT_LE((got - want).abs().max().item<double>(), 1e-6);
+      }
+    }
+  });
+}
+
+}  // namespace
+}  // namespace cohort::fsdp::testing
