@@ -5,10 +5,16 @@
 //   build/examples/train_gpt --steps 600 --checkpoint run.ckpt # saves every --checkpoint-every steps
 //   build/examples/train_gpt --steps 600 --checkpoint run.ckpt --resume
 //   cohortrun --standalone --nproc-per-node 2 build/examples/train_gpt --ddp --checkpoint run.ckpt --resume
+//   cohortrun --standalone --nproc-per-node 2 build/examples/train_gpt --fsdp --checkpoint run.ckpt --resume
 //
 // With --ddp every rank trains on its DistributedSampler shard (global batch = --batch-size ×
 // ranks) under DistributedDataParallel; rank 0 prints and writes the checkpoint, every rank
 // resumes from it (so a job restarted by cohortrun continues where the last checkpoint was).
+// With --fsdp the model is FullyShardedDataParallel instead (FULL_SHARD, each TransformerBlock a
+// unit): the optimizer holds only this rank's shards, gradients are clipped by the global norm,
+// and the checkpoint is sharded: every rank writes its shard into <checkpoint>.shards/ (which any
+// number of ranks can resume from) and rank 0 writes the rest of the training state to
+// <checkpoint>; at the end rank 0 evaluates and samples from the gathered full state dict.
 #include <CLI/CLI.hpp>
 
 #include <filesystem>
@@ -20,6 +26,8 @@
 #include <cohort/core/io/checkpoint.h>
 #include <cohort/core/nn/nn.h>
 #include <cohort/core/optim/optim.h>
+#include <cohort/fsdp/fully_sharded_data_parallel.h>
+#include <cohort/fsdp/state_dict.h>
 
 #include "common/progress.h"
 
@@ -82,6 +90,8 @@ int main(int argc, char** argv) {
   std::string backend;
   app.add_flag("--ddp", ddp, "data-parallel over the job's ranks (under cohortrun, mpirun or srun)");
   app.add_option("--backend", backend, "collective backend with --ddp (default: COHORT_BACKEND, else auto)");
+  bool useFsdp = false;
+  app.add_flag("--fsdp", useFsdp, "fully sharded data-parallel over the job's ranks (FULL_SHARD)")->excludes("--ddp");
   CLI11_PARSE(app, argc, argv);
   if (resume && checkpoint.empty()) {
     fmt::print(stderr, "train_gpt: --resume needs --checkpoint\n");
@@ -91,7 +101,7 @@ int main(int argc, char** argv) {
   try {
     manualSeed(seed);
     dist::ProcessGroupPtr pg;
-    if (ddp) pg = dist::initProcessGroup({.backend = backend});
+    if (ddp || useFsdp) pg = dist::initProcessGroup({.backend = backend});
     const int rank = pg ? pg->rank() : 0, world = pg ? pg->size() : 1;
     const bool talk = rank == 0;
     std::string text = data::kjvText("all");
@@ -104,7 +114,15 @@ int main(int argc, char** argv) {
     auto gpt = std::make_shared<nn::GPT>(cfg);
     nn::GPT& model = *gpt;
     std::shared_ptr<nn::Module> trained = gpt;
-    if (pg) trained = std::make_shared<dist::DistributedDataParallel>(gpt, pg);
+    std::shared_ptr<fsdp::FullyShardedDataParallel> sharded;
+    if (useFsdp) {
+      sharded = std::make_shared<fsdp::FullyShardedDataParallel>(
+          gpt, pg, fsdp::FSDPOptions{.autoWrapPolicy = fsdp::wrapModuleTypes({"TransformerBlock"})});
+      trained = sharded;
+    } else if (pg) {
+      trained = std::make_shared<dist::DistributedDataParallel>(gpt, pg);
+    }
+    const std::string shardDir = checkpoint + ".shards";
     optim::AdamW opt(trained->parameters(), {.lr = lr, .beta1 = 0.9, .beta2 = 0.95, .weightDecay = weightDecay});
     optim::CosineWithWarmup sched(opt, {.warmupSteps = warmup, .totalSteps = steps, .minLr = minLr});
     data::DataLoaderOptions lo{.batchSize = batchSize, .shuffle = true, .seed = seed, .dropLast = true};
@@ -114,9 +132,10 @@ int main(int argc, char** argv) {
 
     int64_t step = 0;
     if (resume && std::filesystem::exists(checkpoint)) {
+      if (sharded) fsdp::loadShardedCheckpoint(*sharded, shardDir, &opt);
       io::TrainingState st = io::restoreCheckpoint(
-          checkpoint, {.model = &model, .optimizer = &opt, .scheduler = &sched, .loader = &loader,
-                       .generator = &defaultGenerator()});
+          checkpoint, {.model = sharded ? nullptr : &model, .optimizer = sharded ? nullptr : &opt,
+                       .scheduler = &sched, .loader = &loader, .generator = &defaultGenerator()});
       step = st.step;
       if (talk)
         fmt::print("resumed from {} at step {} (epoch {}, batch {})\n", checkpoint, step, st.dataPosition.epoch,
@@ -124,10 +143,13 @@ int main(int argc, char** argv) {
     }
     int64_t params = 0;
     for (auto& p : model.parameters()) params += p.numel();
+    if (sharded) params = model.numParameters();
     if (talk)
       fmt::print("train_gpt: {} parameters, vocab {}, {} train / {} validation characters, {} steps{}\n", params,
                  vocab.size(), split, text.size() - split, steps,
-                 pg ? fmt::format(" on {} ranks ({} backend)", world, pg->backend(DeviceType::CPU).name()) : "");
+                 pg ? fmt::format(" on {} ranks ({} backend{})", world, pg->backend(DeviceType::CPU).name(),
+                                  sharded ? ", FSDP FULL_SHARD" : "")
+                    : "");
 
     int64_t stopAt = stopAfter > 0 ? std::min(stopAfter, steps) : steps;
     examples::Progress progress(stopAt, "tokens");
@@ -138,17 +160,23 @@ int main(int argc, char** argv) {
         Tensor loss = nn::functional::crossEntropy(logits.reshape({-1, cfg.vocabSize}), b.target.reshape({-1}));
         opt.zeroGrad();
         loss.backward();
-        optim::clipGradNorm(model.parameters(), clip);
+        if (sharded) sharded->clipGradNorm(clip);
+        else optim::clipGradNorm(model.parameters(), clip);
         opt.step();
         sched.step();
         ++step;
         progress.add(b.data.numel() * world);
         if (talk && (step % logInterval == 0 || step == stopAt))
           progress.log(step, loss.item<double>(), fmt::format("lr {:.2e}", opt.paramGroups()[0].lr()));
+        if (sharded && !checkpoint.empty() && (step % ckptEvery == 0 || step == stopAt)) {
+          fsdp::saveShardedCheckpoint(*sharded, shardDir, &opt);  // every rank, before rank 0's state file
+        }
         if (talk && !checkpoint.empty() && (step % ckptEvery == 0 || step == stopAt)) {
           io::TrainingState st;
-          st.model = model.stateDict();
-          st.optimizer = opt.stateDict();
+          if (!sharded) {
+            st.model = model.stateDict();
+            st.optimizer = opt.stateDict();
+          }
           st.scheduler = sched.state();
           st.step = step;
           st.dataPosition = loader.position();
@@ -159,13 +187,24 @@ int main(int argc, char** argv) {
       }
     }
     if (pg) pg->barrier()->wait();  // rank 0's last checkpoint is on disk before anyone exits
+    if (sharded) {
+      // The trained weights, gathered for rank 0 into the plain model (collective).
+      nn::StateDict full = fsdp::fullStateDict(*sharded, {.rank0Only = true});
+      sharded.reset();
+      trained.reset();
+      if (talk) {
+        gpt = std::make_shared<nn::GPT>(cfg);
+        gpt->loadStateDict(full);
+      }
+    }
     if (!talk) return 0;
-    fmt::print("validation loss: {:.4f}\n", evalLoss(model, valLoader, 20, cfg.vocabSize));
+    nn::GPT& finalModel = *gpt;
+    fmt::print("validation loss: {:.4f}\n", evalLoss(finalModel, valLoader, 20, cfg.vocabSize));
     if (sampleTokens > 0) {
-      model.eval();
+      finalModel.eval();
       Tensor idx = vocab.encodeTensor(prompt).unsqueeze(0);
       Generator g(seed + 1);
-      Tensor out = model.generate(idx, sampleTokens, 0.8, 0, &g);
+      Tensor out = finalModel.generate(idx, sampleTokens, 0.8, 0, &g);
       fmt::print("--- sample ---\n{}\n--------------\n", vocab.decode(out.select(0, 0)));
     }
     return 0;
