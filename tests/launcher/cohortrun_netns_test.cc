@@ -4,12 +4,17 @@
 // every 5 steps. Global rank 3 (node 1) kills itself at step 13 in the first attempt: both
 // launchers stop their workers, meet again, and the restarted job resumes from step 11 (the
 // step-10 checkpoint) and finishes with the same state on every rank, equal to the reference.
+// A second test trains examples/train_digits --ddp (DistributedDataParallel over gloo) across the
+// two namespaces with nodes ranked by arrival (no --node-rank: the launcher that can bind the
+// endpoint hosts it), and every rank ends with the same parameters.
 // Needs root and `ip` (iproute2); otherwise skipped with the reason.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
 
 #include <cstdlib>
+#include <regex>
+#include <set>
 
 #include "launcher/launcher_test_util.h"
 #include "launcher/train_math.h"
@@ -58,6 +63,13 @@ struct NamespacePair {
   }
 };
 
+#define SKIP_UNLESS_NAMESPACES(ns)                                                                        \
+  if (::geteuid() != 0)                                                                                  \
+    GTEST_SKIP() << "needs root to create network namespaces (running as uid " << ::geteuid() << ")";     \
+  if (sh("ip -V") != 0) GTEST_SKIP() << "`ip` (iproute2) is not installed: scripts/setup.sh installs it"; \
+  NamespacePair ns;                                                                                      \
+  if (!ns.error.empty()) GTEST_SKIP() << "cannot make network namespaces here: " << ns.error
+
 std::string stateText(const State& w) {
   std::string s;
   for (auto v : w) s += std::to_string(v) + " ";
@@ -67,10 +79,7 @@ std::string stateText(const State& w) {
 }  // namespace
 
 TEST(CohortrunMultiNode, TwoNamespacesRestartFromTheCheckpointAndAgree) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root to create network namespaces (running as uid " << ::geteuid() << ")";
-  if (sh("ip -V") != 0) GTEST_SKIP() << "`ip` (iproute2) is not installed: scripts/setup.sh installs it";
-  NamespacePair ns;
-  if (!ns.error.empty()) GTEST_SKIP() << "cannot make network namespaces here: " << ns.error;
+  SKIP_UNLESS_NAMESPACES(ns);
 
   ScratchDir dir("cohortrun_netns");
   std::filesystem::create_directories(dir / "ckpt");
@@ -109,4 +118,42 @@ TEST(CohortrunMultiNode, TwoNamespacesRestartFromTheCheckpointAndAgree) {
     EXPECT_EQ(readFile(base + ".result"), expected) << "rank " << rank;
   }
   EXPECT_NE(r1.output.find("[2]: training from step 11 to 40 (attempt 1)"), std::string::npos) << r1.output;
+}
+
+TEST(CohortrunMultiNode, DdpTrainingAcrossNamespacesEndsWithEqualParameters) {
+#ifndef COHORT_TRAIN_DIGITS_PATH
+  GTEST_SKIP() << "examples are not built (COHORT_BUILD_EXAMPLES=OFF)";
+#else
+  SKIP_UNLESS_NAMESPACES(ns);
+  ScratchDir dir("cohortrun_netns_ddp");
+  auto launch = [&](const std::string& nsName, const std::string& iface, const std::string& out) {
+    return spawn({"ip", "netns", "exec", nsName, cohortrunPath(), "--nnodes", "2", "--rdzv-endpoint",
+                  "10.77.0.1:29400", "--rdzv-timeout", "30", "--nproc-per-node", "2", "--stop-timeout", "5",
+                  COHORT_TRAIN_DIGITS_PATH, "--ddp", "--epochs", "2"},
+                 out, {"COHORT_BACKEND=gloo", "COHORT_GLOO_IFACE=" + iface, "OMP_NUM_THREADS="});
+  };
+  Child a = launch(ns.nsA, ns.vA, dir / "a.out");
+  Child b = launch(ns.nsB, ns.vB, dir / "b.out");
+  Result ra = waitFor(a, 90s);
+  Result rb = waitFor(b, 30s);
+  ASSERT_TRUE(ra.finished && rb.finished) << ra.output << "\n----\n" << rb.output;
+  ASSERT_EQ(ra.exitCode(), 0) << ra.output << "\n----\n" << rb.output;
+  ASSERT_EQ(rb.exitCode(), 0) << rb.output << "\n----\n" << ra.output;
+  // Namespace a can bind the endpoint, so it hosts; b connects.
+  EXPECT_NE(ra.output.find("(hosting the rendezvous at 10.77.0.1:29400)"), std::string::npos) << ra.output;
+  EXPECT_EQ(rb.output.find("hosting the rendezvous"), std::string::npos) << rb.output;
+  std::regex checksum(R"(\[(\d)\]: rank (\d) parameter checksum ([0-9a-f]+))");
+  std::set<int> ranks;
+  std::set<std::string> sums;
+  for (const std::string& out : {ra.output, rb.output}) {
+    for (std::sregex_iterator it(out.begin(), out.end(), checksum), end; it != end; ++it) {
+      EXPECT_EQ((*it)[1], (*it)[2]);  // the prefix names the rank that printed
+      ranks.insert(std::stoi((*it)[2]));
+      sums.insert((*it)[3]);
+    }
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2, 3})) << ra.output << "\n----\n" << rb.output;
+  EXPECT_EQ(sums.size(), 1u) << "the ranks' parameters differ:\n" << ra.output << "\n----\n" << rb.output;
+  EXPECT_NE((ra.output + rb.output).find("on 4 ranks (gloo backend"), std::string::npos) << ra.output << rb.output;
+#endif
 }
