@@ -275,3 +275,63 @@ TEST(FSDP, OneRankEvaluatesInsideSummonFullParamsWithoutCollectives) {
 
 }  // namespace
 }  // namespace cohort::fsdp::testing
+
+namespace cohort::fsdp::testing {
+namespace {
+
+// Net plus a Block whose output the loss never sees: its unit runs forward but gets no gradient,
+// so backward's end reduces zeros for it on every rank (no rank is left waiting) and SGD leaves it
+// as the single process does.
+class NetWithIdleBlock : public Net {
+ public:
+  explicit NetWithIdleBlock(uint64_t seed) : Net(seed) {
+    Generator g(seed + 1000);
+    registerModule("idle", std::make_shared<Block>(&g));
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = (*child("inp"))(x);
+    (*child("idle"))(h);  // computed, never used
+    for (int i = 0; i < 3; ++i) h = (*child(fmt::format("b{}", i)))(h);
+    return (*child("head"))(h);
+  }
+};
+
+TEST(FSDP, AUnitWhoseOutputIsUnusedIsReducedAsZerosAtTheEndOfBackward) {
+  Outcome o = runGeneric(
+      3, 3, {.autoWrapPolicy = wrapModuleTypes({"Block"})}, /*adamw=*/false, 0, nullptr, "gloo",
+      [](uint64_t seed) { return std::make_shared<NetWithIdleBlock>(seed); },
+      [](nn::Module& m, int r, int step) { return F::mseLoss(m(inputs(r, step)), targets(r, step)); });
+  expectMatchesReference(o, kFp32Tol);
+}
+
+TEST(FSDP, MixedPrecisionWithBf16ReductionStaysClose) {
+  Scenario s;
+  s.world = 4;
+  s.steps = 3;
+  s.options.autoWrapPolicy = wrapModuleTypes({"Block"});
+  s.options.mixedPrecision = {.paramDtype = DType::BFloat16, .reduceDtype = DType::BFloat16};
+  Outcome o = runScenario(s);
+  double worst = 0;
+  for (size_t i = 0; i < o.reference.size(); ++i)
+    worst = std::max(worst, (o.rankParams[0][i].to(DType::Float32) - o.reference[i]).abs().max().item<double>());
+  EXPECT_LT(worst, 3e-2);
+  for (const auto& d : o.shardDtypes) EXPECT_EQ(d, DType::Float32);
+}
+
+TEST(FSDP, FrozenParametersAreRejectedByName) {
+  dist::testing::ThreadWorld tw("gloo", 2);
+  tw.run([&](int r) {
+    auto net = std::make_shared<Net>(42);
+    Tensor bias = net->child("head")->parameter("bias");
+    bias.setRequiresGrad(false);
+    try {
+      FullyShardedDataParallel f(net, borrow(tw.pg(r)));
+      ADD_FAILURE() << "no error";
+    } catch (const NotSupportedError& e) {
+      EXPECT_NE(std::string(e.what()).find("'head.bias' does not require grad"), std::string::npos) << e.what();
+    }
+  });
+}
+
+}  // namespace
+}  // namespace cohort::fsdp::testing
