@@ -43,7 +43,8 @@
  * with the same local rank; nodes from distributed/topology.h, or given groups).
  *
  * Construction is collective over the group: rank 0's parameters and buffers are copied to every
- * rank first. Every rank must run the same units in the same order in each forward and backward
+ * rank first. The wrapped module's parameters stay views of the units' (released) buffers for
+ * good, also after the wrapper is destroyed: take fullStateDict (state_dict.h) to get them back. Every rank must run the same units in the same order in each forward and backward
  * (the same model and the same control flow), as with any collective.
  * Threads: one thread drives forward and backward.
  */
