@@ -40,7 +40,7 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 backends="$("$ddp" --list-backends)"
 common=(--steps "$steps" --warmup "$warmup")
-echo "# $(date -u '+%F %T UTC'), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg), commit $(git -C "$root" rev-parse --short HEAD)" |
+echo "# $(date -u '+%F %T UTC'), $(nproc --all) cores, load $(cut -d' ' -f1-3 /proc/loadavg), commit $(git -C "$root" rev-parse --short HEAD)" |
   tee "$out/meta.txt"
 
 # Runs one program; each JSON line it prints gets the repetition and the 1-minute load.
