@@ -115,6 +115,7 @@ RpcAgent::RpcAgent(WorkerInfo self, int worldSize, RpcOptions options)
     throw ValueError(fmt::format("rpc::init: a worker name must have 1 to 256 characters, got {}", self_.name.size()));
   }
   if (options_.numWorkerThreads < 1) throw ValueError("rpc::init: numWorkerThreads must be at least 1");
+  out_.resize(worldSize_);
 }
 
 RpcAgent::~RpcAgent() {
@@ -128,7 +129,7 @@ RpcAgent::~RpcAgent() {
 }
 
 void RpcAgent::startThreads() {
-  pool_ = std::make_unique<ThreadPool>(options_.numWorkerThreads);
+  pool_ = std::make_unique<ThreadPool>(options_.numWorkerThreads, options_.maxWorkerThreads);
   timer_ = std::thread([this] { timerLoop(); });
 }
 
@@ -200,32 +201,97 @@ Future<Value> RpcAgent::send(int rank, Op op, const std::string& fn, Value body,
     }
     return out;
   }
-  uint64_t id = nextId_.fetch_add(1);
-  Future<Value> fut;
+  auto [id, fut] = registerPending(rank, what, timeout);
+  if (id == 0) return fut;  // the peer is known dead
+  // Forks to third workers: the owner must count the receiver's reference before this message
+  // leaves, so the addrefs go first. Later requests to `rank` must not overtake this one while it
+  // waits for them (a fetch overtaking the create it follows would find no rref), so every
+  // request takes a place in its peer's outgoing queue now and leaves in that order. The
+  // addrefs and this request take their places together, under one lock: then no two requests
+  // can each wait on an addref queued behind the other.
+  std::vector<std::shared_ptr<RRefHandle>> rrefs;
+  collectRRefs(body, rrefs);
+  std::vector<Future<Value>> acks;
+  uint64_t slot;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (auto it = deadPeers_.find(rank); it != deadPeers_.end()) {
-      return Future<Value>::failed(std::make_exception_ptr(RpcError(fmt::format("{} failed: {}", what, it->second))));
+    std::lock_guard<std::mutex> lock(outMu_);
+    for (const auto& h : rrefs) {
+      int owner = h->owner();
+      if (owner == self_.rank || owner == rank) continue;
+      auto [aid, afut] = registerPending(owner, describeCall(owner, Op::RRefAddRef, ""), timeout);
+      acks.push_back(afut);
+      if (aid == 0) continue;
+      Frame a;
+      a.op = Op::RRefAddRef;
+      a.id = aid;
+      a.body = idValue(h->id());
+      markReadyLocked(owner, out_[owner].next++, encodeFrame(a));
     }
-    auto deadline = Clock::now() + timeout;
-    pending_.emplace(id, Pending{fut, rank, what, deadline, timeout});
-    deadlines_.emplace(deadline, id);
+    slot = out_[rank].next++;
   }
-  timerCv_.notify_one();
   Frame f;
   f.kind = FrameKind::Request;
   f.op = op;
   f.id = id;
   f.function = fn;
   f.body = std::move(body);
-  encodeFor(rank, std::move(f), timeout, [this, rank, id](std::exception_ptr e, EncodedFrame enc) {
-    if (e) {
-      if (auto p = takePending(id)) failOnPool(p->future, std::make_exception_ptr(RpcError(fmt::format("{} failed: {}", p->what, describeException(e)))));
-      return;
+  auto finish = [this, rank, slot, id, f = std::move(f)](std::exception_ptr e) {
+    std::optional<EncodedFrame> enc;
+    if (!e) {
+      try {
+        enc = encodeFrame(f, encoderFor(rank), options_.limits);
+      } catch (...) {
+        e = std::current_exception();
+      }
     }
-    transmit(rank, std::move(enc));
-  });
+    if (e) {
+      if (auto p = takePending(id)) {
+        failOnPool(p->future, std::make_exception_ptr(RpcError(fmt::format("{} failed: {}", p->what, describeException(e)))));
+      }
+    }
+    std::lock_guard<std::mutex> lock(outMu_);
+    markReadyLocked(rank, slot, std::move(enc));  // an empty slot only lets the queue move on
+  };
+  if (acks.empty()) {
+    finish(nullptr);
+  } else {
+    whenAll(acks).addCallback([finish](Future<void> all) mutable { finish(all.exception()); });
+  }
   return fut;
+}
+
+std::pair<uint64_t, Future<Value>> RpcAgent::registerPending(int rank, const std::string& what, Millis timeout) {
+  uint64_t id = nextId_.fetch_add(1);
+  Future<Value> fut;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = deadPeers_.find(rank); it != deadPeers_.end()) {
+      return {0, Future<Value>::failed(std::make_exception_ptr(RpcError(fmt::format("{} failed: {}", what, it->second))))};
+    }
+    auto deadline = Clock::now() + timeout;
+    pending_.emplace(id, Pending{fut, rank, what, deadline, timeout});
+    deadlines_.emplace(deadline, id);
+  }
+  timerCv_.notify_one();
+  return {id, fut};
+}
+
+void RpcAgent::markReadyLocked(int rank, uint64_t slot, std::optional<EncodedFrame> frame) {
+  OutQueue& q = out_[rank];
+  q.ready.emplace(slot, std::move(frame));
+  while (!q.ready.empty() && q.ready.begin()->first == q.head) {
+    auto node = q.ready.extract(q.ready.begin());
+    ++q.head;
+    if (node.mapped()) transmit(rank, std::move(*node.mapped()));
+  }
+}
+
+RRefEncoder RpcAgent::encoderFor(int to) {
+  return [this, to](const std::shared_ptr<RRefHandle>& h) {
+    RRefWire w{h->owner(), h->id().creator, h->id().local, h->owner() != to, h->typeName()};
+    if (h->owner() == self_.rank) ownerIncRef(h->id(), "sending it");
+    return w;
+  };
 }
 
 void RpcAgent::encodeFor(int to, Frame frame, Millis timeout,
@@ -235,11 +301,7 @@ void RpcAgent::encodeFor(int to, Frame frame, Millis timeout,
   auto encode = [this, to, frame = std::move(frame), done]() {
     EncodedFrame enc;
     try {
-      enc = encodeFrame(frame, [this, to](const std::shared_ptr<RRefHandle>& h) {
-        RRefWire w{h->owner(), h->id().creator, h->id().local, h->owner() != to, h->typeName()};
-        if (h->owner() == self_.rank) ownerIncRef(h->id(), "sending it");
-        return w;
-      }, options_.limits);
+      enc = encodeFrame(frame, encoderFor(to), options_.limits);
     } catch (...) {
       done(std::current_exception(), {});
       return;

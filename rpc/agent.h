@@ -31,6 +31,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -61,6 +62,9 @@ struct RpcOptions {
   Millis initTimeout{60'000};              // rendezvous: every worker must arrive by then
   Millis shutdownTimeout{60'000};          // graceful shutdown: outstanding calls and the barrier
   int numWorkerThreads = 4;
+  // The pool grows up to this many threads while all are busy (functions blocked on nested calls
+  // would otherwise starve the completions they wait for; thread_pool.h).
+  int maxWorkerThreads = 256;
   // Checked when a peer connects: a peer presenting another secret is refused, and its calls fail
   // with an RpcError saying so. It travels in clear: it keeps strangers and stray jobs out, it does
   // not protect against someone who can read the network.
@@ -180,6 +184,16 @@ class RpcAgent : public std::enable_shared_from_this<RpcAgent> {
   void completeOnPool(Future<Value> f, Value v);
   void failOnPool(Future<Value> f, std::exception_ptr e);
   std::optional<Pending> takePending(uint64_t id);
+  // A new pending call; id 0 (and a failed future) when the peer is known dead.
+  std::pair<uint64_t, Future<Value>> registerPending(int rank, const std::string& what, Millis timeout);
+  // Requests leave for each peer in the order they were issued (send() explains why).
+  struct OutQueue {
+    uint64_t next = 0;  // the next place to hand out
+    uint64_t head = 0;  // the next place to transmit
+    std::map<uint64_t, std::optional<EncodedFrame>> ready;
+  };
+  void markReadyLocked(int rank, uint64_t slot, std::optional<EncodedFrame> frame);
+  RRefEncoder encoderFor(int to);
   void timerLoop();
   std::string describeCall(int rank, Op op, const std::string& fn) const;
 
@@ -200,6 +214,9 @@ class RpcAgent : public std::enable_shared_from_this<RpcAgent> {
   bool timerStop_ = false;
   std::condition_variable timerCv_;
   std::thread timer_;
+
+  std::mutex outMu_;  // out_; taken before mu_, never after
+  std::vector<OutQueue> out_;
 
   mutable std::mutex rrefMu_;
   std::map<RRefId, OwnedRRef> owned_;

@@ -62,6 +62,8 @@ const bool kRegistered = [] {
     if (!r.isOwner()) throw ValueError("not the owner");
     return r.toHere().sum().itemDouble();
   });
+  // Blocks its pool thread on a nested fetch from the owner.
+  registerFunction("sum_of", [](RRef<Tensor> r) { return r.toHere().sum().itemDouble(); });
   return true;
 }();
 
@@ -122,6 +124,37 @@ TEST(RpcRRef, ValueLivesUntilTheLastReferenceAnywhereIsGone) {
     if (freed() != 2) bad += "w1 deleted more than it should; ";
     return bad.empty() ? "ok" : bad;
   });
+  EXPECT_EQ(reports[0], "ok");
+  EXPECT_EQ(reports[1], "ok");
+  EXPECT_EQ(reports[2], "ok");
+}
+
+// remote() with an RRef owned by a third worker waits for the owner's count before it leaves;
+// requests issued after it to the same worker (the fetch of its result) must not overtake it. And
+// functions blocked on nested calls must not starve the pool: w2 starts with one thread and runs
+// eight such functions at once.
+TEST(RpcRRef, RequestsWaitingForAForkKeepTheirOrderAndNestedCallsDoNotStarve) {
+  auto reports = runWorkers(
+      3,
+      [](int rank) -> std::string {
+        if (rank != 0) return "ok";
+        std::vector<Future<double>> sums;
+        for (int i = 0; i < 8; ++i) {
+          RRef<Tensor> h = remote<Tensor>("w1", "make_tracked", int64_t{3 + i});
+          RRef<double> s = remote<double>("w2", "sum_of", h);
+          sums.push_back(s.toHereAsync());
+        }
+        std::string bad;
+        for (int i = 0; i < 8; ++i) {
+          double n = 3 + i, want = n * (n - 1) / 2;
+          double got = sums[i].value();
+          if (got != want) bad += fmt::format("sum {} = {} (want {}); ", i, got, want);
+        }
+        return bad.empty() ? "ok" : bad;
+      },
+      [](int rank, RpcOptions& o) {
+        if (rank == 2) o.numWorkerThreads = 1;
+      });
   EXPECT_EQ(reports[0], "ok");
   EXPECT_EQ(reports[1], "ok");
   EXPECT_EQ(reports[2], "ok");
