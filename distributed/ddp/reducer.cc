@@ -37,22 +37,26 @@ double now() {
 
 std::vector<std::vector<size_t>> assignBuckets(const std::vector<Tensor>& params, const std::vector<size_t>& order,
                                                size_t firstCapBytes, size_t capBytes) {
+  // As PyTorch: a parameter joins the open bucket, which closes once it holds at least the cap
+  // (so a bucket ends just past its cap, and the next layer's gradients start a new one).
   std::vector<std::vector<size_t>> out;
+  std::vector<size_t> open;
   size_t bytes = 0;
+  auto close = [&] {
+    if (open.empty()) return;
+    out.push_back(std::move(open));
+    open.clear();
+    bytes = 0;
+  };
   for (size_t idx : order) {
     COHORT_CHECK(idx < params.size(), "assignBuckets: parameter index {} of {}", idx, params.size());
     const Tensor& p = params[idx];
-    size_t cap = out.size() <= 1 ? firstCapBytes : capBytes;
-    bool fresh = out.empty() || bytes + p.nbytes() > cap || params[out.back().front()].dtype() != p.dtype();
-    // A bucket is closed only once it holds something: an oversized parameter gets its own.
-    if (fresh && !out.empty() && out.back().empty()) fresh = false;
-    if (fresh) {
-      out.emplace_back();
-      bytes = 0;
-    }
-    out.back().push_back(idx);
+    if (!open.empty() && params[open.front()].dtype() != p.dtype()) close();  // one dtype per bucket
+    open.push_back(idx);
     bytes += p.nbytes();
+    if (bytes >= (out.empty() ? firstCapBytes : capBytes)) close();
   }
+  close();
   return out;
 }
 

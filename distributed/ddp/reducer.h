@@ -44,9 +44,9 @@ struct ReducerOptions {
 };
 
 // Bucket assignment: parameter indices per bucket, taking `order` (parameter indices, first
-// ready first) and starting a new bucket when adding a parameter would pass the cap (the first
-// bucket's cap is firstCapBytes) or the dtype changes. A parameter larger than the cap gets a
-// bucket of its own. Exposed for tests.
+// ready first). A parameter joins the open bucket, which closes once it holds at least the cap
+// (firstCapBytes for the first bucket) or when the next parameter's dtype differs; as PyTorch's
+// compute_bucket_assignment_by_size. Exposed for tests.
 std::vector<std::vector<size_t>> assignBuckets(const std::vector<Tensor>& params, const std::vector<size_t>& order,
                                                size_t firstCapBytes, size_t capBytes);
 

@@ -200,8 +200,8 @@ TEST(DDP, ManySmallBucketsAreRebuiltInReadyOrderAndStillMatch) {
   s.world = 3;
   s.steps = 4;
   s.options.staticGraph = true;          // unused parameters found once; buckets rebuilt
-  s.options.bucketCapMb = 300.0 / 1e6;   // ~300 bytes: a bucket or two per layer
-  s.options.firstBucketCapMb = 100.0 / 1e6;
+  s.options.bucketCapMb = 40.0 / 1e6;    // 40 bytes: about a bucket per parameter
+  s.options.firstBucketCapMb = 10.0 / 1e6;
   Outcome o = runScenario(s);
   expectMatchesReference(o, kFp32Tol);
   for (int r = 0; r < s.world; ++r) {
@@ -433,15 +433,26 @@ TEST(DDP, CommHookAfterTheFirstBackwardIsRejected) {
 }
 
 TEST(DDP, BucketAssignment) {
-  std::vector<Tensor> ps = {zeros({10}), zeros({10}), zeros({100}), zeros({5}, {.dtype = DType::Float64}), zeros({3})};
-  // Caps in bytes: first 80 (20 floats), then 200 (50 floats).
-  auto b = assignBuckets(ps, {4, 3, 2, 1, 0}, 80, 200);
-  // [4] (float32), [3] (float64: dtype change), [2] (400 B > cap: alone), [1, 0] (80 B).
-  ASSERT_EQ(b.size(), 4u);
-  EXPECT_EQ(b[0], (std::vector<size_t>{4}));
-  EXPECT_EQ(b[1], (std::vector<size_t>{3}));
-  EXPECT_EQ(b[2], (std::vector<size_t>{2}));
-  EXPECT_EQ(b[3], (std::vector<size_t>{1, 0}));
+  std::vector<Tensor> ps = {zeros({10}), zeros({10}), zeros({100}), zeros({5}, {.dtype = DType::Float64}), zeros({3}),
+                            zeros({30})};
+  // Caps in bytes: first 60, then 200. A bucket closes once it holds at least its cap.
+  auto b = assignBuckets(ps, {0, 1, 2, 4, 3, 5}, 60, 200);
+  // [0, 1] (80 B: passes 60, closes), [2] (400 B), [4] (12 B, closed by the dtype change),
+  // [3] (float64), [5] (120 B, the end).
+  ASSERT_EQ(b.size(), 5u);
+  EXPECT_EQ(b[0], (std::vector<size_t>{0, 1}));
+  EXPECT_EQ(b[1], (std::vector<size_t>{2}));
+  EXPECT_EQ(b[2], (std::vector<size_t>{4}));
+  EXPECT_EQ(b[3], (std::vector<size_t>{3}));
+  EXPECT_EQ(b[4], (std::vector<size_t>{5}));
+  // The MLP 784-1024-1024-10 with the default caps (1 and 25 MiB), reverse order:
+  // fc3 and fc2 (4.2 MB) in the first bucket, fc1 (3.2 MB) in the second, as PyTorch.
+  std::vector<Tensor> mlp = {zeros({1024, 784}), zeros({1024}), zeros({1024, 1024}), zeros({1024}), zeros({10, 1024}),
+                             zeros({10})};
+  auto m = assignBuckets(mlp, {5, 4, 3, 2, 1, 0}, 1 << 20, 25 << 20);
+  ASSERT_EQ(m.size(), 2u);
+  EXPECT_EQ(m[0], (std::vector<size_t>{5, 4, 3, 2}));
+  EXPECT_EQ(m[1], (std::vector<size_t>{1, 0}));
 }
 
 TEST(DDP, RejectsBadOptions) {
