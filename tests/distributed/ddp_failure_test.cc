@@ -50,7 +50,8 @@ TEST(DDPFailure, RankKilledMidBackwardFailsEverySurvivorWithItsName) {
       EXPECT_TRUE(WIFSIGNALED(res.status) && WTERMSIG(res.status) == SIGKILL) << "rank " << r << " should have died";
       continue;
     }
-    ASSERT_TRUE(WIFEXITED(res.status) && WEXITSTATUS(res.status) == 0) << "rank " << r << ": " << res.report;
+    ASSERT_TRUE(WIFEXITED(res.status) && WEXITSTATUS(res.status) == 0)
+        << "rank " << r << " ended with " << describeStatus(res.status) << ": " << res.report;
     auto [kind, secs, msg] = parseOutcome(res.report);
     std::cout << "rank " << r << " (" << secs << " s): " << kind << ": " << msg << "\n";
     EXPECT_TRUE(kind == "PeerError" || kind == "TimeoutError") << "rank " << r << ": " << res.report;

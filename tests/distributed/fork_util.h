@@ -4,6 +4,7 @@
 #pragma once
 
 #include <signal.h>
+#include <string.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -142,30 +143,45 @@ inline std::vector<std::string> devShmEntries(const std::string& part) {
   return out;
 }
 
-// A rank's report: "<error type>|<seconds>|<message>" for the op `fn` runs ("none" if it succeeded).
-template <typename F>
-int reportOutcome(std::ofstream& report, F&& fn) {
-  auto start = std::chrono::steady_clock::now();
-  std::string kind = "none", msg;
-  try {
-    fn();
-  } catch (const PeerError& e) {
-    kind = "PeerError", msg = e.what();
-  } catch (const TimeoutError& e) {
-    kind = "TimeoutError", msg = e.what();
-  } catch (const DistError& e) {
-    kind = "DistError", msg = e.what();
-  }
-  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  report << kind << "|" << secs << "|" << msg;
-  return 0;
+// "exit 3", "signal 13 (Broken pipe)": how a child ended, for failure messages.
+inline std::string describeStatus(int status) {
+  if (WIFEXITED(status)) return fmt::format("exit {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return fmt::format("signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+  return fmt::format("status {}", status);
 }
 
+// How `fn` ended: kind "PeerError", "TimeoutError", "DistError" or "none" (it returned), the
+// seconds it took and the error's message.
 struct Outcome {
   std::string kind;
   double seconds = 0;
   std::string message;
 };
+template <typename F>
+Outcome classifyOutcome(F&& fn) {
+  auto start = std::chrono::steady_clock::now();
+  Outcome o{"none", 0, ""};
+  try {
+    fn();
+  } catch (const PeerError& e) {
+    o.kind = "PeerError", o.message = e.what();
+  } catch (const TimeoutError& e) {
+    o.kind = "TimeoutError", o.message = e.what();
+  } catch (const DistError& e) {
+    o.kind = "DistError", o.message = e.what();
+  }
+  o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return o;
+}
+
+// A rank's report: "<error type>|<seconds>|<message>" for the op `fn` runs ("none" if it succeeded).
+template <typename F>
+int reportOutcome(std::ofstream& report, F&& fn) {
+  Outcome o = classifyOutcome(std::forward<F>(fn));
+  report << o.kind << "|" << o.seconds << "|" << o.message;
+  return 0;
+}
+
 inline Outcome parseOutcome(const std::string& report) {
   auto bar1 = report.find('|'), bar2 = report.find('|', bar1 + 1);
   if (bar1 == std::string::npos || bar2 == std::string::npos) return {"unreadable report: " + report, 0, ""};

@@ -72,25 +72,14 @@ TEST_P(HierarchicalKilled, SurvivorsFailWithTheOpNamedAndNoSegmentRemains) {
     }
     const int deadPid = std::stoi(store->getString("dead_pid"));
     while (processAlive(deadPid)) std::this_thread::sleep_for(5ms);
-    auto start = std::chrono::steady_clock::now();
-    std::string kind = "none", msg;
-    try {
-      pg->allreduce(big)->wait();
-    } catch (const PeerError& e) {
-      kind = "PeerError", msg = e.what();
-    } catch (const TimeoutError& e) {
-      kind = "TimeoutError", msg = e.what();
-    } catch (const DistError& e) {
-      kind = "DistError", msg = e.what();
-    }
-    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    Outcome first = classifyOutcome([&] { pg->allreduce(big)->wait(); });
     std::string later = "none";
     try {
       pg->allreduce(warm)->wait();
     } catch (const DistError& e) {
       later = "DistError";
     }
-    return fmt::format("{}|{}|{}|{}", kind, secs, later, msg);
+    return fmt::format("{}|{}|{}|{}", first.kind, first.seconds, later, first.message);
   });
   for (int r = 0; r < kSize; ++r) {
     const ChildResult& f = results[r];
