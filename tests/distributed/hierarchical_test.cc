@@ -180,8 +180,12 @@ TEST(AutoBackend, SeveralNodesWithSeveralRanksPickHierarchicalAndSubgroupsChoose
     auto leaders = pg.newGroup({0, 2, 4});
     auto four = pg.split(r < 4 ? 0 : -1, r);
     EXPECT_EQ(nodeA != nullptr, r <= 1);
-    if (nodeA) EXPECT_EQ(cpuBackend(*nodeA), "shm");
-    if (leaders) EXPECT_EQ(cpuBackend(*leaders), "gloo");
+    if (nodeA) {
+      EXPECT_EQ(cpuBackend(*nodeA), "shm");
+    }
+    if (leaders) {
+      EXPECT_EQ(cpuBackend(*leaders), "gloo");
+    }
     if (four) {
       EXPECT_EQ(cpuBackend(*four), "hierarchical");
       Tensor u = filled(DType::Int64, 7, [&](int64_t i) { return value(DType::Int64, ReduceOp::Max, r, i); });
