@@ -62,6 +62,8 @@
 #include <cohort/distributed/process_group.h>
 #include <cohort/distributed/store/file_store.h>
 
+#include "forked_ranks.h"
+
 namespace {
 
 using namespace cohort;
@@ -262,74 +264,12 @@ void runRank(const Config& c, const ProcessGroupPtr& pg) {
 
 // Forks c.world ranks meeting through a FileStore; returns the exit code (0: all ranks ok).
 int runForked(const Config& c) {
-  namespace fs = std::filesystem;
-  std::string tmpl = (fs::temp_directory_path() / "cohort_bench_ddp_XXXXXX").string();
-  if (mkdtemp(tmpl.data()) == nullptr) {
-    std::fprintf(stderr, "ddp: cannot create a temporary directory under %s\n", fs::temp_directory_path().c_str());
-    return 1;
-  }
-  const fs::path dir(tmpl);
-  std::vector<pid_t> pids(c.world, 0);
-  for (int r = 0; r < c.world; ++r) {
-    pid_t pid = fork();
-    if (pid < 0) {
-      std::perror("ddp: fork");
-      for (pid_t p : pids)
-        if (p > 0) kill(p, SIGKILL);
-      return 1;
-    }
-    if (pid == 0) {
-      int code = 0;
-      try {
-        auto store = std::make_shared<dist::FileStore>((dir / "store").string(), dist::Millis(60'000));
-        dist::ProcessGroupOptions o;
-        o.backend = c.backend;
-        auto pg = ProcessGroup::create(store, r, c.world, o);
-        runRank(c, pg);
-        pg.reset();
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "ddp: rank %d: %s\n", r, e.what());
-        code = 1;
-      }
-      std::fflush(stdout);
-      std::fflush(stderr);
-      std::_Exit(code);
-    }
-    pids[r] = pid;
-  }
-  // Wait for every rank; a failed rank or the deadline ends the others (a hang is a bug).
-  int code = 0;
-  const double deadline = wallNow() + c.timeoutS;
-  int left = c.world;
-  while (left > 0) {
-    for (int r = 0; r < c.world; ++r) {
-      if (pids[r] == 0) continue;
-      int status = 0;
-      if (waitpid(pids[r], &status, WNOHANG) != pids[r]) continue;
-      pids[r] = 0;
-      --left;
-      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        std::fprintf(stderr, "ddp: rank %d failed (%s %d); stopping the others\n", r,
-                     WIFEXITED(status) ? "exit" : "signal", WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
-        code = 1;
-      }
-    }
-    if (left > 0 && (code != 0 || wallNow() > deadline)) {
-      if (code == 0) std::fprintf(stderr, "ddp: ranks still running after %d s; killing them\n", c.timeoutS);
-      for (pid_t& p : pids) {
-        if (p == 0) continue;
-        kill(p, SIGKILL);
-        waitpid(p, nullptr, 0);
-        p = 0;
-      }
-      code = 1;
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  std::error_code ec;
-  fs::remove_all(dir, ec);
-  return code;
+  return bench::runForkedRanks("ddp", c.world, c.timeoutS, dist::Millis(60'000), [&](int r, const dist::StorePtr& store) {
+    dist::ProcessGroupOptions o;
+    o.backend = c.backend;
+    auto pg = ProcessGroup::create(store, r, c.world, o);
+    runRank(c, pg);
+  });
 }
 
 }  // namespace

@@ -45,6 +45,8 @@
 #include <cohort/cohort.h>
 #include <cohort/distributed/ddp/distributed_data_parallel.h>
 #include <cohort/distributed/store/file_store.h>
+
+#include "forked_ranks.h"
 #include <cohort/fsdp/fully_sharded_data_parallel.h>
 
 using namespace cohort;
@@ -145,74 +147,14 @@ void runMode(const Config& c, const std::string& mode, const dist::ProcessGroupP
 }
 
 int runForked(const Config& c) {
-  namespace fs = std::filesystem;
-  std::string tmpl = (fs::temp_directory_path() / "cohort_bench_fsdp_XXXXXX").string();
-  if (mkdtemp(tmpl.data()) == nullptr) {
-    std::fprintf(stderr, "fsdp: cannot create a temporary directory\n");
-    return 1;
-  }
-  const fs::path dir(tmpl);
-  std::vector<pid_t> pids(c.world, 0);
-  for (int r = 0; r < c.world; ++r) {
-    pid_t pid = fork();
-    if (pid < 0) {
-      std::perror("fsdp: fork");
-      for (pid_t p : pids)
-        if (p > 0) kill(p, SIGKILL);
-      return 1;
-    }
-    if (pid == 0) {
-      int code = 0;
-      try {
-        blas::setNumThreads(1);
-        auto store = std::make_shared<dist::FileStore>((dir / "store").string(), dist::Millis(120'000));
-        dist::ProcessGroupOptions o;
-        o.backend = c.backend;
-        o.timeout = dist::Millis(c.timeoutS * 1000);
-        auto pg = dist::ProcessGroup::create(store, r, c.world, o);
-        for (const auto& mode : c.modes) runMode(c, mode, pg);
-        pg.reset();
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "fsdp: rank %d: %s\n", r, e.what());
-        code = 1;
-      }
-      std::fflush(stdout);
-      std::fflush(stderr);
-      std::_Exit(code);
-    }
-    pids[r] = pid;
-  }
-  int code = 0;
-  const double deadline = wallNow() + c.timeoutS;
-  int left = c.world;
-  while (left > 0) {
-    for (int r = 0; r < c.world; ++r) {
-      if (pids[r] == 0) continue;
-      int status = 0;
-      if (waitpid(pids[r], &status, WNOHANG) != pids[r]) continue;
-      pids[r] = 0;
-      --left;
-      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        std::fprintf(stderr, "fsdp: rank %d failed; stopping the others\n", r);
-        code = 1;
-      }
-    }
-    if (left > 0 && (code != 0 || wallNow() > deadline)) {
-      if (code == 0) std::fprintf(stderr, "fsdp: ranks still running after %d s; killing them\n", c.timeoutS);
-      for (pid_t& p : pids) {
-        if (p == 0) continue;
-        kill(p, SIGKILL);
-        waitpid(p, nullptr, 0);
-        p = 0;
-      }
-      code = 1;
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  std::error_code ec;
-  fs::remove_all(dir, ec);
-  return code;
+  return bench::runForkedRanks("fsdp", c.world, c.timeoutS, dist::Millis(120'000), [&](int r, const dist::StorePtr& store) {
+    blas::setNumThreads(1);
+    dist::ProcessGroupOptions o;
+    o.backend = c.backend;
+    o.timeout = dist::Millis(c.timeoutS * 1000);
+    auto pg = dist::ProcessGroup::create(store, r, c.world, o);
+    for (const auto& mode : c.modes) runMode(c, mode, pg);
+  });
 }
 
 }  // namespace
