@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -24,6 +25,7 @@
 #include <fmt/format.h>
 
 #include <cohort/core/util/error.h>
+#include <cohort/distributed/store/store.h>
 
 namespace cohort::dist::testing {
 
@@ -172,6 +174,48 @@ Outcome classifyOutcome(F&& fn) {
   }
   o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return o;
+}
+
+// Kill tests: rank `dead` dies (SIGKILL, 100 ms in) inside its own call of `op`, which cannot
+// finish without it; the others start `op` only once it is dead, so the test does not depend on
+// scheduling, and then run `later`, which must fail at once. Returns a survivor's report for
+// parseSurvivorReport ("the dead rank's op completed" if the dead rank lived).
+inline std::string dieInsideOpOrReport(Store& store, int rank, int dead, const std::function<void()>& op,
+                                       const std::function<void()>& later) {
+  if (rank == dead) {
+    store.set("dead_pid", std::to_string(getpid()));
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      raise(SIGKILL);
+    }).detach();
+    op();
+    return "the dead rank's op completed";
+  }
+  const int deadPid = std::stoi(store.getString("dead_pid"));
+  while (processAlive(deadPid)) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  Outcome first = classifyOutcome(op);
+  std::string laterKind = "none";
+  try {
+    later();
+  } catch (const DistError&) {
+    laterKind = "DistError";
+  }
+  return fmt::format("{}|{}|{}|{}", first.kind, first.seconds, laterKind, first.message);
+}
+
+struct SurvivorReport {
+  Outcome first;      // how the survivor's `op` ended
+  std::string later;  // "DistError" when `later` failed, else "none"
+};
+inline std::optional<SurvivorReport> parseSurvivorReport(const std::string& report) {
+  size_t b1 = report.find('|'), b2 = report.find('|', b1 + 1), b3 = report.find('|', b2 + 1);
+  if (b1 == std::string::npos || b2 == std::string::npos || b3 == std::string::npos) return std::nullopt;
+  SurvivorReport r;
+  r.first.kind = report.substr(0, b1);
+  r.first.seconds = std::stod(report.substr(b1 + 1, b2 - b1 - 1));
+  r.later = report.substr(b2 + 1, b3 - b2 - 1);
+  r.first.message = report.substr(b3 + 1);
+  return r;
 }
 
 // A rank's report: "<error type>|<seconds>|<message>" for the op `fn` runs ("none" if it succeeded).

@@ -59,27 +59,8 @@ TEST_P(HierarchicalKilled, SurvivorsFailWithTheOpNamedAndNoSegmentRemains) {
     Tensor warm = ones({10});
     pg->allreduce(warm)->wait();
     Tensor big = ones({1 << 22});  // 16 MiB
-    if (rank == kDead) {
-      // Dies inside its allreduce: the op cannot finish before the others join, and they join
-      // only once this process is dead (so the test does not depend on scheduling).
-      store->set("dead_pid", std::to_string(getpid()));
-      std::thread([] {
-        std::this_thread::sleep_for(100ms);
-        raise(SIGKILL);
-      }).detach();
-      pg->allreduce(big)->wait();
-      return "the dead rank's allreduce completed";
-    }
-    const int deadPid = std::stoi(store->getString("dead_pid"));
-    while (processAlive(deadPid)) std::this_thread::sleep_for(5ms);
-    Outcome first = classifyOutcome([&] { pg->allreduce(big)->wait(); });
-    std::string later = "none";
-    try {
-      pg->allreduce(warm)->wait();
-    } catch (const DistError& e) {
-      later = "DistError";
-    }
-    return fmt::format("{}|{}|{}|{}", first.kind, first.seconds, later, first.message);
+    return dieInsideOpOrReport(*store, rank, kDead, [&] { pg->allreduce(big)->wait(); },
+                               [&] { pg->allreduce(warm)->wait(); });
   });
   for (int r = 0; r < kSize; ++r) {
     const ChildResult& f = results[r];
@@ -88,16 +69,14 @@ TEST_P(HierarchicalKilled, SurvivorsFailWithTheOpNamedAndNoSegmentRemains) {
       EXPECT_TRUE(WIFSIGNALED(f.status) && WTERMSIG(f.status) == SIGKILL) << "rank " << r << " should have died";
       continue;
     }
-    std::vector<std::string> parts;
-    std::stringstream ss(f.report);
-    for (std::string p; std::getline(ss, p, '|') && parts.size() < 3;) parts.push_back(p);
-    ASSERT_EQ(parts.size(), 3u) << f.report;
-    std::string msg = f.report.substr(parts[0].size() + parts[1].size() + parts[2].size() + 3);
-    std::cout << "rank " << r << " (" << parts[1] << " s): " << parts[0] << ": " << msg << "\n";
+    auto rep = parseSurvivorReport(f.report);
+    ASSERT_TRUE(rep) << f.report;
+    const std::string& msg = rep->first.message;
+    std::cout << "rank " << r << " (" << rep->first.seconds << " s): " << rep->first.kind << ": " << msg << "\n";
     // A PeerError (not the timeout): the survivors noticed the death before the deadline.
-    EXPECT_EQ(parts[0], "PeerError") << msg;
-    EXPECT_LT(std::stod(parts[1]), std::chrono::duration<double>(kTimeout).count()) << msg;
-    EXPECT_EQ(parts[2], "DistError") << "a later op must fail at once";
+    EXPECT_EQ(rep->first.kind, "PeerError") << msg;
+    EXPECT_LT(rep->first.seconds, std::chrono::duration<double>(kTimeout).count()) << msg;
+    EXPECT_EQ(rep->later, "DistError") << "a later op must fail at once";
     EXPECT_NE(msg.find(fmt::format("allreduce #2 in group '{}'", group)), std::string::npos) << msg;
     // The group's diagnosis names the dead rank.
     EXPECT_TRUE(std::regex_search(
