@@ -12,21 +12,7 @@ import sys
 import time
 
 
-def _openblas_core_type():
-    """The kernels cohort's BLAS loader picks (core/blas/blas.cc), so both sides run fast GEMM."""
-    flags = ""
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("flags"):
-                flags = line
-                break
-    if " avx512f" in flags and " avx512bw" in flags:
-        return "CooperLake" if " avx512_bf16" in flags else "SkylakeX"
-    return "Haswell" if " avx2" in flags else ""
-
-
-if "OPENBLAS_CORETYPE" not in os.environ and _openblas_core_type():
-    os.environ["OPENBLAS_CORETYPE"] = _openblas_core_type()  # must precede loading torch/OpenBLAS
+import torch_env  # noqa: E402,F401  (sets OPENBLAS_CORETYPE; must precede loading torch)
 
 import torch  # noqa: E402
 import torch.nn as tnn
