@@ -27,25 +27,9 @@
 #include <cohort/core/util/error.h>
 #include <cohort/distributed/store/store.h>
 
+#include "store_test_util.h"  // TempDir
+
 namespace cohort::dist::testing {
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "cohort_pg_XXXXXX").string();
-    if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  std::string path() const { return path_.string(); }
-
- private:
-  std::filesystem::path path_;
-};
 
 struct ChildResult {
   int status = 0;  // from waitpid
@@ -113,7 +97,7 @@ inline std::vector<ChildResult> runForkedIn(const std::string& dir, int size, st
 inline std::vector<ChildResult> runForked(int size, std::chrono::seconds deadline,
                                           const std::function<int(int rank, std::ofstream& report)>& body,
                                           const TempDir& dir) {
-  return runForkedIn(dir.path(), size, deadline, body);
+  return runForkedIn(dir.path().string(), size, deadline, body);
 }
 
 // The same, for bodies that return their report as a string (the child exits 0).

@@ -20,12 +20,14 @@
 #include <cohort/core/util/error.h>
 #include <cohort/fsdp/state_dict.h>
 
+#include "distributed/store_test_util.h"  // TempDir
 #include "fsdp_test_util.h"
 
 namespace cohort::fsdp::testing {
 namespace {
 
 namespace fs = std::filesystem;
+using dist::testing::TempDir;
 using dist::testing::ThreadWorld;
 
 // The global batch of a step: 12 rows, so 1, 2, 3 and 4 ranks each take an equal slice and the
@@ -39,24 +41,6 @@ Tensor globalY(int step) {
   return randn({12, 3}, {}, &g);
 }
 Tensor sliceOf(const Tensor& t, int r, int world) { return t.narrow(0, r * (12 / world), 12 / world); }
-
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() / fmt::format("cohort_fsdp_sd_{}_{}", ::getpid(), counter()++);
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string str(const std::string& sub = "") const { return (path_ / sub).string(); }
-
- private:
-  static int& counter() {
-    static int c = 0;
-    return c;
-  }
-  fs::path path_;
-};
 
 FSDPOptions blockUnits() { return {.autoWrapPolicy = wrapModuleTypes({"Block"})}; }
 
@@ -117,9 +101,9 @@ TEST(FSDPStateDict, FullStateDictHasThePlainModulesKeysAndLoadsIntoIt) {
   EXPECT_EQ(keys, refKeys);
   expectClose(sd, ref, kFp32Tol, "full state dict vs one process");
   // Through a safetensors file into a plain, non-distributed module.
-  io::saveSafetensors(dir.str("full.safetensors"), sd);
+  io::saveSafetensors(dir.file("full.safetensors"), sd);
   auto plain = std::make_shared<Net>(7);
-  plain->loadStateDict(io::loadSafetensors(dir.str("full.safetensors")).tensors);
+  plain->loadStateDict(io::loadSafetensors(dir.file("full.safetensors")).tensors);
   nn::StateDict back;
   for (const auto& [k, v] : plain->stateDict()) back.insert(k, v.detach().clone());
   expectClose(back, sd, 0.0, "plain module after loading the file");
@@ -168,12 +152,12 @@ TEST(FSDPStateDict, ShardedCheckpointOfNRanksResumesOnMRanksAsOneProcess) {
   nn::StateDict ref = referenceAfter(4);
   for (int n : {1, 2, 3, 4}) {
     TempDir dir;
-    trainFsdp(n, 0, 2, "", dir.str("ckpt"));
-    for (int i = 0; i < n; ++i) EXPECT_TRUE(fs::exists(shardFileName(dir.str("ckpt"), i, n)));
+    trainFsdp(n, 0, 2, "", dir.file("ckpt"));
+    for (int i = 0; i < n; ++i) EXPECT_TRUE(fs::exists(shardFileName(dir.file("ckpt"), i, n)));
     for (int m : {1, 2, 3, 4}) {
       SCOPED_TRACE(fmt::format("saved by {} ranks, resumed on {}", n, m));
       // Different starting weights: everything must come from the checkpoint.
-      nn::StateDict sd = trainFsdp(m, 2, 4, dir.str("ckpt"), "", /*seed=*/1234);
+      nn::StateDict sd = trainFsdp(m, 2, 4, dir.file("ckpt"), "", /*seed=*/1234);
       expectClose(sd, ref, 1e-5, fmt::format("{} -> {}", n, m));
     }
   }
@@ -224,7 +208,7 @@ class WideNet : public nn::Module {
 
 TEST(FSDPStateDict, BadCheckpointsAreCheckpointErrorsAndChangeNothing) {
   TempDir dir;
-  const std::string ckpt = dir.str("ckpt");
+  const std::string ckpt = dir.file("ckpt");
   trainFsdp(3, 0, 1, "", ckpt);
   auto net = [] { return std::make_shared<Net>(11); };
 
@@ -236,8 +220,8 @@ TEST(FSDPStateDict, BadCheckpointsAreCheckpointErrorsAndChangeNothing) {
   {
     SCOPED_TRACE("a damaged byte in the tensor data");
     TempDir d2;
-    fs::copy(ckpt, d2.str("c"));
-    const std::string victim = shardFileName(d2.str("c"), 1, 3);
+    fs::copy(ckpt, d2.file("c"));
+    const std::string victim = shardFileName(d2.file("c"), 1, 3);
     std::fstream file(victim, std::ios::in | std::ios::out | std::ios::binary);
     file.seekg(-3, std::ios::end);
     char c = 0;
@@ -246,33 +230,33 @@ TEST(FSDPStateDict, BadCheckpointsAreCheckpointErrorsAndChangeNothing) {
     c ^= 0x10;
     file.write(&c, 1);
     file.close();
-    expectRejected(2, d2.str("c"), "shard-1-of-3.safetensors: the tensor data does not match the checksum", net);
+    expectRejected(2, d2.file("c"), "shard-1-of-3.safetensors: the tensor data does not match the checksum", net);
   }
   {
     SCOPED_TRACE("a truncated file");
     TempDir d3;
-    fs::copy(ckpt, d3.str("c"));
-    const std::string victim = shardFileName(d3.str("c"), 2, 3);
+    fs::copy(ckpt, d3.file("c"));
+    const std::string victim = shardFileName(d3.file("c"), 2, 3);
     fs::resize_file(victim, fs::file_size(victim) - 10);
-    expectRejected(4, d3.str("c"), "shard-2-of-3.safetensors", net);
+    expectRejected(4, d3.file("c"), "shard-2-of-3.safetensors", net);
   }
   {
     SCOPED_TRACE("a missing shard");
     TempDir d4;
-    fs::copy(ckpt, d4.str("c"));
-    fs::remove(shardFileName(d4.str("c"), 1, 3));
-    expectRejected(2, d4.str("c"), "shard-1-of-3.safetensors is missing (2 of 3 shard files present)", net);
+    fs::copy(ckpt, d4.file("c"));
+    fs::remove(shardFileName(d4.file("c"), 1, 3));
+    expectRejected(2, d4.file("c"), "shard-1-of-3.safetensors is missing (2 of 3 shard files present)", net);
   }
   {
     SCOPED_TRACE("shard files of two checkpoints in one folder");
     TempDir d5;
-    fs::copy(ckpt, d5.str("c"));
-    fs::copy_file(shardFileName(ckpt, 0, 3), shardFileName(d5.str("c"), 0, 2));
-    expectRejected(2, d5.str("c"), "shard files of two checkpoints (of 2 and of 3 shards)", net);
+    fs::copy(ckpt, d5.file("c"));
+    fs::copy_file(shardFileName(ckpt, 0, 3), shardFileName(d5.file("c"), 0, 2));
+    expectRejected(2, d5.file("c"), "shard files of two checkpoints (of 2 and of 3 shards)", net);
   }
   {
     SCOPED_TRACE("no checkpoint at all");
-    expectRejected(2, dir.str("nowhere"), "no such folder", net);
+    expectRejected(2, dir.file("nowhere"), "no such folder", net);
   }
   // Saving again with another world size replaces the old shards instead of mixing with them.
   trainFsdp(2, 0, 1, "", ckpt);
