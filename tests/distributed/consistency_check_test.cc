@@ -29,9 +29,9 @@ CollectiveFingerprint allreduce(std::vector<int64_t> shape, std::string dtype = 
 // ("" when it passed).
 std::vector<std::string> runRanks(Store& store, int size, uint64_t seq,
                                   const std::function<CollectiveFingerprint(int)>& fingerprint,
-                                  Millis timeout = Millis(30'000), std::vector<bool>* wasDistError = nullptr) {
+                                  Millis timeout = Millis(30'000), std::vector<char>* wasDistError = nullptr) {
   std::vector<std::string> errors(size);
-  std::vector<bool> dist(size, false);
+  std::vector<char> dist(size, 0);  // not vector<bool>: ranks write their own entries concurrently
   std::vector<std::thread> ts;
   for (int r = 0; r < size; ++r) {
     ts.emplace_back([&, r] {
@@ -39,7 +39,7 @@ std::vector<std::string> runRanks(Store& store, int size, uint64_t seq,
         checkCollectiveConsistency(store, "world", r, size, seq, fingerprint(r), timeout);
       } catch (const DistError& e) {
         errors[r] = e.what();
-        dist[r] = true;
+        dist[r] = 1;
       } catch (const std::exception& e) {
         errors[r] = std::string("unexpected: ") + e.what();
       }
@@ -79,7 +79,7 @@ TEST(ConsistencyCheck, MatchingCallsPassManySequenceNumbers) {
 
 TEST(ConsistencyCheck, DifferentShapeFailsOnEveryRank) {
   HashStore store;
-  std::vector<bool> dist;
+  std::vector<char> dist;
   auto errors = runRanks(
       store, 4, 7, [](int r) { return allreduce(r == 2 ? std::vector<int64_t>{4, 9} : std::vector<int64_t>{4, 8}); },
       Millis(30'000), &dist);

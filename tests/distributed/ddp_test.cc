@@ -86,7 +86,7 @@ struct Outcome {
   std::vector<std::vector<bool>> rankGradDefined;
   std::vector<bool> referenceGradDefined;
   std::vector<size_t> numBuckets;
-  std::vector<bool> rebuilt;
+  std::vector<char> rebuilt;  // not vector<bool>: rank threads write their own entries concurrently
 };
 
 int modeOf(const Scenario& s, int rank, int step) { return s.mode ? s.mode(rank, step) : 0; }
