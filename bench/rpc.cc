@@ -58,13 +58,18 @@ int main(int argc, char** argv) {
   }
   rpc::init("client", 0, 2, options());
 
-  std::vector<double> tiny, send16, echo16, conc;
+  std::vector<double> tiny, send16, echo16, conc, perCall;
+  perCall.reserve(static_cast<size_t>(iters) * reps);
   Tensor big = ones({4 * 1024 * 1024});  // 16 MiB of float32
   for (int i = 0; i < 200; ++i) rpc::rpcSync<int64_t>("server", "noop", i);  // warm-up
   rpc::rpcSync<int64_t>("server", "nbytes", big);
   for (int r = 0; r < reps; ++r) {
     auto t0 = Clock::now();
-    for (int i = 0; i < iters; ++i) rpc::rpcSync<int64_t>("server", "noop", i);
+    for (int i = 0; i < iters; ++i) {
+      auto c0 = Clock::now();
+      rpc::rpcSync<int64_t>("server", "noop", i);
+      perCall.push_back(seconds(c0, Clock::now()));
+    }
     tiny.push_back(seconds(t0, Clock::now()) / iters);
 
     const int bigIters = 20;
@@ -94,6 +99,10 @@ int main(int argc, char** argv) {
   std::printf("cohort RPC, 2 processes, transport %s, medians of %d repetitions\n", noShm ? "uv (TCP)" : "shm", reps);
   std::printf("%-44s %12s %14s\n", "", "cohort", "PyTorch 1.13");
   std::printf("%-44s %9.1f us %11s us\n", "rpcSync of a tiny function (round trip)", median(tiny) * 1e6, "373");
+  std::sort(perCall.begin(), perCall.end());
+  auto pct = [&](double q) { return perCall[std::min(perCall.size() - 1, static_cast<size_t>(q * perCall.size()))] * 1e6; };
+  std::printf("%-44s %9.1f us / %.1f us / %.1f us\n", "  its p50 / p90 / p99 over all calls", pct(0.5), pct(0.9),
+              pct(0.99));
   std::printf("%-44s %9.2f ms %11s ms  (%.2f GB/s vs 4.3)\n", "16 MiB tensor sent, callee returns its size",
               median(send16) * 1e3, "3.9", bytes / median(send16) / 1e9);
   std::printf("%-44s %9.2f ms %11s ms\n", "16 MiB tensor echoed back", median(echo16) * 1e3, "12.1");

@@ -115,6 +115,9 @@ RpcAgent::RpcAgent(WorkerInfo self, int worldSize, RpcOptions options)
     throw ValueError(fmt::format("rpc::init: a worker name must have 1 to 256 characters, got {}", self_.name.size()));
   }
   if (options_.numWorkerThreads < 1) throw ValueError("rpc::init: numWorkerThreads must be at least 1");
+  if (options_.workerPoll.count() < 0 || options_.workerPoll > std::chrono::milliseconds(100)) {
+    throw ValueError(fmt::format("rpc::init: workerPoll must be 0 to 100000 µs, got {} µs", options_.workerPoll.count()));
+  }
   out_.resize(worldSize_);
 }
 
@@ -129,7 +132,7 @@ RpcAgent::~RpcAgent() {
 }
 
 void RpcAgent::startThreads() {
-  pool_ = std::make_unique<ThreadPool>(options_.numWorkerThreads, options_.maxWorkerThreads);
+  pool_ = std::make_unique<ThreadPool>(options_.numWorkerThreads, options_.maxWorkerThreads, options_.workerPoll);
   timer_ = std::thread([this] { timerLoop(); });
 }
 
@@ -166,11 +169,16 @@ Future<Value> RpcAgent::call(const std::string& to, const std::string& fn, List 
   return send(worker(to).rank, Op::Call, fn, Value(std::move(args)), timeout);
 }
 
+// A future that only has waiters (rpcSync, a plain wait) is completed right here, which saves the
+// waiter one thread hand-off; one with callbacks is completed on the pool, so that user code never
+// runs on a transport thread.
 void RpcAgent::completeOnPool(Future<Value> f, Value v) {
+  if (f.setValueIfNoCallbacks(v)) return;
   auto task = [f, v = std::move(v)]() mutable { f.setValue(std::move(v)); };
   if (!pool_ || !pool_->run(task)) task();
 }
 void RpcAgent::failOnPool(Future<Value> f, std::exception_ptr e) {
+  if (f.setErrorIfNoCallbacks(e)) return;
   auto task = [f, e]() mutable { f.setError(e); };
   if (!pool_ || !pool_->run(task)) task();
 }

@@ -65,6 +65,10 @@ struct RpcOptions {
   // The pool grows up to this many threads while all are busy (functions blocked on nested calls
   // would otherwise starve the completions they wait for; thread_pool.h).
   int maxWorkerThreads = 256;
+  // A worker thread that finished a task polls for the next one this long (yielding the CPU)
+  // before it sleeps: a stream of calls then skips a thread wake-up per call (tiny calls ~30 µs
+  // instead of ~75 µs here). 0 turns polling off, for hosts with more busy threads than cores.
+  std::chrono::microseconds workerPoll{100};
   // Checked when a peer connects: a peer presenting another secret is refused, and its calls fail
   // with an RpcError saying so. It travels in clear: it keeps strangers and stray jobs out, it does
   // not protect against someone who can read the network.

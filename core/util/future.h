@@ -95,6 +95,18 @@ class Future {
     COHORT_CHECK(e != nullptr, "Future::setError needs an exception");
     complete([&](State& s) { s.error = std::move(e); });
   }
+  // Completes the future only when no callback is attached yet (waiters are woken); returns false,
+  // leaving both the future and `v` untouched, otherwise. For producers on threads that must not
+  // run user code (an RPC transport thread): they complete inline when only waiters are there,
+  // and hand the completion to another thread when callbacks would run.
+  template <typename V = T>
+  bool setValueIfNoCallbacks(Value& v) requires(!std::is_void_v<V>) {
+    return completeIfNoCallbacks([&](State& s) { s.value.emplace(std::move(v)); });
+  }
+  bool setErrorIfNoCallbacks(const std::exception_ptr& e) {
+    COHORT_CHECK(e != nullptr, "Future::setErrorIfNoCallbacks needs an exception");
+    return completeIfNoCallbacks([&](State& s) { s.error = e; });
+  }
   // Completes with the value or error of `fn()`.
   template <typename F>
   void setFrom(F&& fn) {
@@ -214,6 +226,19 @@ class Future {
     }
     state_->cv.notify_all();
     for (auto& cb : cbs) cb(*this);
+  }
+
+  template <typename Fill>
+  bool completeIfNoCallbacks(Fill&& fill) {
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      COHORT_CHECK(!state_->done, "Future completed twice");
+      if (!state_->callbacks.empty()) return false;
+      fill(*state_);
+      state_->done = true;
+    }
+    state_->cv.notify_all();
+    return true;
   }
 
   void rethrowIfFailed() const {

@@ -234,6 +234,47 @@ TEST(Future, CallbacksRunOnTheCompletingThread) {
   EXPECT_EQ(lateThread, std::this_thread::get_id());
 }
 
+TEST(Future, SetIfNoCallbacksCompletesOnlyForWaiters) {
+  {
+    // Only a waiter: completed at once, the waiter wakes with the value.
+    Future<std::string> f;
+    std::string seen;
+    std::thread waiter([&] { seen = f.value(); });
+    std::string v = "payload";
+    EXPECT_TRUE(f.setValueIfNoCallbacks(v));
+    waiter.join();
+    EXPECT_EQ(seen, "payload");
+    EXPECT_TRUE(f.isCompleted());
+    std::string again = "x";
+    EXPECT_THROW(f.setValueIfNoCallbacks(again), Error);  // completing twice is still an error
+  }
+  {
+    // A callback attached: nothing happens, the value stays with the caller, the future pending.
+    Future<std::string> f;
+    int calls = 0;
+    f.addCallback([&](Future<std::string>) { ++calls; });
+    std::string v = "payload";
+    EXPECT_FALSE(f.setValueIfNoCallbacks(v));
+    EXPECT_EQ(v, "payload");
+    EXPECT_FALSE(f.isCompleted());
+    EXPECT_EQ(calls, 0);
+    f.setValue(std::move(v));  // the ordinary path runs the callback
+    EXPECT_EQ(calls, 1);
+    EXPECT_EQ(f.value(), "payload");
+  }
+  {
+    Future<int> f;
+    auto e = std::make_exception_ptr(ValueError("boom"));
+    EXPECT_TRUE(f.setErrorIfNoCallbacks(e));
+    EXPECT_THROW(f.value(), ValueError);
+    Future<int> g;
+    g.addCallback([](Future<int>) {});
+    EXPECT_FALSE(g.setErrorIfNoCallbacks(e));
+    EXPECT_FALSE(g.isCompleted());
+    g.setError(e);
+  }
+}
+
 TEST(Future, ManyWaitersAndProducers) {
   // Every waiter sees the value, whichever thread completes first.
   constexpr int kFutures = 16;

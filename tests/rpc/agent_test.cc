@@ -4,10 +4,13 @@
 // frames, and graceful shutdown with calls in flight.
 #include <gtest/gtest.h>
 
+#include <pthread.h>
+
 #include <thread>
 
 #include <cohort/core/ops/ops.h>
 #include <cohort/rpc/tensorpipe/tensorpipe_agent.h>
+#include <cohort/rpc/thread_pool.h>
 
 #include "rpc_test_util.h"
 
@@ -75,6 +78,18 @@ TEST(RpcAgent, SyncAndAsyncCallsCarryEveryKindOfValue) {
       if (fs[i].value() != i + 1000) bad += fmt::format("async {}; ", i);
     }
     if (chained.value() != 26) bad += fmt::format("chained gave {}; ", chained.value());
+    // docs/thread_model.md: callbacks never run on a transport thread — a callback attached before
+    // the response arrives runs on the agent's pool (rpcSync, with no callback, is completed
+    // straight from the transport thread).
+    for (int i = 0; i < 20; ++i) {
+      Future<std::string> where = rpcAsync<int64_t>("w1", "sleep_ms", 2).then([](Future<int64_t> f) {
+        f.wait();
+        char name[16] = {};
+        pthread_getname_np(pthread_self(), name, sizeof name);
+        return std::string(name);
+      });
+      if (where.value() != ThreadPool::kThreadName) bad += fmt::format("a callback ran on thread '{}'; ", where.value());
+    }
     auto agent = std::dynamic_pointer_cast<TensorPipeAgent>(currentAgent());
     if (!agent || agent->transportTo(1) != "shm") bad += "the peer on this host is not reached over shm; ";
     return bad.empty() ? "ok" : bad;
