@@ -271,6 +271,7 @@ Future<Value> RpcAgent::send(int rank, Op op, const std::string& fn, Value body,
 std::pair<uint64_t, Future<Value>> RpcAgent::registerPending(int rank, const std::string& what, Millis timeout) {
   uint64_t id = nextId_.fetch_add(1);
   Future<Value> fut;
+  bool wakeTimer = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (auto it = deadPeers_.find(rank); it != deadPeers_.end()) {
@@ -279,8 +280,12 @@ std::pair<uint64_t, Future<Value>> RpcAgent::registerPending(int rank, const std
     auto deadline = Clock::now() + timeout;
     pending_.emplace(id, Pending{fut, rank, what, deadline, timeout});
     deadlines_.emplace(deadline, id);
+    // Wake the timer only when it would sleep past this deadline: in a stream of calls with one
+    // timeout each new deadline is later than the one it sleeps until, and a wake-up per call
+    // would cost a context switch per call.
+    wakeTimer = deadline < timerWakeAt_;
   }
-  timerCv_.notify_one();
+  if (wakeTimer) timerCv_.notify_one();
   return {id, fut};
 }
 
@@ -396,13 +401,13 @@ void RpcAgent::failPeer(int rank, const std::string& why) {
 void RpcAgent::timerLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!timerStop_) {
-    if (deadlines_.empty()) {
-      timerCv_.wait(lock);
-      continue;
-    }
-    auto next = deadlines_.begin()->first;
-    if (Clock::now() < next) {
-      timerCv_.wait_until(lock, next);
+    // Sleep until the earliest deadline, or a while when there is none; registerPending wakes
+    // the timer early only for a deadline before timerWakeAt_.
+    auto now = Clock::now();
+    if (deadlines_.empty() || now < deadlines_.begin()->first) {
+      timerWakeAt_ = deadlines_.empty() ? now + std::chrono::seconds(1) : deadlines_.begin()->first;
+      timerCv_.wait_until(lock, timerWakeAt_);
+      timerWakeAt_ = Clock::time_point::min();  // awake: a new deadline needs no wake-up
       continue;
     }
     uint64_t id = deadlines_.begin()->second;

@@ -217,6 +217,8 @@ class RpcAgent : public std::enable_shared_from_this<RpcAgent> {
   std::map<int, std::string> deadPeers_;
   bool timerStop_ = false;
   std::condition_variable timerCv_;
+  // When the sleeping timer thread wakes by itself (min() while it is awake); under mu_.
+  std::chrono::steady_clock::time_point timerWakeAt_ = std::chrono::steady_clock::time_point::min();
   std::thread timer_;
 
   std::mutex outMu_;  // out_; taken before mu_, never after

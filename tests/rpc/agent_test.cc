@@ -134,7 +134,16 @@ TEST(RpcAgent, TimedOutCallsFailAndTheAgentCarriesOn) {
     std::string e = errorOf([] { rpcSync<int64_t>(Timeout{Millis(200)}, "w1", "sleep_ms", 1000); });
     if (e != "RpcTimeoutError: rpc 'sleep_ms' to worker 'w1' (rank 1) timed out after 200 ms") return "timeout: " + e;
     if (currentAgent()->pendingCalls() != 0) return "the timed-out call is still pending";
-    return rpcSync<int64_t>("w1", "add", 1, 1) == 2 ? "ok" : "no call after the timeout";
+    if (rpcSync<int64_t>("w1", "add", 1, 1) != 2) return "no call after the timeout";
+    // A short deadline behind a long one: the timer, asleep until the 20 s call's deadline (after
+    // its idle tick of at most 1 s), must be woken for the 150 ms one. Unwoken, the short call
+    // would succeed after 1.5 s instead.
+    auto slow = rpcAsync<int64_t>(Timeout{Millis(20'000)}, "w1", "sleep_ms", 2000);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+    e = errorOf([] { rpcSync<int64_t>(Timeout{Millis(150)}, "w1", "sleep_ms", 1500); });
+    if (e.find("timed out after 150 ms") == std::string::npos) return "a short timeout behind a long one: " + e;
+    if (slow.isCompleted()) return "the 150 ms timeout fired only after the 2 s call had finished";
+    return slow.value() == 2000 ? "ok" : "the long call failed";
   });
   EXPECT_EQ(reports[0], "ok");
   EXPECT_EQ(reports[1], "ok");
