@@ -99,6 +99,7 @@ DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module, ProcessGr
   ro.firstBucketCapMb = opts_.firstBucketCapMb;
   ro.findUnusedParameters = opts_.findUnusedParameters;
   ro.staticGraph = opts_.staticGraph;
+  ro.gradientAsBucketView = opts_.gradientAsBucketView;
   reducer_ = std::make_unique<Reducer>(params_, std::move(names), pg_, ro);
 }
 

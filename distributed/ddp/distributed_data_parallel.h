@@ -51,6 +51,11 @@ struct DDPOptions {
   // once, at the first forward.
   bool staticGraph = false;
   bool broadcastBuffers = true;  // copy rank 0's buffers to every rank at each forward
+  // true (cohort's default): each parameter's .grad is a view into its gradient bucket, which
+  // saves a gradient-sized copy of memory and two copies per step; .grad must then not be
+  // replaced by a tensor of another shape or detached in place. false: .grad is a tensor of its
+  // own, copied into the bucket when ready and back after the all-reduce (PyTorch's default).
+  bool gradientAsBucketView = true;
 };
 
 class DistributedDataParallel : public nn::Module {

@@ -124,8 +124,13 @@ void Reducer::buildBuckets(const std::vector<size_t>& order) {
       size_t idx = bucket.params[s];
       Tensor& p = params_[idx];
       Tensor view = bucket.buffer.narrow(0, bucket.offsets[s], p.numel()).view(p.sizes());
-      // Gradient as bucket view: .grad lives in the bucket from now on (keeping its value).
       Tensor g = p.grad();
+      if (!opts_.gradientAsBucketView) {
+        bucket.views.push_back(std::move(view));
+        where_[idx] = {b, s};
+        continue;
+      }
+      // Gradient as bucket view: .grad lives in the bucket from now on (keeping its value).
       if (g.defined()) {
         view.copy_(g);
         p.setGrad(view);
@@ -259,6 +264,9 @@ void Reducer::markReady(size_t index) {
   Tensor view = bucket.views[s];
   if (!g.defined()) {
     view.zero_();
+  } else if (!opts_.gradientAsBucketView) {
+    autograd::NoGradGuard noGrad;
+    view.copy_(g);
   } else if (!isViewOf(g, view)) {
     // The optimizer set .grad to none (or the user replaced it): bring it back into the bucket.
     autograd::NoGradGuard noGrad;
@@ -310,6 +318,28 @@ void Reducer::waitBuckets() {
   }
 }
 
+// After the buckets are reduced: every parameter some rank used shows the average in .grad; one
+// no rank used keeps .grad undefined, as a single process would (globallyUsed null: every
+// parameter counts as used). With gradient-as-bucket-view, used parameters' .grad already is the
+// bucket view and only the locally unused ones (this rank's zeros went into the average) need it.
+void Reducer::copyReducedIntoGrads(const int32_t* globallyUsed) {
+  autograd::NoGradGuard noGrad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const bool usedHere = locallyUsed_[i] != 0;
+    if (usedHere && opts_.gradientAsBucketView) continue;
+    if (!usedHere && globallyUsed != nullptr && globallyUsed[i] == 0) continue;
+    auto [b, s] = where_[i];
+    const Tensor& view = buckets_[b].views[s];
+    if (opts_.gradientAsBucketView) {
+      params_[i].setGrad(view);
+    } else if (Tensor g = params_[i].grad(); g.defined()) {
+      g.copy_(view);
+    } else {
+      params_[i].setGrad(view.clone());
+    }
+  }
+}
+
 void Reducer::finalize() {
   expectHooks_ = false;
   finalized_ = true;
@@ -336,15 +366,7 @@ void Reducer::finalize() {
     throw;
   }
   exposedWaitS_ = now() - t0;
-  const int32_t* globallyUsed = usedWork ? usedMap.data<int32_t>() : nullptr;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (locallyUsed_[i]) continue;  // .grad already is the bucket view
-    // No rank produced a gradient: leave it undefined, as a single process would. Otherwise this
-    // rank's zeros went into the average, which .grad now shows.
-    if (globallyUsed != nullptr && globallyUsed[i] == 0) continue;
-    auto [b, s] = where_[i];
-    params_[i].setGrad(buckets_[b].views[s]);
-  }
+  copyReducedIntoGrads(usedWork ? usedMap.data<int32_t>() : nullptr);
   for (auto& b : buckets_) b.launched = false;
   ++iterations_;
   if (!rebuilt_ && (!opts_.findUnusedParameters || opts_.staticGraph)) rebuildPending_ = true;

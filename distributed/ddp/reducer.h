@@ -1,7 +1,8 @@
 /*
  * Reducer: DDP's gradient machinery. Owns the buckets (flat gradient buffers; each parameter's
- * .grad is a view into its bucket), the post-accumulate-grad hooks that mark parameters ready,
- * and the per-iteration state.
+ * .grad is a view into its bucket, or with gradientAsBucketView = false a tensor of its own that
+ * is copied in and out), the post-accumulate-grad hooks that mark parameters ready, and the
+ * per-iteration state.
  *
  * One synchronised iteration:
  *  - prepareForForward(): at the first forward after the first synchronised backward, rebuilds
@@ -41,6 +42,10 @@ struct ReducerOptions {
   double firstBucketCapMb = 1.0;
   bool findUnusedParameters = false;
   bool staticGraph = false;
+  // true: each parameter's .grad is a view into its bucket (no copies, no second gradient-sized
+  // buffer). false: .grad stays a tensor of its own; the gradient is copied into the bucket when
+  // it is ready and the reduced value copied back at the end of backward (PyTorch's default).
+  bool gradientAsBucketView = true;
 };
 
 // Bucket assignment: parameter indices per bucket, taking `order` (parameter indices, first
@@ -98,6 +103,7 @@ class Reducer {
   void finalize();
   void waitBuckets();
   void resetIteration();
+  void copyReducedIntoGrads(const int32_t* globallyUsed);
   std::string paramLabel(size_t index) const;
 
   std::vector<Tensor> params_;

@@ -6,6 +6,7 @@
 // findUnusedParameters, a backward run twice.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <memory>
@@ -87,6 +88,7 @@ struct Outcome {
   std::vector<bool> referenceGradDefined;
   std::vector<size_t> numBuckets;
   std::vector<char> rebuilt;  // not vector<bool>: rank threads write their own entries concurrently
+  std::vector<char> gradsShareStorage;  // some two parameters' .grad in one storage (bucket views)
 };
 
 int modeOf(const Scenario& s, int rank, int step) { return s.mode ? s.mode(rank, step) : 0; }
@@ -102,6 +104,7 @@ Outcome runScenario(const Scenario& s, const std::string& backend = "gloo") {
   out.rankGradDefined.resize(s.world);
   out.numBuckets.resize(s.world);
   out.rebuilt.resize(s.world);
+  out.gradsShareStorage.resize(s.world);
   {
     ThreadWorld world(backend, s.world);
     world.run([&](int r) {
@@ -123,10 +126,14 @@ Outcome runScenario(const Scenario& s, const std::string& backend = "gloo") {
       };
       if (s.stepsOf) joinUneven(*ddp, loop);
       else loop();
+      std::vector<const void*> storages;
       for (const Tensor& p : ddp->module().parameters()) {
         out.rankParams[r].push_back(p.detach().clone());
         out.rankGradDefined[r].push_back(p.grad().defined());
+        if (p.grad().defined()) storages.push_back(p.grad().storage().get());
       }
+      std::sort(storages.begin(), storages.end());
+      out.gradsShareStorage[r] = std::adjacent_find(storages.begin(), storages.end()) != storages.end();
       out.numBuckets[r] = ddp->reducer().numBuckets();
       out.rebuilt[r] = ddp->reducer().bucketsRebuilt();
     });
@@ -207,6 +214,36 @@ TEST(DDP, ManySmallBucketsAreRebuiltInReadyOrderAndStillMatch) {
   for (int r = 0; r < s.world; ++r) {
     EXPECT_GE(o.numBuckets[r], 5u) << "rank " << r;
     EXPECT_TRUE(o.rebuilt[r]) << "rank " << r;
+  }
+}
+
+// gradientAsBucketView = false: .grad stays each parameter's own tensor (copied into the bucket
+// and back), with the same results through rebuilt buckets, noSync accumulation, parameters
+// unused on some ranks and steps, and gradients kept between steps (zeroGrad to zeros).
+TEST(DDP, GradientsOutsideTheBucketsGiveTheSameResults) {
+  for (bool asView : {false, true}) {
+    for (bool toNone : {true, false}) {
+      SCOPED_TRACE(fmt::format("gradientAsBucketView {}, zeroGrad(setToNone = {})", asView, toNone));
+      Scenario s;
+      s.world = 3;
+      s.steps = 4;
+      s.micro = 2;
+      s.zeroToNone = toNone;
+      s.options.gradientAsBucketView = asView;
+      s.options.findUnusedParameters = true;
+      s.options.bucketCapMb = 200.0 / 1e6;
+      s.options.firstBucketCapMb = 100.0 / 1e6;
+      s.mode = [](int rank, int step) { return (rank + step) % 2; };
+      Outcome o = runScenario(s);
+      expectMatchesReference(o, kFp32Tol);
+      for (int r = 0; r < s.world; ++r) {
+        EXPECT_GE(o.numBuckets[r], 3u) << "rank " << r;
+        // Kept gradients (zeroGrad to zeros) live in the buckets only as views.
+        if (!toNone) {
+          EXPECT_EQ(o.gradsShareStorage[r] != 0, asView) << "rank " << r;
+        }
+      }
+    }
   }
 }
 
