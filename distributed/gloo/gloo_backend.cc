@@ -107,10 +107,6 @@ GlooBackend::GlooBackend(const StorePtr& store, int rank, int size, const Backen
                                 opts.groupName, size - 1, store->describe(), e.what()));
   }
   context_ = std::move(context);
-  worker_ = std::thread([this] {
-    blockSigpipeInThisThread();
-    workerLoop();
-  });
   p2pThread_ = std::thread([this] {
     blockSigpipeInThisThread();
     p2pLoop();
@@ -118,12 +114,7 @@ GlooBackend::GlooBackend(const StorePtr& store, int rank, int size, const Backen
 }
 
 GlooBackend::~GlooBackend() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  worker_.join();
+  ops_.stop();  // ops still queued fail: the group was destroyed before they ran
   {
     std::lock_guard<std::mutex> lock(p2pMu_);
     p2pStop_ = true;
@@ -133,36 +124,19 @@ GlooBackend::~GlooBackend() {
 }
 
 void GlooBackend::enqueue(const WorkPtr& work, std::function<std::vector<Tensor>()> body) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!broken_) {
-      queue_.emplace_back(work, std::move(body));
-      cv_.notify_one();
-      return;
-    }
+  if (isBroken()) {
+    work->fail(brokenError());
+    return;
   }
-  work->fail(brokenError());
+  ops_.post(work, [this, work, body = std::move(body)] {
+    if (isBroken()) work->fail(brokenError());  // the group broke while this op was queued
+    else runGuarded(work, body);
+  });
 }
 
-void GlooBackend::workerLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (true) {
-    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-    if (queue_.empty()) return;  // stopping, nothing left
-    auto [work, body] = std::move(queue_.front());
-    queue_.pop_front();
-    bool broken = broken_ != nullptr;
-    bool stopping = stop_;
-    lock.unlock();
-    if (broken) {
-      work->fail(brokenError());
-    } else if (stopping) {
-      work->fail(work->distError("the process group was destroyed before the op ran"));
-    } else {
-      runGuarded(work, body);
-    }
-    lock.lock();
-  }
+bool GlooBackend::isBroken() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return broken_ != nullptr;
 }
 
 void GlooBackend::runGuarded(const WorkPtr& work, const std::function<std::vector<Tensor>()>& body) {
@@ -234,12 +208,9 @@ void GlooBackend::abort(const std::string& reason) {
 // ---- point to point ----------------------------------------------------------------------------
 
 void GlooBackend::postP2P(const WorkPtr& work, const Tensor& tensor, int peer, int tag, bool isSend) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (broken_) {
-      work->fail(brokenError());
-      return;
-    }
+  if (isBroken()) {  // not under mu_: brokenError() takes it
+    work->fail(brokenError());
+    return;
   }
   PendingP2P p{work, tensor, nullptr, peer, isSend};
   try {

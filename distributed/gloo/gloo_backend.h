@@ -32,6 +32,7 @@
 #include <vector>
 
 #include <cohort/distributed/backend.h>
+#include <cohort/distributed/op_queue.h>
 
 namespace gloo {
 class Context;
@@ -81,7 +82,7 @@ class GlooBackend : public Backend {
   // mapped onto the Work's typed errors.
   void enqueue(const WorkPtr& work, std::function<std::vector<Tensor>()> body);
   void runGuarded(const WorkPtr& work, const std::function<std::vector<Tensor>()>& body);
-  void workerLoop();
+  bool isBroken() const;
   void p2pLoop();
   // Marks the backend broken with `error` (first one wins) and closes the gloo connections.
   void breakWith(std::exception_ptr error);
@@ -91,16 +92,13 @@ class GlooBackend : public Backend {
   std::shared_ptr<::gloo::Context> context_;
   std::string group_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::pair<WorkPtr, std::function<std::vector<Tensor>()>>> queue_;
-  bool stop_ = false;
+  mutable std::mutex mu_;  // broken_, leaked_, leakedTensors_
   std::exception_ptr broken_;
   // Buffers of point-to-point ops that failed: gloo may still hold them, so they (and their
   // tensors' memory) live as long as the backend.
   std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> leaked_;
   std::vector<Tensor> leakedTensors_;
-  std::thread worker_;
+  OpQueue ops_;  // the collectives, in issue order
 
   struct PendingP2P {
     WorkPtr work;

@@ -72,16 +72,10 @@ HierarchicalBackend::HierarchicalBackend(const StorePtr& store, int rank, int si
                            subOptions("leaders", leaders));
   }
   flat_ = createBackend(inter, std::make_shared<PrefixStore>("flat", store), rank, size, subOptions("", all));
-  worker_ = std::thread([this] { workerLoop(); });
 }
 
 HierarchicalBackend::~HierarchicalBackend() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  worker_.join();  // ops still queued fail: the group was destroyed before they ran
+  ops_.stop();  // ops still queued fail: the group was destroyed before they ran
   intra_.reset();
   inter_.reset();
   flat_.reset();
@@ -90,59 +84,36 @@ HierarchicalBackend::~HierarchicalBackend() {
 // ---- the worker ------------------------------------------------------------------------------
 
 void HierarchicalBackend::run(const WorkPtr& work, std::function<std::vector<Tensor>(const WorkPtr&)> body) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!stop_) {
-      queue_.emplace_back(work, [this, work, b = std::move(body)] {
-        std::string reason;
-        {
-          std::lock_guard<std::mutex> l(mu_);
-          if (broken_) reason = brokenReason_;
-        }
-        if (!reason.empty()) {
-          work->fail(std::make_exception_ptr(PeerError(fmt::format(
-              "{} failed: the hierarchical backend of group '{}' was aborted by an earlier error: {}",
-              work->describe(), group_, reason))));
-          return;
-        }
-        std::vector<Tensor> outputs;
-        std::exception_ptr error;
-        try {
-          outputs = b(work);
-        } catch (const Failure& f) {
-          // Tell the peers (abort every inner backend) before the diagnosis, which may read the store.
-          breakWith(fmt::format("{} failed in {}", work->describe(), f.detail));
-          error = f.kind == FailKind::Timeout ? work->timeoutError(f.detail)
-                  : f.kind == FailKind::Peer  ? work->peerError(f.detail)
-                                              : work->distError(f.detail);
-        } catch (const std::exception& e) {
-          // A local failure half way through leaves the peers inside a stage: release them.
-          breakWith(fmt::format("{} failed on rank {}: {}", work->describe(), rank(), e.what()));
-          error = std::current_exception();
-        }
-        if (error) work->fail(error);
-        else work->finish(std::move(outputs));
-      });
-      cv_.notify_one();
+  ops_.post(work, [this, work, b = std::move(body)] {
+    std::string reason;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (broken_) reason = brokenReason_;
+    }
+    if (!reason.empty()) {
+      work->fail(std::make_exception_ptr(PeerError(fmt::format(
+          "{} failed: the hierarchical backend of group '{}' was aborted by an earlier error: {}",
+          work->describe(), group_, reason))));
       return;
     }
-  }
-  work->fail(work->distError("the process group was destroyed before the op ran"));
-}
-
-void HierarchicalBackend::workerLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (true) {
-    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-    if (queue_.empty()) return;
-    auto [work, task] = std::move(queue_.front());
-    queue_.pop_front();
-    const bool stopping = stop_;
-    lock.unlock();
-    if (stopping) work->fail(work->distError("the process group was destroyed before the op ran"));
-    else task();
-    lock.lock();
-  }
+    std::vector<Tensor> outputs;
+    std::exception_ptr error;
+    try {
+      outputs = b(work);
+    } catch (const Failure& f) {
+      // Tell the peers (abort every inner backend) before the diagnosis, which may read the store.
+      breakWith(fmt::format("{} failed in {}", work->describe(), f.detail));
+      error = f.kind == FailKind::Timeout ? work->timeoutError(f.detail)
+              : f.kind == FailKind::Peer  ? work->peerError(f.detail)
+                                          : work->distError(f.detail);
+    } catch (const std::exception& e) {
+      // A local failure half way through leaves the peers inside a stage: release them.
+      breakWith(fmt::format("{} failed on rank {}: {}", work->describe(), rank(), e.what()));
+      error = std::current_exception();
+    }
+    if (error) work->fail(error);
+    else work->finish(std::move(outputs));
+  });
 }
 
 void HierarchicalBackend::stage(const WorkPtr& outer, OpType op, const BackendPtr& inner, const std::string& stageName,

@@ -40,16 +40,14 @@
  */
 #pragma once
 
-#include <condition_variable>
-#include <deque>
 #include <functional>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include <cohort/distributed/backend.h>
+#include <cohort/distributed/op_queue.h>
 #include <cohort/distributed/topology.h>
 
 namespace cohort::dist::hierarchical {
@@ -101,7 +99,6 @@ class HierarchicalBackend : public Backend {
   // Queues `body` for the worker, which fails the Work at once when the backend is broken, else
   // runs it and completes the Work with its outputs or its typed error.
   void run(const WorkPtr& work, std::function<std::vector<Tensor>(const WorkPtr&)> body);
-  void workerLoop();
   void breakWith(const std::string& reason);
 
   // One stage: `call` starts an op of `inner` on a fresh inner Work (deadline: what is left of
@@ -123,13 +120,10 @@ class HierarchicalBackend : public Backend {
   BackendPtr inter_;  // across the leaders; null on non-leaders and when there is one node
   BackendPtr flat_;   // the whole group
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::pair<WorkPtr, std::function<void()>>> queue_;
-  bool stop_ = false;
+  std::mutex mu_;  // broken_, brokenReason_
   bool broken_ = false;
   std::string brokenReason_;
-  std::thread worker_;
+  OpQueue ops_;  // every op, in issue order
 };
 
 }  // namespace cohort::dist::hierarchical

@@ -226,33 +226,11 @@ ShmBackend::ShmBackend(const StorePtr& store, int rank, int size, const BackendO
       throw;
     }
   }
-  if (config.worker) worker_ = std::thread([this] { workerLoop(); });
-}
-
-void ShmBackend::workerLoop() {
-  std::unique_lock<std::mutex> lock(queueMu_);
-  while (true) {
-    queueCv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-    if (queue_.empty()) return;
-    auto [work, task] = std::move(queue_.front());
-    queue_.pop_front();
-    const bool stopping = stop_;
-    lock.unlock();
-    if (stopping) work->fail(work->distError("the process group was destroyed before the op ran"));
-    else task();
-    lock.lock();
-  }
+  if (config.worker) ops_ = std::make_unique<OpQueue>();
 }
 
 ShmBackend::~ShmBackend() {
-  if (worker_.joinable()) {
-    {
-      std::lock_guard<std::mutex> lock(queueMu_);
-      stop_ = true;
-    }
-    queueCv_.notify_all();
-    worker_.join();  // ops still queued fail: the group was destroyed before they ran
-  }
+  if (ops_) ops_->stop();  // ops still queued fail: the group was destroyed before they ran
   if (bases_[rank()]) {
     ShmHeader* h = header(bases_[rank()]);
     uint32_t live = kLive;

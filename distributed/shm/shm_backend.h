@@ -64,18 +64,17 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include <cohort/distributed/backend.h>
+#include <cohort/distributed/op_queue.h>
 
 namespace cohort::dist::shm {
 
@@ -155,7 +154,6 @@ class ShmBackend : public Backend {
   // Fails the Work at once when the backend is aborted, else runs `body` and completes the Work
   // with its outputs or its typed error.
   void execute(const WorkPtr& work, const std::function<std::vector<Tensor>(Deadline)>& body);
-  void workerLoop();
 
   // ---- rounds (see the header comment) ----
   uint8_t* slot(int rank, uint64_t round) const;
@@ -195,12 +193,7 @@ class ShmBackend : public Backend {
 
   BackendPtr p2p_;  // gloo, for send/recv
 
-  // Worker mode only.
-  std::mutex queueMu_;
-  std::condition_variable queueCv_;
-  std::deque<std::pair<WorkPtr, std::function<void()>>> queue_;
-  bool stop_ = false;
-  std::thread worker_;
+  std::unique_ptr<OpQueue> ops_;  // worker mode only
 };
 
 }  // namespace cohort::dist::shm

@@ -23,19 +23,11 @@ size_t roundUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 template <typename F>
 void ShmBackend::run(const WorkPtr& work, F&& body) {
-  if (!worker_.joinable()) {
+  if (!ops_) {
     execute(work, body);
     return;
   }
-  {
-    std::lock_guard<std::mutex> lock(queueMu_);
-    if (!stop_) {
-      queue_.emplace_back(work, [this, work, b = std::forward<F>(body)]() mutable { execute(work, b); });
-      queueCv_.notify_one();
-      return;
-    }
-  }
-  work->fail(work->distError("the process group was destroyed before the op ran"));
+  ops_->post(work, [this, work, b = std::forward<F>(body)]() mutable { execute(work, b); });
 }
 
 void ShmBackend::execute(const WorkPtr& work, const std::function<std::vector<Tensor>(Deadline)>& body) {

@@ -215,6 +215,34 @@ TEST(Work, WaitTimeoutNamesTheRanksThatNeverArrived) {
   });
 }
 
+// After a group is aborted every later op fails at once with the abort's reason: collectives and
+// point-to-point alike (a send on an aborted gloo group used to deadlock on the backend's own lock).
+TEST(ProcessGroup, OpsAfterAnAbortFailWithItsReasonAndNeverHang) {
+  for (const char* backend : {"gloo", "shm"}) {
+    if (!hasBackend(backend)) continue;
+    SCOPED_TRACE(backend);
+    ThreadWorld world(backend, 2, Millis(5'000));
+    world.run([&](int r) {
+      ProcessGroup& pg = world.pg(r);
+      pg.backend(DeviceType::CPU).abort(fmt::format("rank {} gave up", r));
+      Tensor t = ones({4});
+      auto expectAborted = [&](const WorkPtr& w, const std::string& op) {
+        try {
+          w->wait(Millis(10'000));
+          ADD_FAILURE() << op << " on rank " << r << " succeeded after the abort";
+        } catch (const DistError& e) {
+          EXPECT_NE(std::string(e.what()).find("gave up"), std::string::npos) << op << ": " << e.what();
+        }
+      };
+      expectAborted(pg.allreduce(t), "allreduce");
+      if (pg.backend(DeviceType::CPU).supports(OpType::Send)) {
+        expectAborted(pg.send(t, 1 - r), "send");
+        expectAborted(pg.recv(t, 1 - r), "recv");
+      }
+    });
+  }
+}
+
 TEST(Work, FutureCarriesTheOutputs) {
   auto pg = soloGroup("allreduce_only");
   Tensor t = zeros({2});
