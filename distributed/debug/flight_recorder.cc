@@ -50,8 +50,11 @@ void appendJsonString(std::string& out, const std::string& s) {
 }
 
 // Writes `text` to `path` whole: a reader sees the old file or the new one, never half of one.
+// The temporary name is unique per call: several threads of one process (ranks as threads, or two
+// groups failing at once) may dump to the same path together, and each must rename its own file.
 void writeFileAtomically(const std::string& path, const std::string& text) {
-  std::string tmp = fmt::format("{}.tmp{}", path, ::getpid());
+  static std::atomic<uint64_t> counter{0};
+  std::string tmp = fmt::format("{}.tmp{}.{}", path, ::getpid(), counter.fetch_add(1));
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   if (f == nullptr) throw Error(fmt::format("flight recorder: cannot create {}: {}", tmp, std::strerror(errno)));
   bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();

@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -21,6 +22,7 @@
 #include <cohort/distributed/debug/flight_recorder.h>
 
 #include "distributed/env_guard.h"
+#include "distributed/store_test_util.h"
 
 using namespace cohort;
 using namespace cohort::dist;
@@ -29,17 +31,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    char tmpl[] = "/tmp/cohort_fr_test_XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using cohort::dist::testing::TempDir;
 
 std::string readFile(const fs::path& p) {
   std::ifstream in(p);
@@ -178,11 +170,11 @@ TEST(FlightRecorder, DumpToFile) {
   TempDir dir;
   FlightRecorder fr("world", 2);
   fr.recordStart(OpType::Allreduce, 1, "[1]");
-  fs::path p = dir.path / "one.json";
+  fs::path p = dir.path() / "one.json";
   fr.dumpToFile(p.string());
   EXPECT_EQ(json::parse(readFile(p))["entries"][0]["op"], "allreduce");
   try {
-    fr.dumpToFile((dir.path / "no/such/dir/x.json").string());
+    fr.dumpToFile((dir.path() / "no/such/dir/x.json").string());
     ADD_FAILURE() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("no/such/dir/x.json"), std::string::npos) << e.what();
@@ -192,7 +184,7 @@ TEST(FlightRecorder, DumpToFile) {
 TEST(FlightRecorder, DumpAllWritesEveryLiveGroup) {
   TempDir dir;
   EnvGuard g;
-  g.set("COHORT_FLIGHT_RECORDER_DIR", dir.path.string());
+  g.set("COHORT_FLIGHT_RECORDER_DIR", dir.path().string());
   setFlightRecorderProcessRank(7);
   FlightRecorder a("alpha", 4, 7), b("beta", 4, 1);
   a.recordStart(OpType::Allreduce, 1, "[8]", "float32", "sum");
@@ -201,7 +193,7 @@ TEST(FlightRecorder, DumpAllWritesEveryLiveGroup) {
     FlightRecorder gone("gone", 4);  // destroyed before the dump: not in it
   }
   std::string path = dumpFlightRecorders("timeout in allreduce #1");
-  EXPECT_EQ(path, (dir.path / fmt::format("cohort_flight_recorder_rank7_pid{}.json", ::getpid())).string());
+  EXPECT_EQ(path, (dir.path() / fmt::format("cohort_flight_recorder_rank7_pid{}.json", ::getpid())).string());
   EXPECT_EQ(path, flightRecorderDumpPath());
   json j = json::parse(readFile(path));
   EXPECT_EQ(j["version"], 1);
@@ -212,21 +204,45 @@ TEST(FlightRecorder, DumpAllWritesEveryLiveGroup) {
   for (const auto& grp : j["groups"]) groups.insert(grp["group"]);
   EXPECT_EQ(groups, (std::set<std::string>{"alpha", "beta"}));
   // An unwritable folder: logged, "" returned, nothing thrown.
-  g.set("COHORT_FLIGHT_RECORDER_DIR", (dir.path / "missing").string());
+  g.set("COHORT_FLIGHT_RECORDER_DIR", (dir.path() / "missing").string());
   EXPECT_EQ(dumpFlightRecorders("x"), "");
+}
+
+// Threads of one process (ranks as threads) dumping at the same moment each write a whole file:
+// no dump fails because another renamed a shared temporary file away.
+TEST(FlightRecorder, ConcurrentDumpsFromOneProcessAllSucceed) {
+  TempDir dir;
+  EnvGuard g;
+  g.set("COHORT_FLIGHT_RECORDER_DIR", dir.path().string());
+  FlightRecorder a("alpha", 4);
+  a.recordStart(OpType::Allreduce, 1, "[8]", "float32", "sum");
+  std::vector<std::string> paths(8);
+  std::vector<std::thread> threads;
+  for (int round = 0; round < 20; ++round) {
+    threads.clear();
+    for (int t = 0; t < 8; ++t) threads.emplace_back([&, t] { paths[t] = dumpFlightRecorders(fmt::format("thread {}", t)); });
+    for (auto& t : threads) t.join();
+    for (int t = 0; t < 8; ++t) ASSERT_EQ(paths[t], flightRecorderDumpPath()) << "round " << round << " thread " << t;
+    json j = json::parse(readFile(paths[0]));
+    EXPECT_EQ(j["groups"].size(), 1u);
+  }
+  // No temporary file is left behind.
+  size_t files = 0;
+  for (const auto& e : fs::directory_iterator(dir.path())) files += e.is_regular_file();
+  EXPECT_EQ(files, 1u);
 }
 
 TEST(FlightRecorder, Sigusr1DumpsToAFile) {
   TempDir dir;
   EnvGuard g;
-  g.set("COHORT_FLIGHT_RECORDER_DIR", dir.path.string());
+  g.set("COHORT_FLIGHT_RECORDER_DIR", dir.path().string());
   setFlightRecorderProcessRank(3);
   FlightRecorder fr("signalled", 16, 3);
   ASSERT_TRUE(installFlightRecorderSignalHandler());
   uint64_t id = fr.recordStart(OpType::Allreduce, 41, "[1024]", "float32", "sum");
   fr.complete(id, FlightRecorder::State::Completed);
   fr.recordStart(OpType::Allreduce, 42, "[1024]", "float32", "sum");  // the "stuck" op
-  fs::path expected = dir.path / fmt::format("cohort_flight_recorder_rank3_pid{}.json", ::getpid());
+  fs::path expected = dir.path() / fmt::format("cohort_flight_recorder_rank3_pid{}.json", ::getpid());
   uint64_t before = flightRecorderSignalDumps();
   ASSERT_EQ(::raise(SIGUSR1), 0);
   ASSERT_TRUE(waitForFile(expected)) << expected;
@@ -252,7 +268,7 @@ TEST(FlightRecorder, Sigusr1DumpsToAFile) {
 TEST(FlightRecorder, Sigusr1InAForkedChildDumpsTheChild) {
   TempDir dir;
   EnvGuard g;
-  g.set("COHORT_FLIGHT_RECORDER_DIR", dir.path.string());
+  g.set("COHORT_FLIGHT_RECORDER_DIR", dir.path().string());
   FlightRecorder parentRec("parent", 4);
   ASSERT_TRUE(installFlightRecorderSignalHandler());
   pid_t child = ::fork();
@@ -263,7 +279,7 @@ TEST(FlightRecorder, Sigusr1InAForkedChildDumpsTheChild) {
     FlightRecorder rec("child", 4, 1);
     rec.recordStart(OpType::Barrier, 1, "");
     ::raise(SIGUSR1);
-    fs::path p = dir.path / fmt::format("cohort_flight_recorder_rank1_pid{}.json", ::getpid());
+    fs::path p = dir.path() / fmt::format("cohort_flight_recorder_rank1_pid{}.json", ::getpid());
     ::_exit(waitForFile(p) ? 0 : 1);
   }
   int status = 0;
