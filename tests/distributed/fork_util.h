@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <functional>
 #include <optional>
 #include <sstream>
@@ -21,6 +22,8 @@
 #include <thread>
 #include <tuple>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include <fmt/format.h>
 
@@ -200,6 +203,34 @@ inline std::optional<SurvivorReport> parseSurvivorReport(const std::string& repo
   r.later = report.substr(b2 + 1, b3 - b2 - 1);
   r.first.message = report.substr(b3 + 1);
   return r;
+}
+
+// The verdict every kill test shares: the dead rank died of SIGKILL, no rank hung, and each
+// survivor's op failed with a PeerError before `timeout` (the death was noticed, not waited out)
+// and its later op failed at once. Returns each survivor's report for the backend's own checks of
+// the message (nullopt for the dead rank and for a report that could not be parsed).
+inline std::vector<std::optional<SurvivorReport>> expectSurvivorsFailFast(const std::vector<ChildResult>& results,
+                                                                          int dead, Millis timeout) {
+  std::vector<std::optional<SurvivorReport>> out(results.size());
+  for (size_t r = 0; r < results.size(); ++r) {
+    const ChildResult& f = results[r];
+    EXPECT_FALSE(f.killedByWatchdog) << "rank " << r << " hung: " << f.report;
+    if (static_cast<int>(r) == dead) {
+      EXPECT_TRUE(WIFSIGNALED(f.status) && WTERMSIG(f.status) == SIGKILL) << "rank " << r << " should have died";
+      continue;
+    }
+    out[r] = parseSurvivorReport(f.report);
+    if (!out[r]) {
+      ADD_FAILURE() << "rank " << r << " sent no survivor report: " << f.report;
+      continue;
+    }
+    const Outcome& first = out[r]->first;
+    std::cout << "rank " << r << " (" << first.seconds << " s): " << first.kind << ": " << first.message << "\n";
+    EXPECT_EQ(first.kind, "PeerError") << first.message;
+    EXPECT_LT(first.seconds, std::chrono::duration<double>(timeout).count()) << first.message;
+    EXPECT_EQ(out[r]->later, "DistError") << "a later op must fail at once";
+  }
+  return out;
 }
 
 // A rank's report: "<error type>|<seconds>|<message>" for the op `fn` runs ("none" if it succeeded).
