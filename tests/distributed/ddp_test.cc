@@ -163,17 +163,8 @@ Outcome runScenario(const Scenario& s, const std::string& backend = "gloo") {
   return out;
 }
 
-double maxDiff(const Tensor& a, const Tensor& b) { return (a - b).abs().max().item<double>(); }
-
-// Every rank holds the reference parameters (within `tol`), and every rank the same ones.
 void expectMatchesReference(const Outcome& o, double tol) {
-  for (size_t r = 0; r < o.rankParams.size(); ++r) {
-    ASSERT_EQ(o.rankParams[r].size(), o.reference.size());
-    for (size_t i = 0; i < o.reference.size(); ++i) {
-      EXPECT_LE(maxDiff(o.rankParams[r][i], o.reference[i]), tol) << "rank " << r << " parameter " << i;
-      EXPECT_EQ(maxDiff(o.rankParams[r][i], o.rankParams[0][i]), 0.0) << "rank " << r << " parameter " << i;
-    }
-  }
+  expectRanksMatchReference(o.rankParams, o.reference, tol);
 }
 
 constexpr double kFp32Tol = 2e-6;

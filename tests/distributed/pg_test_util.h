@@ -185,4 +185,20 @@ inline std::string mismatch(const Tensor& t, int64_t n, const std::function<doub
     if (!cohort_mm_.empty()) throw std::runtime_error(cohort_mm_); \
   } while (0)
 
+// Largest absolute elementwise difference.
+inline double maxDiff(const Tensor& a, const Tensor& b) { return (a - b).abs().max().item<double>(); }
+
+// Data-parallel results: every rank holds the reference parameters (within `tol`), and every rank
+// exactly the same ones as rank 0.
+inline void expectRanksMatchReference(const std::vector<std::vector<Tensor>>& rankParams,
+                                      const std::vector<Tensor>& reference, double tol) {
+  for (size_t r = 0; r < rankParams.size(); ++r) {
+    ASSERT_EQ(rankParams[r].size(), reference.size());
+    for (size_t i = 0; i < reference.size(); ++i) {
+      EXPECT_LE(maxDiff(rankParams[r][i], reference[i]), tol) << "rank " << r << " parameter " << i;
+      EXPECT_EQ(maxDiff(rankParams[r][i], rankParams[0][i]), 0.0) << "rank " << r << " parameter " << i;
+    }
+  }
+}
+
 }  // namespace cohort::dist::testing

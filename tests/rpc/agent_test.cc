@@ -239,13 +239,6 @@ TEST(RpcAgent, MalformedFramesAreRefusedAndTheAgentServesOthers) {
   EXPECT_EQ(reports[2], "ok");
 }
 
-}  // namespace
-}  // namespace cohort::rpc
-
-namespace cohort::rpc {
-namespace {
-using namespace testing;
-
 TEST(RpcAgent, TcpCarriesCallsWhenShmIsOff) {
   auto reports = runWorkers(
       2,
@@ -261,13 +254,6 @@ TEST(RpcAgent, TcpCarriesCallsWhenShmIsOff) {
   EXPECT_EQ(reports[0], "ok");
   EXPECT_EQ(reports[1], "ok");
 }
-
-}  // namespace
-}  // namespace cohort::rpc
-
-namespace cohort::rpc {
-namespace {
-using namespace testing;
 
 TEST(RpcAgent, MessagesOverTheLimitsAreRefused) {
   auto reports = runWorkers(
