@@ -118,6 +118,9 @@ RpcAgent::RpcAgent(WorkerInfo self, int worldSize, RpcOptions options)
   if (options_.workerPoll.count() < 0 || options_.workerPoll > std::chrono::milliseconds(100)) {
     throw ValueError(fmt::format("rpc::init: workerPoll must be 0 to 100000 µs, got {} µs", options_.workerPoll.count()));
   }
+  if (options_.copyThreads < 0 || options_.copyThreads > 64) {
+    throw ValueError(fmt::format("rpc::init: copyThreads must be 0 (one per core) to 64, got {}", options_.copyThreads));
+  }
   out_.resize(worldSize_);
 }
 

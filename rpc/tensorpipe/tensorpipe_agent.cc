@@ -2,14 +2,17 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include <tensorpipe/tensorpipe.h>
 
 #include <cohort/core/util/logging.h>
 #include <cohort/distributed/store/store_util.h>
+#include <cohort/rpc/tensorpipe/parallel_cma.h>
 
 namespace tp = tensorpipe;
 
@@ -70,10 +73,15 @@ void TensorPipeAgent::start() {
     urls.push_back("shm://" + shmName);
   }
   context_->registerChannel(0, "basic", tp::channel::basic::create());
-  // Cross-memory attach: a tensor between processes of one host is one process_vm_readv, no
-  // ring-buffer copies. TensorPipe checks its viability (same user, ptrace scope) and falls back
-  // to basic when it is not.
-  if (options_.useCma) context_->registerChannel(10, "cma", tp::channel::cma::create());
+  // Cross-memory attach: a tensor between processes of one host is read straight out of the
+  // sender's memory with process_vm_readv, no ring-buffer copies, by several threads at once for a
+  // large one (parallel_cma.h). TensorPipe's cma context decides viability (same user, ptrace
+  // scope); where it is not viable the pipe falls back to basic.
+  if (options_.useCma) {
+    int threads = options_.copyThreads;
+    if (threads == 0) threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
+    context_->registerChannel(10, "cohort-cma", createParallelCmaChannel(threads));
+  }
   listener_ = context_->listen(urls);
   std::string uvUrl = listener_->url("uv");
   std::string shmUrl = options_.useShm ? listener_->url("shm") : "";

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include <cohort/core/ops/ops.h>
+#include <cohort/rpc/tensorpipe/parallel_cma.h>
 #include <cohort/rpc/tensorpipe/tensorpipe_agent.h>
 #include <cohort/rpc/thread_pool.h>
 
@@ -282,6 +283,133 @@ TEST(RpcAgent, MessagesOverTheLimitsAreRefused) {
   EXPECT_EQ(reports[0], "RpcError: rpc 'nbytes' to worker 'w1' (rank 1) failed: worker 'w1' refused the connection: "
                         "a malformed message arrived: RPC message tensors exceed the limit of 1048576 bytes");
   EXPECT_EQ(reports[1], "ok");
+}
+
+
+// The cross-memory channel (rpc/tensorpipe/parallel_cma.h): tensors of sizes around every edge
+// (inline copy, one chunk, split in chunks not a multiple of a page) arrive byte for byte, in
+// order, with many in flight at once, whether one thread or three read them; the receiver's
+// counters show they took that path, and split exactly when they should.
+const bool kCmaRegistered = [] {
+  registerFunction("cma_stats", [] {
+    CmaStats s = cmaStats();
+    return std::vector<int64_t>{static_cast<int64_t>(s.tensors), static_cast<int64_t>(s.bytes),
+                                static_cast<int64_t>(s.splitTensors)};
+  });
+  return true;
+}();
+
+Tensor bytePattern(int64_t n, int salt) {
+  Tensor t = empty({n}, {.dtype = DType::UInt8});
+  uint8_t* p = t.data<uint8_t>();
+  // No period a chunk edge could hide in.
+  for (int64_t i = 0; i < n; ++i) p[i] = static_cast<uint8_t>((static_cast<uint64_t>(i + salt) * 0x9E3779B97F4A7C15ull) >> 56);
+  return t;
+}
+
+TEST(RpcAgent, CrossMemoryTensorsArriveWholeAtEverySplit) {
+  const std::vector<int64_t> sizes = {1, 4095, (64 << 10) - 1, 64 << 10, 1 << 20, (2 << 20) - 1, (2 << 20) + 3,
+                                      (9 << 20) + 1, (33 << 20) + 7};
+  for (int threads : {1, 3}) {
+    SCOPED_TRACE(fmt::format("copyThreads {}", threads));
+    auto reports = runWorkers(
+        2,
+        [&](int rank) -> std::string {
+          if (rank == 1) return "ok";
+          std::string bad;
+          auto before = rpcSync<std::vector<int64_t>>("w1", "cma_stats");
+          // One at a time, then all in flight at once (small ones finish copying before the
+          // large ones posted earlier, and must still complete in order).
+          int64_t sent = 0, split = 0, count = 0;
+          for (int64_t n : sizes) {
+            Tensor t = bytePattern(n, static_cast<int>(n));
+            Tensor back = rpcSync<Tensor>("w1", "echo", t);
+            if (!(Value(back) == Value(t))) bad += fmt::format("echo of {} bytes differs; ", n);
+          }
+          std::vector<Tensor> ts;
+          std::vector<Future<Tensor>> fs;
+          for (int round = 0; round < 3; ++round) {
+            for (int64_t n : sizes) {
+              ts.push_back(bytePattern(n, round));
+              fs.push_back(rpcAsync<Tensor>("w1", "echo", ts.back()));
+            }
+          }
+          for (size_t i = 0; i < fs.size(); ++i) {
+            if (!(Value(fs[i].value()) == Value(ts[i]))) bad += fmt::format("async echo {} differs; ", i);
+          }
+          for (int rep = 0; rep < 4; ++rep) {
+            for (int64_t n : sizes) {
+              sent += n;
+              ++count;
+              // A tensor is split when it holds two chunks and there are threads to read them.
+              if (threads > 1 && n >= int64_t{2} * static_cast<int64_t>(kMinChunkBytes)) ++split;
+            }
+          }
+          auto after = rpcSync<std::vector<int64_t>>("w1", "cma_stats");
+          if (after[0] - before[0] != count) bad += fmt::format("{} tensors came by cma, not {}; ", after[0] - before[0], count);
+          if (after[1] - before[1] != sent) bad += fmt::format("{} bytes came by cma, not {}; ", after[1] - before[1], sent);
+          if (after[2] - before[2] != split) bad += fmt::format("{} were split, not {}; ", after[2] - before[2], split);
+          // And the echoes came back to this worker the same way.
+          if (cmaStats().tensors < static_cast<uint64_t>(count)) bad += "the echoes did not come back by cma; ";
+          return bad.empty() ? "ok" : bad;
+        },
+        [threads](int, RpcOptions& o) { o.copyThreads = threads; });
+    EXPECT_EQ(reports[0], "ok");
+    EXPECT_EQ(reports[1], "ok");
+  }
+}
+
+// A sender that dies while its tensors are being read out of its memory: the receiver's reads fail
+// (the pid is gone) or its pipe breaks; either way it stays up, serves a third worker's large
+// tensors correctly, and a call back to the dead worker fails naming it.
+TEST(RpcAgent, ASenderDyingMidTensorLeavesTheReceiverServingOthers) {
+  auto reports = runWorkers(
+      3,
+      [](int rank) -> std::string {
+        auto store = currentAgent()->options().store;
+        if (rank == 0) {
+          std::vector<Tensor> ts;
+          std::vector<Future<int64_t>> fs;
+          for (int i = 0; i < 16; ++i) ts.push_back(bytePattern(int64_t{32} << 20, i));
+          for (const Tensor& t : ts) fs.push_back(rpcAsync<int64_t>("w1", "nbytes", t));
+          fs[0].wait(std::chrono::seconds(20));  // the next ones are being read now
+          store->set("w0-sent", std::string("1"));
+          std::_Exit(0);  // with reads of its memory under way
+        }
+        if (rank == 2) {
+          store->wait({"w0-sent"}, Millis(30'000));
+          std::this_thread::sleep_for(std::chrono::milliseconds(200));
+          std::string bad;
+          for (int i = 0; i < 4; ++i) {
+            Tensor t = bytePattern((int64_t{16} << 20) + i, i);
+            if (!(Value(rpcSync<Tensor>("w1", "echo", t)) == Value(t))) bad += fmt::format("echo {} differs; ", i);
+          }
+          store->set("w2-done", std::string("1"));
+          shutdown(false);
+          return bad.empty() ? "ok" : bad;
+        }
+        store->wait({"w2-done"}, Millis(30'000));
+        std::string e = errorOf([] { rpcSync<int64_t>(Timeout{Millis(5'000)}, "w0", "add", 1, 2); });
+        shutdown(false);
+        return e.find("worker 'w0'") != std::string::npos ? "ok" : "calling the dead w0 gave: " + e;
+      },
+      [](int, RpcOptions& o) { o.copyThreads = 2; });
+  EXPECT_EQ(reports[0], "");  // it exited before reporting
+  EXPECT_EQ(reports[1], "ok");
+  EXPECT_EQ(reports[2], "ok");
+}
+
+TEST(RpcOptionsCheck, CopyThreadsOutsideItsRangeIsAValueErrorNamingIt) {
+  for (int bad : {-1, 65}) {
+    RpcOptions o;
+    o.copyThreads = bad;
+    try {
+      TensorPipeAgent agent("w0", 0, 1, o);
+      ADD_FAILURE() << "copyThreads " << bad << " was accepted";
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("copyThreads"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace
