@@ -31,10 +31,13 @@ int main(int argc, char** argv) {
   CLI::App app{"cohort RPC benchmark: two processes on this host"};
   int iters = 2000, concurrent = 10000, reps = 5;
   bool noShm = false;
+  int copyThreads = 0;
   app.add_option("--iters", iters, "tiny calls per repetition");
   app.add_option("--concurrent", concurrent, "rpcAsync calls in flight at once");
   app.add_option("--reps", reps, "repetitions (medians are reported)");
   app.add_flag("--no-shm", noShm, "use TCP (uv) between the two processes");
+  app.add_option("--copy-threads", copyThreads, "threads reading one large tensor (RpcOptions::copyThreads; 0: one per core, at most 4)")
+      ->check(CLI::Range(0, 64));
   CLI11_PARSE(app, argc, argv);
 
   rpc::registerFunction("noop", [](int64_t x) { return x; });
@@ -48,6 +51,7 @@ int main(int argc, char** argv) {
     o.store = std::make_shared<dist::FileStore>(dir + "/store", rpc::Millis(60'000));
     o.useShm = !noShm;
     o.numWorkerThreads = 2;
+    o.copyThreads = copyThreads;
     return o;
   };
   pid_t child = fork();
@@ -96,7 +100,8 @@ int main(int argc, char** argv) {
   std::filesystem::remove_all(dir);
 
   double bytes = 16.0 * 1024 * 1024;
-  std::printf("cohort RPC, 2 processes, transport %s, medians of %d repetitions\n", noShm ? "uv (TCP)" : "shm", reps);
+  std::printf("cohort RPC, 2 processes, transport %s, copy threads %s, medians of %d repetitions\n",
+              noShm ? "uv (TCP)" : "shm", copyThreads == 0 ? "auto" : std::to_string(copyThreads).c_str(), reps);
   std::printf("%-44s %12s %14s\n", "", "cohort", "PyTorch 1.13");
   std::printf("%-44s %9.1f us %11s us\n", "rpcSync of a tiny function (round trip)", median(tiny) * 1e6, "373");
   std::sort(perCall.begin(), perCall.end());
