@@ -57,7 +57,7 @@ Tensor silu(const Tensor& a) {
       using A = decltype(gv);
       const A s = vm::sigmoid(x);
       return gv * s * (A(1) + x * (A(1) - s));
-    })};
+    }, detail::kComputeBoundGrain)};
   });
   return out;
 }
@@ -76,13 +76,13 @@ Tensor gelu(const Tensor& a, bool tanhApprox) {
         const A right = A(1) + t;
         const A dRight = left * (A(1) - t * t) * kBeta * (A(1) + A(3) * kKappa * x2);
         return gv * (A(0.5) * right + dRight);
-      })};
+      }, detail::kComputeBoundGrain)};
     return {detail::binaryFloatOp(g[0], ctx.saved(0), "gelu backward", [](auto gv, auto x) COHORT_KERNEL_FN {
       using A = decltype(gv);
       const A cdf = A(0.5) * (A(1) + vm::erf(x * A(0.70710678118654752440)));
       const A pdf = vm::exp(A(-0.5) * x * x) * A(0.39894228040143267794);  // 1/sqrt(2 pi)
       return gv * (cdf + x * pdf);
-    })};
+    }, detail::kComputeBoundGrain)};
   });
   return out;
 }

@@ -234,9 +234,11 @@ Tensor powScalarKernel(const Tensor& x, double e) {
       // The exponent's special-case flags and its float-pair split are computed once, not per
       // element; the double exponent's low part is kept (x^1.7 is not x^1.7f).
       const vm::PowExponent pe(e);
-      detail::mapKernel<T, T, 1>(out, {x}, [pe](A v) COHORT_KERNEL_FN { return vm::pow(v, pe); });
+      detail::mapKernel<T, T, 1>(out, {x}, [pe](A v) COHORT_KERNEL_FN { return vm::pow(v, pe); },
+                                 detail::kComputeBoundGrain);
     } else {
-      detail::mapKernel<T, T, 1>(out, {x}, [e](A v) COHORT_KERNEL_FN { return vm::pow(v, e); });
+      detail::mapKernel<T, T, 1>(out, {x}, [e](A v) COHORT_KERNEL_FN { return vm::pow(v, e); },
+                                 detail::kComputeBoundGrain);
     }
   });
   return out;
@@ -281,10 +283,13 @@ Tensor pow(const Tensor& a, const Tensor& b) {
   if (dt == DType::Bool)
     throw ValueError(fmt::format("pow: not supported for two bool tensors (shapes {} and {})", shapeStr(a.sizes()),
                                  shapeStr(b.sizes())));
-  Tensor out = detail::binaryOp(a, b, "pow", [](auto x, auto y) COHORT_KERNEL_FN {
-    if constexpr (std::is_floating_point_v<decltype(x)>) return vm::pow(x, y);
-    else return intPow(x, y);
-  });
+  Tensor out = detail::binaryOp(
+      a, b, "pow",
+      [](auto x, auto y) COHORT_KERNEL_FN {
+        if constexpr (std::is_floating_point_v<decltype(x)>) return vm::pow(x, y);
+        else return intPow(x, y);
+      },
+      detail::kComputeBoundGrain);
   autograd::record("pow", {a, b}, {out}, {a, b}, [](Ctx& ctx, const GradList& g) -> GradList {
     GradList r(2);
     Tensor x = ctx.saved(0), y = ctx.saved(1);
@@ -293,12 +298,12 @@ Tensor pow(const Tensor& a, const Tensor& b) {
       r[0] = detail::ternaryFloatOp(g[0], x, y, "pow backward", [](auto gv, auto xv, auto yv) COHORT_KERNEL_FN {
         using A = decltype(gv);
         return yv == A(0) ? A(0) : gv * yv * vm::pow(xv, yv - A(1));
-      });
+      }, detail::kComputeBoundGrain);
     if (ctx.needsInputGrad(1))
       r[1] = detail::ternaryFloatOp(g[0], x, y, "pow backward", [](auto gv, auto xv, auto yv) COHORT_KERNEL_FN {
         using A = decltype(gv);
         return (xv == A(0)) & (yv >= A(0)) ? A(0) : gv * vm::pow(xv, yv) * vm::log(xv);
-      });
+      }, detail::kComputeBoundGrain);
     return r;
   });
   return out;

@@ -23,14 +23,14 @@ DType scalarResultType(const Tensor& a, Scalar s);
 void checkBinary(const Tensor& a, const Tensor& b, const char* op);
 
 template <typename F>
-Tensor binaryOp(const Tensor& a, const Tensor& b, const char* op, F&& f) {
+Tensor binaryOp(const Tensor& a, const Tensor& b, const char* op, F&& f, int64_t parallelGrain = 0) {
   checkBinary(a, b, op);
   DType dt = resultType(a, b);
   Shape shape = broadcastShapes(a.sizes(), b.sizes(), op);
   Tensor out = empty(shape, {.dtype = dt, .device = a.device()});
   Tensor ac = a.dtype() == dt ? a : a.detach().to(dt);
   Tensor bc = b.dtype() == dt ? b : b.detach().to(dt);
-  COHORT_DISPATCH(dt, op, [&]<typename T>() { mapKernel<T, T, 2>(out, {ac, bc}, f); });
+  COHORT_DISPATCH(dt, op, [&]<typename T>() { mapKernel<T, T, 2>(out, {ac, bc}, f, parallelGrain); });
   return out;
 }
 
@@ -74,12 +74,14 @@ Tensor unaryOp(const Tensor& a, const char* op, F&& f) {
 }
 
 // Floating-only unary op: integer inputs are converted to float32 first (like torch.exp(int)).
+// These are the transcendentals (exp, log, tanh, gelu, ...): compute-bound, so large contiguous
+// tensors are split across the intra-op threads (iter.h).
 template <typename F>
 Tensor unaryFloatOp(const Tensor& a, const char* op, F&& f) {
   if (!a.defined()) throw ValueError(fmt::format("{}: the input tensor is undefined", op));
   Tensor x = isFloating(a.dtype()) ? a : a.detach().to(DType::Float32);
   Tensor out = empty(x.sizes(), {.dtype = x.dtype(), .device = x.device()});
-  COHORT_DISPATCH_FLOAT(x.dtype(), op, [&]<typename T>() { mapKernel<T, T, 1>(out, {x}, f); });
+  COHORT_DISPATCH_FLOAT(x.dtype(), op, [&]<typename T>() { mapKernel<T, T, 1>(out, {x}, f, kComputeBoundGrain); });
   return out;
 }
 
@@ -121,7 +123,8 @@ Tensor ternaryOp(const Tensor& a, const Tensor& b, const Tensor& c, const char* 
 
 // Like ternaryOp but restricted to floating dtypes (integer operands compute in float32).
 template <typename F>
-Tensor ternaryFloatOp(const Tensor& a, const Tensor& b, const Tensor& c, const char* op, F&& f) {
+Tensor ternaryFloatOp(const Tensor& a, const Tensor& b, const Tensor& c, const char* op, F&& f,
+                      int64_t parallelGrain = 0) {
   checkBinary(a, b, op);
   checkBinary(a, c, op);
   DType dt = promoteTypes(resultType(a, b), c.dtype());
@@ -131,14 +134,14 @@ Tensor ternaryFloatOp(const Tensor& a, const Tensor& b, const Tensor& c, const c
   Tensor ac = a.dtype() == dt ? a : a.detach().to(dt);
   Tensor bc = b.dtype() == dt ? b : b.detach().to(dt);
   Tensor cc = c.dtype() == dt ? c : c.detach().to(dt);
-  COHORT_DISPATCH_FLOAT(dt, op, [&]<typename T>() { mapKernel<T, T, 3>(out, {ac, bc, cc}, f); });
+  COHORT_DISPATCH_FLOAT(dt, op, [&]<typename T>() { mapKernel<T, T, 3>(out, {ac, bc, cc}, f, parallelGrain); });
   return out;
 }
 
 // Like binaryOp but restricted to floating dtypes (integer operands compute in float32); used by
 // backward formulas, whose gradients are always floating.
 template <typename F>
-Tensor binaryFloatOp(const Tensor& a, const Tensor& b, const char* op, F&& f) {
+Tensor binaryFloatOp(const Tensor& a, const Tensor& b, const char* op, F&& f, int64_t parallelGrain = 0) {
   checkBinary(a, b, op);
   DType dt = resultType(a, b);
   if (!isFloating(dt)) dt = DType::Float32;
@@ -146,7 +149,7 @@ Tensor binaryFloatOp(const Tensor& a, const Tensor& b, const char* op, F&& f) {
   Tensor out = empty(shape, {.dtype = dt, .device = a.device()});
   Tensor ac = a.dtype() == dt ? a : a.detach().to(dt);
   Tensor bc = b.dtype() == dt ? b : b.detach().to(dt);
-  COHORT_DISPATCH_FLOAT(dt, op, [&]<typename T>() { mapKernel<T, T, 2>(out, {ac, bc}, f); });
+  COHORT_DISPATCH_FLOAT(dt, op, [&]<typename T>() { mapKernel<T, T, 2>(out, {ac, bc}, f, parallelGrain); });
   return out;
 }
 

@@ -10,7 +10,11 @@
  * mapKernel<TOut, TIn>(out, {a, b, ...}, f) applies f elementwise with broadcasting: f takes
  * Acc<TIn> values and returns Acc<TOut>. The innermost loop has contiguous and scalar-broadcast
  * fast paths with no index arithmetic, which the compiler vectorizes.
- * Kernels run on the calling thread.
+ * Kernels run on the calling thread, unless the caller passes a `parallelGrain` (> 0): then a
+ * contiguous output whose inputs are contiguous or single elements is split across
+ * intraOpThreads() threads in chunks of at least that many elements (core/util/parallel.h).
+ * Compute-bound kernels (transcendentals, pow) pass one; memory-bound ones (add, copy) do not,
+ * since one core already moves about what the memory system gives here.
  */
 #pragma once
 
@@ -21,6 +25,7 @@
 #include <vector>
 
 #include <cohort/core/tensor/tensor.h>
+#include <cohort/core/util/parallel.h>
 
 namespace cohort::detail {
 
@@ -86,20 +91,21 @@ inline Acc<T> load(const char* p) {
   return static_cast<Acc<T>>(v);
 }
 
+// The elements per chunk that compute-bound kernels pass as mapKernel's parallelGrain: ~0.1 ms
+// of pow or erf per chunk, far above the cost of waking a helper thread.
+inline constexpr int64_t kComputeBoundGrain = int64_t{1} << 15;
+
 template <typename TOut, typename TIn, size_t NIn, typename F>
-void mapKernel(const Tensor& out, const std::array<Tensor, NIn>& ins, F&& f) {
+void mapKernel(const Tensor& out, const std::array<Tensor, NIn>& ins, F&& f, int64_t parallelGrain = 0) {
   constexpr size_t N = NIn + 1;
   std::array<char*, N> ptrs;
   std::array<Shape, N> strides;
   const Shape& shape = out.sizes();
-  if (out.numel() == 0) return;
+  const int64_t numel = out.numel();
+  if (numel == 0) return;
   ptrs[0] = static_cast<char*>(out.dataPtr());
-  strides[0] = broadcastByteStrides(out, shape);
-  for (size_t k = 0; k < NIn; ++k) {
-    ptrs[k + 1] = static_cast<char*>(ins[k].dataPtr());
-    strides[k + 1] = broadcastByteStrides(ins[k], shape);
-  }
-  forEachStrided<N>(shape, ptrs, strides, [&](std::array<char*, N> p, const std::array<int64_t, N>& s, int64_t n) {
+  for (size_t k = 0; k < NIn; ++k) ptrs[k + 1] = static_cast<char*>(ins[k].dataPtr());
+  auto inner = [&](std::array<char*, N> p, const std::array<int64_t, N>& s, int64_t n) {
     TOut* o = reinterpret_cast<TOut*>(p[0]);
     if constexpr (NIn == 1) {
       const TIn* a = reinterpret_cast<const TIn*>(p[1]);
@@ -147,7 +153,29 @@ void mapKernel(const Tensor& out, const std::array<Tensor, NIn>& ins, F&& f) {
                                   static_cast<A>(*reinterpret_cast<const TIn*>(p[3] + i * s[3]))));
       }
     }
-  });
+  };
+  if (parallelGrain > 0 && numel >= 2 * parallelGrain && out.isContiguous()) {
+    // Flat operands: every chunk is the same inner loop over a sub-range.
+    std::array<int64_t, N> flat;
+    flat[0] = sizeof(TOut);
+    bool isFlat = true;
+    for (size_t k = 0; k < NIn; ++k) {
+      if (ins[k].numel() == 1) flat[k + 1] = 0;
+      else if (ins[k].isContiguous() && ins[k].numel() == numel) flat[k + 1] = sizeof(TIn);
+      else isFlat = false;
+    }
+    if (isFlat) {
+      parallelFor(numel, parallelGrain, [&](int64_t begin, int64_t end) {
+        std::array<char*, N> p = ptrs;
+        for (size_t k = 0; k < N; ++k) p[k] += begin * flat[k];
+        inner(p, flat, end - begin);
+      });
+      return;
+    }
+  }
+  strides[0] = broadcastByteStrides(out, shape);
+  for (size_t k = 0; k < NIn; ++k) strides[k + 1] = broadcastByteStrides(ins[k], shape);
+  forEachStrided<N>(shape, ptrs, strides, inner);
 }
 
 }  // namespace cohort::detail
