@@ -69,9 +69,11 @@ struct RpcOptions {
   // before it sleeps: a stream of calls then skips a thread wake-up per call (tiny calls ~30 µs
   // instead of ~75 µs here). 0 turns polling off, for hosts with more busy threads than cores.
   std::chrono::microseconds workerPoll{100};
-  // Checked when a peer connects: a peer presenting another secret is refused, and its calls fail
-  // with an RpcError saying so. It travels in clear: it keeps strangers and stray jobs out, it does
-  // not protect against someone who can read the network.
+  // Checked when a peer connects: a peer that cannot prove it holds the same secret is refused,
+  // and its calls fail with an RpcError saying so. The secret itself never travels: the hello
+  // carries an HMAC of it over a fresh nonce and a timestamp, and a replayed hello is refused
+  // (hello_auth.h). It keeps strangers and stray jobs out; the traffic after the hello is neither
+  // authenticated nor encrypted.
   std::string secret;
   // The address other hosts reach this worker at over TCP. Empty: this host's name resolved, or
   // 127.0.0.1 when that fails.

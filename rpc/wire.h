@@ -49,7 +49,7 @@ struct Frame {
   uint64_t id = 0;
   std::string function;  // Request: the function; Error: the function that failed
   std::string worker;    // Hello: the sender's name; Error: the worker that raised
-  std::string message;   // Error: what went wrong; Hello: the shared secret
+  std::string message;   // Error: what went wrong; Hello: proof of the shared secret (hello_auth.h)
   Value body;            // Request: the arguments (a list); Response: the result
 };
 

@@ -20,6 +20,8 @@ packages=(
   libblis-dev
   # distributed layers: gloo and MPI backends, TCP store on Boost.Asio, TensorPipe RPC agent
   libgloo-dev libopenmpi-dev openmpi-bin libboost-dev libtensorpipe-dev
+  # RPC: HMAC-SHA256 and nonces for the hello's proof of the shared secret (rpc/hello_auth.h)
+  libssl-dev
   # launcher tests (network namespaces)
   iproute2
 )

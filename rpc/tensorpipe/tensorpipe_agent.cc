@@ -32,13 +32,6 @@ std::string readHostId() {
   return fmt::format("{}|{}|{}", host, boot, n > 0 ? std::string(ns, n) : std::string());
 }
 
-bool sameSecret(const std::string& a, const std::string& b) {
-  // Constant time in the contents: a stranger learns nothing from how fast it is refused.
-  unsigned diff = a.size() == b.size() ? 0 : 1;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i]) ^ static_cast<unsigned char>(i < b.size() ? b[i] : 0);
-  return diff == 0;
-}
-
 std::vector<std::string> splitLines(const std::string& s) {
   std::vector<std::string> out;
   std::stringstream ss(s);
@@ -152,7 +145,7 @@ std::shared_ptr<tp::Pipe> TensorPipeAgent::clientPipe(int rank) {
   Frame hello;
   hello.kind = FrameKind::Hello;
   hello.worker = self_.name;
-  hello.message = options_.secret;
+  hello.message = makeHelloProof(options_.secret, self_.name, workers_[rank].name);  // not the secret itself
   // Written under the lock so that no request overtakes the hello.
   write(pipe, encodeFrame(hello), [this, rank](const std::string& why) {
     failPeer(rank, fmt::format("the connection to '{}' broke ({})", workers_[rank].name, why));
@@ -291,8 +284,9 @@ void TensorPipeAgent::serve(std::shared_ptr<tp::Pipe> pipe) {
           refuse(fmt::format("'{}' is not a worker of this job", f.worker));
           return;
         }
-        if (!sameSecret(f.message, options_.secret)) {
-          refuse(fmt::format("worker '{}' presented the wrong shared secret", f.worker));
+        std::string why = checkHelloProof(options_.secret, f.worker, self_.name, f.message, helloGuard_);
+        if (!why.empty()) {
+          refuse(why);
           return;
         }
         serveRequests(pipe, it->second);

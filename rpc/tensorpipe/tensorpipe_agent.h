@@ -28,6 +28,7 @@
 #include <string>
 
 #include <cohort/rpc/agent.h>
+#include <cohort/rpc/hello_auth.h>
 
 namespace tensorpipe {
 class Context;
@@ -76,6 +77,7 @@ class TensorPipeAgent : public RpcAgent {
   std::shared_ptr<tensorpipe::Context> context_;
   std::shared_ptr<tensorpipe::Listener> listener_;
   std::string hostId_;
+  HelloReplayGuard helloGuard_;  // nonces of the hellos accepted lately (hello_auth.h)
   std::vector<Peer> peers_;
   mutable std::mutex pipesMu_;
   std::map<int, std::shared_ptr<tensorpipe::Pipe>> clientPipes_;
