@@ -37,6 +37,7 @@
 #include <vector>
 
 #include <cohort/cohort.h>
+#include <cohort/core/ops/simd.h>
 
 namespace {
 
@@ -201,7 +202,9 @@ int main(int argc, char** argv) {
   std::printf("%lld float32 elements (%.0f MB per tensor), %d intra-op thread%s, median of %d repetitions each "
               "paired with a one-thread memcpy\n",
               static_cast<long long>(n), n * 4 / 1e6, threads, threads == 1 ? "" : "s", reps);
-  std::printf("GB/s = 1e9 bytes (read + written) per second; the limit is memcpy counted the same way; bar 50%%\n\n");
+  std::printf("GB/s = 1e9 bytes (read + written) per second; the limit is memcpy counted the same way; bar 50%%\n");
+  std::printf("compute-bound float32 kernels run %s code (COHORT_SIMD=avx2 turns AVX-512 off)\n\n",
+              detail::simd::describe());
   if (threads == 1)
     std::printf("GB/s and the ratio use CPU time of this process (user + system); the last column is the same ratio\n"
                 "from wall-clock time, which on a shared machine also counts time spent descheduled\n\n");

@@ -4,6 +4,7 @@
 #include <cohort/core/autograd/function.h>
 #include <cohort/core/ops/elementwise_impl.h>
 #include <cohort/core/ops/ops.h>
+#include <cohort/core/ops/simd.h>
 #include <cohort/core/ops/vec_math.h>
 
 namespace cohort {
@@ -29,7 +30,8 @@ Tensor relu(const Tensor& a) {
 }
 
 Tensor sigmoid(const Tensor& a) {
-  Tensor out = detail::unaryFloatOp(a, "sigmoid", [](auto x) COHORT_KERNEL_FN { return vm::sigmoid(x); });
+  Tensor out = detail::simd::unary(a, detail::simd::Unary::Sigmoid);
+  if (!out.defined()) out = detail::unaryFloatOp(a, "sigmoid", [](auto x) COHORT_KERNEL_FN { return vm::sigmoid(x); });
   autograd::record("sigmoid", {a}, {out}, {out}, [](Ctx& ctx, const GradList& g) -> GradList {
     return {detail::binaryFloatOp(g[0], ctx.saved(0), "sigmoid backward", [](auto gv, auto y) COHORT_KERNEL_FN {
       using A = decltype(gv);
@@ -40,7 +42,8 @@ Tensor sigmoid(const Tensor& a) {
 }
 
 Tensor tanh(const Tensor& a) {
-  Tensor out = detail::unaryFloatOp(a, "tanh", [](auto x) COHORT_KERNEL_FN { return vm::tanh(x); });
+  Tensor out = detail::simd::unary(a, detail::simd::Unary::Tanh);
+  if (!out.defined()) out = detail::unaryFloatOp(a, "tanh", [](auto x) COHORT_KERNEL_FN { return vm::tanh(x); });
   autograd::record("tanh", {a}, {out}, {out}, [](Ctx& ctx, const GradList& g) -> GradList {
     return {detail::binaryFloatOp(g[0], ctx.saved(0), "tanh backward", [](auto gv, auto y) COHORT_KERNEL_FN {
       using A = decltype(gv);
@@ -51,7 +54,8 @@ Tensor tanh(const Tensor& a) {
 }
 
 Tensor silu(const Tensor& a) {
-  Tensor out = detail::unaryFloatOp(a, "silu", [](auto x) COHORT_KERNEL_FN { return vm::silu(x); });
+  Tensor out = detail::simd::unary(a, detail::simd::Unary::Silu);
+  if (!out.defined()) out = detail::unaryFloatOp(a, "silu", [](auto x) COHORT_KERNEL_FN { return vm::silu(x); });
   autograd::record("silu", {a}, {out}, {a}, [](Ctx& ctx, const GradList& g) -> GradList {
     return {detail::binaryFloatOp(g[0], ctx.saved(0), "silu backward", [](auto gv, auto x) COHORT_KERNEL_FN {
       using A = decltype(gv);
@@ -63,8 +67,10 @@ Tensor silu(const Tensor& a) {
 }
 
 Tensor gelu(const Tensor& a, bool tanhApprox) {
-  Tensor out = tanhApprox ? detail::unaryFloatOp(a, "gelu", [](auto x) COHORT_KERNEL_FN { return vm::geluTanh(x); })
-                          : detail::unaryFloatOp(a, "gelu", [](auto x) COHORT_KERNEL_FN { return vm::geluErf(x); });
+  Tensor out = detail::simd::unary(a, tanhApprox ? detail::simd::Unary::GeluTanh : detail::simd::Unary::GeluErf);
+  if (!out.defined())
+    out = tanhApprox ? detail::unaryFloatOp(a, "gelu", [](auto x) COHORT_KERNEL_FN { return vm::geluTanh(x); })
+                     : detail::unaryFloatOp(a, "gelu", [](auto x) COHORT_KERNEL_FN { return vm::geluErf(x); });
   autograd::record("gelu", {a}, {out}, {a}, [tanhApprox](Ctx& ctx, const GradList& g) -> GradList {
     if (tanhApprox)
       return {detail::binaryFloatOp(g[0], ctx.saved(0), "gelu backward", [](auto gv, auto x) COHORT_KERNEL_FN {

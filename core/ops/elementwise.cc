@@ -10,6 +10,7 @@
 #include <cohort/core/autograd/function.h>
 #include <cohort/core/ops/elementwise_impl.h>
 #include <cohort/core/ops/ops.h>
+#include <cohort/core/ops/simd.h>
 #include <cohort/core/ops/vec_math.h>
 
 namespace cohort {
@@ -218,6 +219,12 @@ bool smallIntPowKernel(const Tensor& out, const Tensor& x, double e) {
 // short forms (torch does the same), float small integer exponents repeated products in double,
 // the rest go through vecmath::pow.
 Tensor powScalarKernel(const Tensor& x, double e) {
+  const bool shortForm = e == 0 || e == 1 || e == 2 || e == 3 || e == 0.5 || e == -0.5 || e == -1 || e == -2 ||
+                         (std::abs(e) <= kMax && std::trunc(e) == e);
+  if (!shortForm && x.dtype() == DType::Float32) {
+    Tensor fast = detail::simd::powScalar(x, vm::PowExponent(e));  // AVX-512 where the CPU has it
+    if (fast.defined()) return fast;
+  }
   Tensor out = empty(x.sizes(), {.dtype = x.dtype(), .device = x.device()});
   COHORT_DISPATCH_FLOAT(x.dtype(), "pow", [&]<typename T>() {
     using A = Acc<T>;
@@ -283,7 +290,9 @@ Tensor pow(const Tensor& a, const Tensor& b) {
   if (dt == DType::Bool)
     throw ValueError(fmt::format("pow: not supported for two bool tensors (shapes {} and {})", shapeStr(a.sizes()),
                                  shapeStr(b.sizes())));
-  Tensor out = detail::binaryOp(
+  Tensor out = detail::simd::powTensor(a, b);  // AVX-512 where the CPU has it and the operands fit
+  if (!out.defined())
+    out = detail::binaryOp(
       a, b, "pow",
       [](auto x, auto y) COHORT_KERNEL_FN {
         if constexpr (std::is_floating_point_v<decltype(x)>) return vm::pow(x, y);
@@ -312,7 +321,8 @@ Tensor pow(const Tensor& a, const Tensor& b) {
 // ---- unary math ----------------------------------------------------------------------------------
 
 Tensor exp(const Tensor& a) {
-  Tensor out = detail::unaryFloatOp(a, "exp", [](auto x) COHORT_KERNEL_FN { return vm::exp(x); });
+  Tensor out = detail::simd::unary(a, detail::simd::Unary::Exp);
+  if (!out.defined()) out = detail::unaryFloatOp(a, "exp", [](auto x) COHORT_KERNEL_FN { return vm::exp(x); });
   autograd::record("exp", {a}, {out}, {out}, [](Ctx& ctx, const GradList& g) -> GradList {
     return {g[0] * ctx.saved(0)};
   });
@@ -320,7 +330,8 @@ Tensor exp(const Tensor& a) {
 }
 
 Tensor log(const Tensor& a) {
-  Tensor out = detail::unaryFloatOp(a, "log", [](auto x) COHORT_KERNEL_FN { return vm::log(x); });
+  Tensor out = detail::simd::unary(a, detail::simd::Unary::Log);
+  if (!out.defined()) out = detail::unaryFloatOp(a, "log", [](auto x) COHORT_KERNEL_FN { return vm::log(x); });
   autograd::record("log", {a}, {out}, {a}, [](Ctx& ctx, const GradList& g) -> GradList {
     return {g[0] / ctx.saved(0)};
   });

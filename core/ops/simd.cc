@@ -1,0 +1,106 @@
+#include <cohort/core/ops/simd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <string>
+
+#include <fmt/format.h>
+
+#include <cohort/core/ops/ops.h>
+#include <cohort/core/ops/vec_math.h>
+#include <cohort/core/tensor/iter.h>
+#include <cohort/core/util/env.h>
+#include <cohort/core/util/error.h>
+#include <cohort/core/util/parallel.h>
+
+namespace cohort::detail::simd {
+
+// simd_avx512.cc
+namespace avx512 {
+bool built();
+void exp(float*, const float*, int64_t);
+void log(float*, const float*, int64_t);
+void tanh(float*, const float*, int64_t);
+void sigmoid(float*, const float*, int64_t);
+void silu(float*, const float*, int64_t);
+void geluErf(float*, const float*, int64_t);
+void geluTanh(float*, const float*, int64_t);
+void powScalar(float*, const float*, int64_t, const vecmath::PowExponent&);
+void powTensor(float*, const float*, const float*, int64_t);
+}  // namespace avx512
+
+namespace {
+
+COHORT_ENV_KNOB(kSimdKnob, "COHORT_SIMD", "auto",
+                "Which vector code the compute-bound float32 kernels (pow, gelu, exp, log, tanh, sigmoid, silu) "
+                "run: auto (AVX-512 where the CPU has it) or avx2.");
+
+// What the CPU and COHORT_SIMD allow, decided once.
+bool allowed() {
+  static const bool ok = [] {
+    std::string mode = kSimdKnob.str();
+    std::transform(mode.begin(), mode.end(), mode.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (mode != "auto" && mode != "avx2" && mode != "avx512")
+      throw ValueError(fmt::format("environment variable COHORT_SIMD='{}' is not one of auto, avx2, avx512",
+                                   kSimdKnob.str()));
+    if (mode == "avx2" || !avx512::built()) return false;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
+  }();
+  return ok;
+}
+
+std::atomic<bool> gSwitchedOff{false};
+
+bool applies(const Tensor& t) {
+  return t.defined() && t.dtype() == DType::Float32 && t.device().isCpu() && t.isContiguous();
+}
+
+}  // namespace
+
+bool enabled() { return !gSwitchedOff.load(std::memory_order_relaxed) && allowed(); }
+void setEnabled(bool on) { gSwitchedOff.store(!on, std::memory_order_relaxed); }
+const char* describe() { return enabled() ? "avx512" : "avx2"; }
+
+Tensor unary(const Tensor& a, Unary k) {
+  if (!applies(a) || !enabled()) return Tensor();
+  void (*kernel)(float*, const float*, int64_t) = nullptr;
+  switch (k) {
+    case Unary::Exp: kernel = avx512::exp; break;
+    case Unary::Log: kernel = avx512::log; break;
+    case Unary::Tanh: kernel = avx512::tanh; break;
+    case Unary::Sigmoid: kernel = avx512::sigmoid; break;
+    case Unary::Silu: kernel = avx512::silu; break;
+    case Unary::GeluErf: kernel = avx512::geluErf; break;
+    case Unary::GeluTanh: kernel = avx512::geluTanh; break;
+  }
+  Tensor out = empty(a.sizes(), {.dtype = DType::Float32, .device = a.device()});
+  float* o = out.data<float>();
+  const float* x = a.data<float>();
+  parallelFor(a.numel(), kComputeBoundGrain, [&](int64_t b, int64_t e) { kernel(o + b, x + b, e - b); });
+  return out;
+}
+
+Tensor powScalar(const Tensor& a, const vecmath::PowExponent& p) {
+  if (!applies(a) || !enabled()) return Tensor();
+  Tensor out = empty(a.sizes(), {.dtype = DType::Float32, .device = a.device()});
+  float* o = out.data<float>();
+  const float* x = a.data<float>();
+  parallelFor(a.numel(), kComputeBoundGrain, [&](int64_t b, int64_t e) { avx512::powScalar(o + b, x + b, e - b, p); });
+  return out;
+}
+
+Tensor powTensor(const Tensor& a, const Tensor& b) {
+  if (!applies(a) || !applies(b) || a.sizes() != b.sizes() || !enabled()) return Tensor();
+  Tensor out = empty(a.sizes(), {.dtype = DType::Float32, .device = a.device()});
+  float* o = out.data<float>();
+  const float* x = a.data<float>();
+  const float* y = b.data<float>();
+  parallelFor(a.numel(), kComputeBoundGrain,
+              [&](int64_t lo, int64_t hi) { avx512::powTensor(o + lo, x + lo, y + lo, hi - lo); });
+  return out;
+}
+
+}  // namespace cohort::detail::simd

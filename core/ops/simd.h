@@ -1,0 +1,47 @@
+/*
+ * AVX-512 builds of the compute-bound float32 kernels, chosen at run time.
+ *
+ * The library is compiled for x86-64-v3 (AVX2) so that it runs on any CPU of the last decade
+ * (CMakeLists.txt says why not -march=native). The kernels that are bound by arithmetic rather
+ * than memory (pow, gelu, exp, log, tanh, sigmoid, silu) run ~1.5x faster per core when the same
+ * vecmath code is compiled for 512-bit vectors: the long dependency chains of one 8-lane vector
+ * leave a core idle, 16 lanes per instruction keep twice as many elements in flight. So
+ * simd_avx512.cc holds just those loops, compiled with -march=x86-64-v4, and the ops call them
+ * when the CPU has AVX-512 (F, VL, DQ, BW) and the operands are contiguous float32; otherwise,
+ * and for every other dtype and layout, the portable kernels run. Both compile the same
+ * vecmath functions, so results are bit-identical, a NaN's sign aside (tests/core/simd_test.cc checks every kernel
+ * over random and special inputs).
+ *
+ * COHORT_SIMD=avx2 turns the AVX-512 kernels off (benchmarks compare the two); setEnabled is the
+ * same switch for tests.
+ */
+#pragma once
+
+#include <cstdint>
+
+#include <cohort/core/tensor/tensor.h>
+
+namespace cohort::vecmath {
+struct PowExponent;
+}
+
+namespace cohort::detail::simd {
+
+enum class Unary { Exp, Log, Tanh, Sigmoid, Silu, GeluErf, GeluTanh };
+
+// Whether the AVX-512 kernels were built, the CPU runs them, and they are not switched off.
+bool enabled();
+// Tests: switch them off (false) or back to what the CPU and COHORT_SIMD allow (true).
+void setEnabled(bool on);
+// "avx512" or "avx2", for benchmark headers.
+const char* describe();
+
+// The op's result through the AVX-512 kernel, split across the intra-op threads; an undefined
+// tensor when that kernel does not apply (disabled, not float32, not contiguous, not CPU), in
+// which case the caller runs its portable kernel.
+Tensor unary(const Tensor& a, Unary k);
+Tensor powScalar(const Tensor& a, const vecmath::PowExponent& e);
+// a and b of the same shape, both float32 and contiguous; else undefined.
+Tensor powTensor(const Tensor& a, const Tensor& b);
+
+}  // namespace cohort::detail::simd
