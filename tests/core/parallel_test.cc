@@ -9,6 +9,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <cstring>
 #include <set>
 #include <stdexcept>
@@ -63,12 +66,17 @@ TEST(ParallelFor, EveryIndexRunsExactlyOnce) {
 TEST(ParallelFor, SplitsAcrossThreadsWhenAllowed) {
   Threads t(2);
   std::mutex mu;
+  std::condition_variable cv;
   std::set<std::thread::id> seen;
-  // Enough chunks, each slow enough, that the helper joins in.
+  // Every chunk waits (until one deadline 10 s away, so a loaded machine cannot make this flaky
+  // and a broken pool fails in 10 s, not per chunk) until a second thread has taken a chunk too:
+  // it can only pass if the range really is shared.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   parallelFor(64, 1, [&](int64_t, int64_t) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    std::lock_guard<std::mutex> lock(mu);
+    std::unique_lock<std::mutex> lock(mu);
     seen.insert(std::this_thread::get_id());
+    cv.notify_all();
+    cv.wait_until(lock, deadline, [&] { return seen.size() >= 2; });
   });
   EXPECT_EQ(seen.size(), 2u);
 }
