@@ -90,6 +90,13 @@ static inline __m512 pow16(__m512 x, __m512 yf, __m512d ylo, __m512d yhi, __mmas
   __m512 r = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(mlo)), _mm512_cvtpd_ps(mhi), 1);
   const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.0f);
   const __m512 inf = _mm512_set1_ps(__builtin_inff());
+  // The common case, decided for all 16 lanes at once: every x positive and finite, every y
+  // finite. Then no special case applies (x == 1 and y == 0 already give exactly 1 above: log2 1
+  // is 0 and 2^0 is 1), and the selects below can be skipped.
+  const __mmask16 plain = _kand_mask16(
+      _kand_mask16(_mm512_cmp_ps_mask(x, zero, _CMP_GT_OQ), _mm512_cmp_ps_mask(x, inf, _CMP_LT_OQ)),
+      _mm512_cmp_ps_mask(_mm512_abs_ps(yf), inf, _CMP_LT_OQ));
+  if (plain == 0xffff) return r;
   const __m512 ay = _mm512_abs_ps(yf);
   const __mmask16 yNeg = _mm512_cmp_ps_mask(yf, zero, _CMP_LT_OQ);
   const __mmask16 yPos = _mm512_cmp_ps_mask(yf, zero, _CMP_GT_OQ);

@@ -158,6 +158,31 @@ TEST_F(SimdKernels, PowIsWithinHalfAnUlpAndItsSpecialCasesAreThePortableOnes) {
     check(fast, portable, [&](int64_t i) { return std::pow(static_cast<double>(xp[i]), e); },
           "x^" + std::to_string(e));
   }
+  // Positive bases: whole blocks of 16 positive finite lanes take the kernel's short path (no
+  // special-case selects), including x == 1 and subnormal x, with every kind of exponent.
+  {
+    std::vector<float> pv;
+    for (int i = 0; i < 4096; ++i) pv.push_back(std::ldexp(1.0f + static_cast<float>(i % 97) / 97.0f, i % 300 - 150));
+    for (int i = 0; i < 64; ++i) pv.push_back(1.0f);
+    for (int i = 0; i < 64; ++i) pv.push_back(1e-45f * static_cast<float>(i + 1));
+    Tensor px = empty({static_cast<int64_t>(pv.size())});
+    std::memcpy(px.dataPtr(), pv.data(), pv.size() * 4);
+    const float* pp = px.data<float>();
+    for (double e : {1.7, -1.7, 0.0, 1e-45, 1e30, -1e30, 3.0e38, 0.5, 7.0, static_cast<double>(INFINITY),
+                     -static_cast<double>(INFINITY)}) {
+      auto [fast, portable] = both([&] { return pow(px, e); });
+      const float* f = fast.data<float>();
+      double worst = 0;
+      for (int64_t i = 0; i < px.numel(); ++i) worst = std::max(worst, ulpError(f[i], std::pow(static_cast<double>(pp[i]), e)));
+      EXPECT_LE(worst, simd::enabled() ? 0.501 : 1.25) << "positive x^" << e;
+      for (int64_t i = 4096; i < 4096 + 64; ++i) EXPECT_EQ(f[i], 1.0f) << "1^" << e;
+    }
+    for (float yv : {0.0f, INFINITY, -INFINITY, NAN, 1e30f}) {
+      Tensor py = full({px.numel()}, yv);
+      auto [fast, portable] = both([&] { return pow(px, py); });
+      EXPECT_TRUE(sameBits(fast, portable)) << "positive x ^ tensor of " << yv;
+    }
+  }
   // Exponents of every kind: random bit patterns (huge, tiny, integers, NaN), and a dense range.
   for (uint32_t seed : {4u, 5u}) {
     Tensor y = inputs(seed, false);
