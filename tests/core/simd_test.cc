@@ -7,8 +7,11 @@
 // that; the test says so.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -231,6 +234,46 @@ TEST_F(SimdKernels, AutogradThroughTheFastPathMatches) {
   const float* f = fastPow.data<float>();
   const float* q = portablePow.data<float>();
   for (int64_t i = 0; i < fastPow.numel(); ++i) ASSERT_NEAR(f[i], q[i], 1e-6f * std::fabs(q[i]) + 1e-7f) << i;
+}
+
+
+// COHORT_SIMD is read once, at the first kernel that asks: each case runs in a child process of
+// this binary with the variable set, and reports on stdout.
+std::pair<int, std::string> runChild(const std::string& env, const std::string& test) {
+  char self[4096] = {0};
+  ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (len <= 0) return {-1, "cannot find this test binary"};
+  std::string cmd = env + " '" + std::string(self, static_cast<size_t>(len)) +
+                    "' --gtest_also_run_disabled_tests --gtest_filter=SimdEnvChild.DISABLED_" + test + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return {-1, "popen failed"};
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof buf, p)) out += buf;
+  int status = pclose(p);
+  return {status, out};
+}
+
+TEST(SimdEnvChild, DISABLED_Describe) { std::printf("simd=%s\n", simd::describe()); }
+
+TEST(SimdEnvChild, DISABLED_BadValue) {
+  try {
+    (void)exp(randn({10}));
+    std::printf("no error\n");
+  } catch (const ValueError& e) {
+    std::printf("ValueError: %s\n", e.what());
+  }
+}
+
+TEST(SimdEnv, Avx2TurnsTheAvx512KernelsOffAndABadValueIsAValueError) {
+  auto [s1, off] = runChild("COHORT_SIMD=avx2", "Describe");
+  EXPECT_NE(off.find("simd=avx2"), std::string::npos) << off;
+  auto [s2, bad] = runChild("COHORT_SIMD=sse9", "BadValue");
+  EXPECT_NE(bad.find("ValueError: environment variable COHORT_SIMD='sse9' is not one of auto, avx2, avx512"),
+            std::string::npos)
+      << bad;
+  auto [s3, dflt] = runChild("COHORT_SIMD=auto", "Describe");
+  EXPECT_NE(dflt.find(std::string("simd=") + (simd::enabled() ? "avx512" : "avx2")), std::string::npos) << dflt;
 }
 
 }  // namespace
