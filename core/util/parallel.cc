@@ -8,6 +8,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -118,15 +119,20 @@ class Pool {
   std::vector<std::thread> helpers_;
 };
 
-// Leaked on purpose: helpers must not be joined from static destructors at exit, and a forked
-// child (which has none of the parent's threads) gets fresh ones.
-std::mutex* gPoolMu = new std::mutex;
-std::shared_ptr<Pool>* gPool = new std::shared_ptr<Pool>;
+// In static storage, never destroyed: helpers must not be joined from static destructors at
+// exit. A forked child has none of the parent's threads, and another parent thread may have held
+// the mutex at the fork: the child handler constructs a fresh mutex and an empty pool pointer
+// over the old ones (leaking the parent's pool, whose helpers are not there to join). It does so
+// without allocating — malloc in a fork handler can deadlock under sanitizers' allocators.
+alignas(std::mutex) unsigned char gPoolMuStorage[sizeof(std::mutex)];
+alignas(std::shared_ptr<Pool>) unsigned char gPoolStorage[sizeof(std::shared_ptr<Pool>)];
+std::mutex* gPoolMu = new (gPoolMuStorage) std::mutex;
+std::shared_ptr<Pool>* gPool = new (gPoolStorage) std::shared_ptr<Pool>;
 
 const bool kAtFork = [] {
   pthread_atfork(nullptr, nullptr, [] {
-    gPoolMu = new std::mutex;
-    gPool = new std::shared_ptr<Pool>;
+    gPoolMu = new (gPoolMuStorage) std::mutex;
+    gPool = new (gPoolStorage) std::shared_ptr<Pool>;
   });
   return true;
 }();

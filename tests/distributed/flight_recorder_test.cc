@@ -271,6 +271,16 @@ TEST(FlightRecorder, Sigusr1InAForkedChildDumpsTheChild) {
   g.set("COHORT_FLIGHT_RECORDER_DIR", dir.path().string());
   FlightRecorder parentRec("parent", 4);
   ASSERT_TRUE(installFlightRecorderSignalHandler());
+  // Fork only once the parent's dump thread has started and gone back to waiting: a thread still
+  // starting up may hold a lock (under AddressSanitizer, GCC 12's allocator lock) that the child
+  // would inherit locked, and its own dump thread would hang on it.
+  const auto before = flightRecorderSignalDumps();
+  ::raise(SIGUSR1);
+  auto settle = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (flightRecorderSignalDumps() == before && std::chrono::steady_clock::now() < settle) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_GT(flightRecorderSignalDumps(), before);
   pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {

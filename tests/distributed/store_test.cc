@@ -266,6 +266,10 @@ TYPED_TEST(StoreTest, ConcurrentProcesses) {
     constexpr int kChildren = 3, kAdds = 20;
     auto parent = this->kind.open(kLong);
     auto& kind = this->kind;
+    // Fork only once the parent's own connection is set up and its store threads are idle (see
+    // runChildren: a thread busy at the fork may leave a lock held in the child).
+    (void)parent->check({"counter"});
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
     auto codes = runChildren(kChildren, [&](int i) {
       auto s = kind.open(kLong);
       for (int j = 0; j < kAdds; ++j) s->add("counter", 1);

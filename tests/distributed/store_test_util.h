@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -107,12 +108,23 @@ struct PrefixKind {
 // Runs fn(i) in n forked children. Each child exits 0 when fn returns, 1 when it throws (the
 // message goes to stderr). Children still running after `limit` are killed, so a hang fails the
 // test instead of stalling it. Returns each child's exit code (-signal when killed).
+// The children start only once every fork is done (they wait on a pipe the parent then closes):
+// a child of a multi-threaded parent inherits whatever lock another parent thread held at the
+// fork — under AddressSanitizer, GCC 12's allocator lock, which hung children — so no child's
+// traffic may keep the parent's store threads busy while the parent is still forking.
 inline std::vector<int> runChildren(int n, const std::function<void(int)>& fn, Millis limit = 20s) {
   std::vector<pid_t> pids;
+  int gate[2];
+  if (pipe(gate) != 0) throw std::runtime_error("pipe failed");
   for (int i = 0; i < n; ++i) {
     pid_t pid = fork();
     if (pid < 0) throw std::runtime_error("fork failed");
     if (pid == 0) {
+      close(gate[1]);
+      char c;
+      while (read(gate[0], &c, 1) < 0 && errno == EINTR) {
+      }
+      close(gate[0]);
       int code = 0;
       try {
         fn(i);
@@ -127,6 +139,8 @@ inline std::vector<int> runChildren(int n, const std::function<void(int)>& fn, M
     }
     pids.push_back(pid);
   }
+  close(gate[0]);
+  close(gate[1]);  // every child's read returns now
   std::vector<int> codes(n, 0);
   auto deadline = std::chrono::steady_clock::now() + limit;
   for (int i = 0; i < n; ++i) {
