@@ -124,6 +124,9 @@ TEST(ParallelFor, AChunksExceptionReachesTheCaller) {
 }
 
 TEST(ParallelFor, AForkedChildGetsAWorkingPool) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "ThreadSanitizer does not support threads started in a child of a multi-threaded fork";
+#endif
   Threads t(2);
   Tensor x = rand({1 << 18});
   Tensor before = exp(x);  // the parent's pool exists now
