@@ -45,9 +45,13 @@ bool allowed() {
       throw ValueError(fmt::format("environment variable COHORT_SIMD='{}' is not one of auto, avx2, avx512",
                                    kSimdKnob.str()));
     if (mode == "avx2" || !avx512::built()) return false;
+#if defined(__x86_64__)
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
+#else
+    return false;  // the kernels exist only for x86-64 (built() is false elsewhere anyway)
+#endif
   }();
   return ok;
 }

@@ -5,9 +5,11 @@
 // intrinsics: any inline function emitted out of line here (a std:: template, a constructor)
 // would be AVX-512 code that the linker may pick for the rest of the library too, which must run
 // on AVX2 CPUs; and no dynamic initialisation (the tables below are constants).
-#include <immintrin.h>
-
 #include <cstdint>
+
+#if defined(__AVX512F__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#endif
 
 #include <cohort/core/ops/vec_math.h>
 
