@@ -30,11 +30,14 @@ class ThreadPool {
   static constexpr const char* kThreadName = "cohort-rpc-pool";  // at most 15 characters (Linux)
 
   // poll: how long a thread that finished a task polls for the next before it sleeps (0: never).
-  ThreadPool(int threads, int maxThreads, std::chrono::microseconds poll = std::chrono::microseconds(100))
-      : max_(std::max(threads, maxThreads)), poll_(poll) {
+  // name: the threads' name (at most 15 characters). A pool that cannot grow (maxThreads <=
+  // threads) runs no monitor thread.
+  ThreadPool(int threads, int maxThreads, std::chrono::microseconds poll = std::chrono::microseconds(100),
+             const char* name = kThreadName)
+      : max_(std::max(threads, maxThreads)), poll_(poll), name_(name) {
     std::lock_guard<std::mutex> lock(mu_);
     for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { loop(); });
-    monitor_ = std::thread([this] { monitor(); });
+    if (max_ > threads) monitor_ = std::thread([this] { monitor(); });
   }
   ~ThreadPool() { stop(); }
   ThreadPool(const ThreadPool&) = delete;
@@ -85,7 +88,7 @@ class ThreadPool {
 
  private:
   void loop() {
-    pthread_setname_np(pthread_self(), kThreadName);  // what debuggers and the thread-model test see
+    pthread_setname_np(pthread_self(), name_);  // what debuggers and the thread-model test see
     for (;;) {
       std::function<void()> task;
       spinForWork();
@@ -144,6 +147,7 @@ class ThreadPool {
   std::thread monitor_;
   const int max_;
   const std::chrono::microseconds poll_;
+  const char* name_;
   std::vector<std::thread> threads_;
 };
 

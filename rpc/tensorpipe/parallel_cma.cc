@@ -1,19 +1,17 @@
 #include <cohort/rpc/tensorpipe/parallel_cma.h>
 
-#include <pthread.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <functional>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -24,6 +22,8 @@
 #include <tensorpipe/common/cpu_buffer.h>
 #include <tensorpipe/tensorpipe.h>
 #include <tensorpipe/transport/connection.h>
+
+#include <cohort/rpc/thread_pool.h>
 
 namespace tp = tensorpipe;
 
@@ -100,17 +100,12 @@ struct CopyJob {
   }
 };
 
+// Splits a copy into chunks and runs them on the RPC layer's thread pool (rpc/thread_pool.h),
+// here with a fixed size, no polling, and threads named "cohort-rpc-copy".
 class CopyPool {
  public:
-  explicit CopyPool(int threads) : threads_(threads) {
-    for (int i = 0; i < threads_; ++i) {
-      workers_.emplace_back([this] {
-        pthread_setname_np(pthread_self(), "cohort-rpc-copy");
-        loop();
-      });
-    }
-  }
-  ~CopyPool() { stop(); }
+  explicit CopyPool(int threads)
+      : threads_(threads), pool_(threads, threads, std::chrono::microseconds(0), "cohort-rpc-copy") {}
 
   // Copies and then calls done(error) once, on a pool thread (or this one, for a small tensor).
   void copy(pid_t pid, void* local, uint64_t remote, size_t length, std::function<void(std::string)> done) {
@@ -123,71 +118,27 @@ class CopyPool {
     size_t chunks = std::clamp<size_t>(length / kMinChunkBytes, 1, static_cast<size_t>(threads_));
     // Chunk edges on 4 KiB: each thread pins whole pages of its own.
     size_t chunk = (length / chunks + 4095) & ~size_t{4095};
+    size_t parts = (length + chunk - 1) / chunk;
     auto job = std::make_shared<CopyJob>();
-    std::vector<Chunk> parts;
-    for (size_t off = 0; off < length; off += chunk) {
-      parts.push_back(Chunk{job, pid, static_cast<char*>(local) + off, remote + off, std::min(chunk, length - off)});
-    }
-    job->done = [length, split = parts.size() > 1, done = std::move(done)](std::string err) {
+    job->done = [length, split = parts > 1, done = std::move(done)](std::string err) {
       if (err.empty()) countReceived(length, split);
       done(std::move(err));
     };
-    job->remaining.store(static_cast<int>(parts.size()), std::memory_order_relaxed);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!stopping_) {
-        for (auto& p : parts) queue_.push_back(std::move(p));
-        parts.clear();
-      }
+    job->remaining.store(static_cast<int>(parts), std::memory_order_relaxed);
+    for (size_t off = 0; off < length; off += chunk) {
+      char* to = static_cast<char*>(local) + off;
+      const size_t n = std::min(chunk, length - off);
+      bool queued = pool_.run([job, pid, to, from = remote + off, n] { job->chunkDone(readRemote(pid, to, from, n)); });
+      if (!queued) job->chunkDone("the RPC agent is shutting down");
     }
-    if (parts.empty()) {
-      cv_.notify_all();
-      return;
-    }
-    for (auto& p : parts) p.job->chunkDone("the RPC agent is shutting down");
   }
 
   // Runs what is queued, then joins the threads.
-  void stop() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_) return;
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    for (auto& t : workers_) {
-      if (t.joinable()) t.join();
-    }
-  }
+  void stop() { pool_.stop(); }
 
  private:
-  struct Chunk {
-    std::shared_ptr<CopyJob> job;
-    pid_t pid;
-    char* local;
-    uint64_t remote;
-    size_t length;
-  };
-
-  void loop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (true) {
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      Chunk c = std::move(queue_.front());
-      queue_.pop_front();
-      lock.unlock();
-      c.job->chunkDone(readRemote(c.pid, c.local, c.remote, c.length));
-      lock.lock();
-    }
-  }
-
   const int threads_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Chunk> queue_;
-  bool stopping_ = false;
-  std::vector<std::thread> workers_;
+  ThreadPool pool_;
 };
 
 struct Descriptor {
