@@ -31,7 +31,75 @@ struct CallbackFrame {
   CallbackFrame& operator=(const CallbackFrame&) = delete;
 };
 
+// The dependency counts and input buffers of the backward running on this thread (innermost).
+struct TaskFrame {
+  std::unordered_map<Node*, std::vector<Tensor>>& buffers;
+  std::unordered_map<Node*, int>& deps;
+  TaskFrame* outer;
+};
+thread_local TaskFrame* tTask = nullptr;
+
+struct TaskScope {
+  TaskFrame frame;
+  TaskScope(std::unordered_map<Node*, std::vector<Tensor>>& b, std::unordered_map<Node*, int>& d)
+      : frame{b, d, tTask} {
+    tTask = &frame;
+  }
+  ~TaskScope() { tTask = frame.outer; }
+  TaskScope(const TaskScope&) = delete;
+  TaskScope& operator=(const TaskScope&) = delete;
+};
+
+bool fits(const Tensor& t, const TensorImpl& leaf) {
+  return t.defined() && t.isContiguous() && t.sizes() == leaf.sizes && t.dtype() == leaf.dtype;
+}
+
 }  // namespace
+
+namespace detail {
+
+// A producer may write straight into a leaf's gradient when its gradient is the leaf's only one
+// still to come and nothing else has arrived (no other edge will add to it, and nothing sits in
+// the leaf's input buffer), and the leaf has no gradient hooks (they must see the gradient before
+// it is accumulated).
+GradSink gradSinkFor(const Edge& e) {
+  if (tTask == nullptr || !e.valid()) return {};
+  auto* acc = dynamic_cast<AccumulateGrad*>(e.fn.get());
+  if (acc == nullptr) return {};
+  auto d = tTask->deps.find(acc);
+  if (d == tTask->deps.end() || d->second != 1 || tTask->buffers.contains(acc)) return {};
+  TensorImpl& leaf = *acc->leaf();
+  if (!leaf.autograd || !leaf.autograd->hooks.empty()) return {};
+  AutogradMeta& meta = *leaf.autograd;
+  GradSink sink;
+  if (meta.grad.defined()) {
+    if (!fits(meta.grad, leaf)) return {};
+    sink = {meta.grad, true};
+  } else if (fits(meta.gradTarget, leaf)) {
+    sink = {meta.gradTarget, false};
+  } else {
+    return {};
+  }
+  acc->expectSink(sink.target.impl());
+  return sink;
+}
+
+}  // namespace detail
+
+void setGradTarget(const Tensor& leaf, const Tensor& target) {
+  if (!leaf.defined()) throw ValueError("setGradTarget: the leaf is undefined");
+  if (!leaf.isLeaf() || !leaf.requiresGrad())
+    throw ValueError(fmt::format("setGradTarget: only leaf tensors that require grad accumulate gradients (got a "
+                                 "tensor of shape {} that {})",
+                                 shapeStr(leaf.sizes()), leaf.requiresGrad() ? "is not a leaf" : "does not require grad"));
+  if (target.defined() && !fits(target, *leaf.impl()))
+    throw ValueError(fmt::format("setGradTarget: the target (shape {}, {}, {}) must be a contiguous tensor of the "
+                                 "leaf's shape {} and dtype {}",
+                                 shapeStr(target.sizes()), target.dtype(),
+                                 target.isContiguous() ? "contiguous" : "not contiguous", shapeStr(leaf.sizes()),
+                                 leaf.dtype()));
+  autogradMeta(leaf).gradTarget = target;
+}
 
 void queueCallback(std::function<void()> fn) {
   if (tCallbacks == nullptr) throw ValueError("autograd::queueCallback: called outside backward()");
@@ -100,6 +168,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
 
   NoGradGuard noGrad;
   CallbackFrame frame;
+  TaskScope task(buffers, deps);
   while (!ready.empty()) {
     Node* node = ready.top();
     ready.pop();

@@ -24,4 +24,16 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
 void queueCallback(std::function<void()> fn);
 bool inBackward();  // whether this thread is running backward()
 
+// Gives the leaf `leaf` a gradient target: while its .grad is undefined, the next backward writes
+// the leaf's gradient into `target` (same shape and dtype, contiguous) and makes it .grad, instead
+// of allocating one. DDP points each parameter at its slice of the bucket, so that backward writes
+// gradients straight into the memory the all-reduce reads. An undefined `target` clears it.
+// Throws ValueError for a tensor that is not a leaf requiring grad, or a target that does not fit.
+void setGradTarget(const Tensor& leaf, const Tensor& target);
+
+namespace detail {
+// The sink for the gradient flowing along `e` from the node now running (Ctx::gradSink).
+GradSink gradSinkFor(const Edge& e);
+}  // namespace detail
+
 }  // namespace cohort::autograd

@@ -1,5 +1,7 @@
 #include <cohort/core/autograd/function.h>
 
+#include <cohort/core/autograd/engine.h>
+
 #include <cohort/core/ops/ops.h>
 
 namespace cohort::autograd {
@@ -46,6 +48,15 @@ Tensor Ctx::saved(size_t i) const {
 }
 
 bool Ctx::needsInputGrad(size_t i) const { return i < node_.nextEdges().size() && node_.nextEdges()[i].valid(); }
+
+GradSink Ctx::gradSink(size_t i) const {
+  if (i >= node_.nextEdges().size()) return {};
+  GradSink s = detail::gradSinkFor(node_.nextEdges()[i]);
+  if (s.target.defined() && (i >= node_.inputMeta().size() || node_.inputMeta()[i].sizes != s.target.sizes())) {
+    return {};  // the input was a broadcast view of the leaf: let the node sum it back
+  }
+  return s;
+}
 
 bool needsGrad(std::initializer_list<const Tensor*> inputs) {
   if (!isGradEnabled()) return false;

@@ -37,6 +37,12 @@ class Ctx {
   Tensor saved(size_t i) const;
   // Whether input i needs a gradient (lets backward skip work).
   bool needsInputGrad(size_t i) const;
+  // Where input i's gradient may be written directly: a leaf's .grad or gradient target, when
+  // this gradient is the only one the leaf still gets and it has no gradient hooks (engine.cc).
+  // A backward that takes a defined sink must fill it (sink.accumulate: add into it; otherwise
+  // overwrite it) and return sink.target itself as input i's gradient; nothing else may return
+  // it. Undefined target: compute the gradient as usual.
+  GradSink gradSink(size_t i) const;
 
  private:
   const Node& node_;

@@ -1,6 +1,7 @@
 #include <cohort/core/autograd/node.h>
 
 #include <atomic>
+#include <utility>
 
 #include <cohort/core/autograd/grad_mode.h>
 #include <cohort/core/ops/ops.h>
@@ -69,10 +70,21 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   Tensor leaf(leaf_);
   AutogradMeta& meta = autogradMeta(leaf);
   Tensor g = std::move(grads.at(0));
+  const TensorImpl* sink = std::exchange(expectedSink_, nullptr);
+  if (sink != nullptr && g.impl() == sink) {
+    // The producer wrote into .grad (accumulate) or into the gradient target (overwrite).
+    if (!meta.grad.defined()) meta.grad = meta.gradTarget;
+    for (auto& h : meta.postAccumulateHooks) h.fn(leaf);
+    return {};
+  }
   for (auto& h : meta.hooks)
     if (auto r = h.fn(g); r && r->defined()) g = *r;
   if (g.dtype() != leaf.dtype()) g = g.to(leaf.dtype());
-  if (!meta.grad.defined()) {
+  if (!meta.grad.defined() && meta.gradTarget.defined() && meta.gradTarget.sizes() == leaf.sizes() &&
+      meta.gradTarget.dtype() == leaf.dtype()) {
+    meta.gradTarget.copy_(g);  // broadcasts a gradient of a broadcast shape
+    meta.grad = meta.gradTarget;
+  } else if (!meta.grad.defined()) {
     // Take the incoming gradient when nobody else can see it; otherwise copy it, so that later
     // in-place accumulation into .grad cannot change another tensor.
     bool exclusive = g.implPtr().use_count() == 1 && g.storage().use_count() == 1 && g.isContiguous() &&

@@ -71,6 +71,7 @@ class Node : public std::enable_shared_from_this<Node> {
   const std::vector<Edge>& nextEdges() const { return next_; }
   std::vector<TensorMeta>& outputMeta() { return outputMeta_; }
   std::vector<TensorMeta>& inputMeta() { return inputMeta_; }
+  const std::vector<TensorMeta>& inputMeta() const { return inputMeta_; }
 
   // Gradient hooks on output `outputNr` (tensor hooks of non-leaf tensors), run before apply.
   int addPreHook(uint32_t outputNr, GradHook hook);
@@ -93,16 +94,29 @@ class Node : public std::enable_shared_from_this<Node> {
   std::vector<std::pair<uint32_t, std::weak_ptr<TensorImpl>>> retainGrad_;
 };
 
+// Where a backward may write the gradient of one of its inputs directly (Ctx::gradSink): the
+// leaf's .grad (accumulate) or, while .grad is undefined, its gradient target (overwrite).
+struct GradSink {
+  Tensor target;            // undefined: no sink; compute and return the gradient as usual
+  bool accumulate = false;  // true: add into target (it holds earlier gradients); false: overwrite it
+};
+
 // Accumulates the incoming gradient into a leaf's .grad, then runs its post-accumulate hooks.
+// When .grad is undefined and the leaf has a gradient target (setGradTarget), the gradient is
+// written into the target, which becomes .grad. A gradient that arrives as the sink this node
+// handed out (the producer already accumulated into .grad) is not added again.
 class AccumulateGrad final : public Node {
  public:
   explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf);
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override;
   std::string name() const override { return "AccumulateGrad"; }
   const std::shared_ptr<TensorImpl>& leaf() const { return leaf_; }
+  // The engine hands `target` out as a sink; apply() recognises it when it comes back.
+  void expectSink(const TensorImpl* target) { expectedSink_ = target; }
 
  private:
   std::shared_ptr<TensorImpl> leaf_;
+  const TensorImpl* expectedSink_ = nullptr;
 };
 
 struct AutogradMeta {
@@ -110,6 +124,7 @@ struct AutogradMeta {
   std::shared_ptr<Node> gradFn;
   uint32_t outputNr = 0;
   Tensor grad;
+  Tensor gradTarget;  // leaves: receives the first gradient while .grad is undefined (setGradTarget)
   std::weak_ptr<AccumulateGrad> accumulator;  // leaves: shared by every edge into this leaf
   struct Hook {
     int handle;

@@ -223,7 +223,19 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
                      Tensor g2 = g[0].reshape({-1, g[0].size(-1)});
                      GradList r(3);
                      if (ctx.needsInputGrad(0)) r[0] = mm(g2, w).view(inShape);
-                     if (ctx.needsInputGrad(1)) r[1] = mm(g2.t(), x.reshape({-1, x.size(-1)}));
+                     if (ctx.needsInputGrad(1)) {
+                       Tensor x2 = x.reshape({-1, x.size(-1)});
+                       // The weight's gradient straight into its .grad (or DDP's bucket) when
+                       // the engine offers it: no temporary, no second pass to add or copy.
+                       autograd::GradSink sink = ctx.gradSink(1);
+                       if (sink.target.defined() && sink.target.dtype() == g2.dtype()) {
+                         gemmInto(g2.t(), x2, sink.target, 1.0, sink.accumulate ? 1.0 : 0.0);
+                         sink.target.bumpVersion();
+                         r[1] = sink.target;
+                       } else {
+                         r[1] = mm(g2.t(), x2);
+                       }
+                     }
                      if (ctx.needsInputGrad(2)) r[2] = g2.sum({0});
                      return r;
                    });

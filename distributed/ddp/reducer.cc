@@ -78,7 +78,14 @@ Reducer::Reducer(std::vector<Tensor> params, std::vector<std::string> names, Pro
 }
 
 Reducer::~Reducer() {
-  for (size_t i = 0; i < params_.size(); ++i) params_[i].removePostAccumulateGradHook(hookHandles_[i]);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    params_[i].removePostAccumulateGradHook(hookHandles_[i]);
+    // Later backwards (the module used without DDP) no longer write into this reducer's buckets.
+    if (opts_.gradientAsBucketView && params_[i].impl()->autograd) {
+      Tensor& target = params_[i].impl()->autograd->gradTarget;
+      if (target.defined() && target.storage() == buckets_[where_[i].first].buffer.storage()) target = Tensor();
+    }
+  }
 }
 
 void Reducer::setCommHook(CommHookPtr hook) {
@@ -130,11 +137,14 @@ void Reducer::buildBuckets(const std::vector<size_t>& order) {
         where_[idx] = {b, s};
         continue;
       }
-      // Gradient as bucket view: .grad lives in the bucket from now on (keeping its value).
+      // Gradient as bucket view: .grad lives in the bucket from now on (keeping its value), and
+      // a backward that finds .grad undefined (set to none by the optimizer) writes the gradient
+      // straight into the bucket instead of into a tensor markReady would copy.
       if (g.defined()) {
         view.copy_(g);
         p.setGrad(view);
       }
+      autograd::setGradTarget(p, view);
       bucket.views.push_back(std::move(view));
       where_[idx] = {b, s};
     }
