@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cohort/core/ops/ops.h>
 #include <cohort/core/util/error.h>
 
 namespace cohort::dist {
@@ -49,6 +50,8 @@ void Backend::scatter(Tensor&, const std::vector<Tensor>&, const ScatterOptions&
   unsupported(OpType::Scatter);
 }
 void Backend::barrier(const BarrierOptions&, const WorkPtr&) { unsupported(OpType::Barrier); }
+
+Tensor Backend::allocateCommBuffer(const Shape& sizes, DType dtype, Millis) { return zeros(sizes, {.dtype = dtype}); }
 void Backend::send(const Tensor&, int, const SendRecvOptions&, const WorkPtr&) { unsupported(OpType::Send); }
 void Backend::recv(Tensor&, int, const SendRecvOptions&, const WorkPtr&) { unsupported(OpType::Recv); }
 

@@ -68,6 +68,14 @@ class Backend {
   virtual void send(const Tensor& tensor, int dst, const SendRecvOptions& opts, const WorkPtr& work);
   virtual void recv(Tensor& tensor, int src, const SendRecvOptions& opts, const WorkPtr& work);
 
+  // Memory for a tensor this group will communicate again and again (DDP's buckets): a zeroed
+  // contiguous tensor of `sizes` and `dtype` that the backend may place where its collectives
+  // reach it without a copy (shm: a shared segment that every rank maps, so that an allreduce of
+  // it reads and writes the peers' buffers directly). Collective where the backend places it:
+  // every rank calls it in the same order with the same sizes and dtype, and a mismatch is a
+  // DistError on every rank. The default is plain memory and involves no peer.
+  virtual Tensor allocateCommBuffer(const Shape& sizes, DType dtype, Millis timeout);
+
   // Stops all transport activity: pending and future ops fail with `reason`. Used when a peer is
   // known dead or on timeout, so no thread stays blocked. Idempotent.
   virtual void abort(const std::string& reason) {}

@@ -703,6 +703,14 @@ WorkPtr ProcessGroup::scatter(Tensor& output, const std::vector<Tensor>& inputs,
   return launch(work, b, [&] { b->scatter(output, inputs, opts, work); });
 }
 
+Tensor ProcessGroup::allocateCommBuffer(const Shape& sizes, DType dtype) {
+  for (int64_t d : sizes)
+    if (d < 0)
+      throw ValueError(fmt::format("allocateCommBuffer in group '{}': negative size in shape {}", opts_.name,
+                                   shapeStr(sizes)));
+  return backend(DeviceType::CPU).allocateCommBuffer(sizes, dtype, opts_.timeout);
+}
+
 WorkPtr ProcessGroup::barrier(const BarrierOptions& opts) {
   const BackendPtr& b = backendFor(OpType::Barrier, DeviceType::CPU);
   auto work = startWork(OpType::Barrier, opts.timeout, [](std::string&, std::string&) {}, [&] { return fp(OpType::Barrier, {})(); });

@@ -126,7 +126,9 @@ void Reducer::buildBuckets(const std::vector<size_t>& order) {
       bucket.offsets.push_back(total);
       total += params_[idx].numel();
     }
-    bucket.buffer = zeros({total}, {.dtype = params_[bucket.params.front()].dtype()});
+    // From the backend (collective: every rank builds the same buckets at the same point): on shm
+    // it is memory every rank maps, and the bucket's all-reduce copies nothing in or out.
+    bucket.buffer = pg_->allocateCommBuffer({total}, params_[bucket.params.front()].dtype());
     for (size_t s = 0; s < bucket.params.size(); ++s) {
       size_t idx = bucket.params[s];
       Tensor& p = params_[idx];

@@ -11,6 +11,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include <random>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cohort/core/util/env.h>
 #include <cohort/core/util/error.h>
@@ -337,6 +339,150 @@ void ShmBackend::unlinkAll() {
 }
 
 void ShmBackend::abort(const std::string& reason) { breakWith(reason); }
+
+// ---- descriptors and registered buffers --------------------------------------------------------
+
+void ShmBackend::publishDesc(const Desc& d) {
+  uint64_t* slot = header(bases_[rank()])->desc[(round_ + 1) & 1];
+  slot[0] = d.kind;
+  slot[1] = d.id;
+  slot[2] = d.offset;
+  slot[3] = d.bytes;
+}
+
+ShmBackend::Desc ShmBackend::peerDesc(int peer) const {
+  const uint64_t* slot = header(bases_[peer])->desc[round_ & 1];
+  return Desc{slot[0], slot[1], slot[2], slot[3]};
+}
+
+bool ShmBackend::findRegistered(const void* data, size_t bytes, Desc& desc, std::vector<uint8_t*>& bases) const {
+  const auto* p = static_cast<const uint8_t*>(data);
+  std::lock_guard<std::mutex> lock(buffers_->mu);
+  for (const CommBuffer& b : buffers_->list) {
+    const uint8_t* base = b.bases[rank()];
+    if (p >= base && p + bytes <= base + b.bytes) {
+      desc = Desc{Desc::kRegistered, b.id, static_cast<uint64_t>(p - base), bytes};
+      bases = b.bases;
+      return true;
+    }
+  }
+  return false;
+}
+
+Tensor ShmBackend::allocateCommBuffer(const Shape& sizes, DType dtype, Millis timeout) {
+  // One rank: nothing to share. Worker mode: the rounds belong to the worker thread.
+  if (size() == 1 || ops_) return Backend::allocateCommBuffer(sizes, dtype, timeout);
+  const size_t bytes = static_cast<size_t>(shapeNumel(sizes)) * elementSize(dtype);
+  const size_t mapBytes = roundUp(std::max<size_t>(bytes, 1), 4096);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const int n = size(), r = rank();
+
+  std::lock_guard<std::mutex> lock(opMu_);
+  if (broken_.load()) {
+    std::lock_guard<std::mutex> g(errMu_);
+    throw PeerError(fmt::format("shm backend of group '{}' was aborted by an earlier error: {}", group_,
+                                brokenMessage_));
+  }
+  const uint64_t id = nextBufferId_++;
+  auto nameOf = [&](int q) { return fmt::format("{}_b{}", names_[q], id); };
+  std::vector<uint8_t*> bases(n, nullptr);
+  auto unmapAll = [&] {
+    for (uint8_t*& b : bases) {
+      if (b) munmap(b, mapBytes);
+      b = nullptr;
+    }
+  };
+  // Every rank states what it asked for and whether its step worked; all read the same
+  // descriptors, so all decide alike and stay in step even when one rank fails.
+  auto agree = [&](const std::string& myError, const char* step) {
+    publishDesc(Desc{Desc::kAlloc, id, myError.empty() ? 1u : 0u, bytes});
+    sync(deadline, "allocateCommBuffer");
+    std::vector<Desc> all(n);
+    for (int q = 0; q < n; ++q) all[q] = q == r ? Desc{Desc::kAlloc, id, myError.empty() ? 1u : 0u, bytes} : peerDesc(q);
+    std::vector<std::string> bad;
+    for (int q = 0; q < n; ++q)
+      if (all[q].kind != Desc::kAlloc || all[q].id != id)
+        bad.push_back(fmt::format("rank {} is not allocating buffer {} (a different collective?)", q, id));
+    if (bad.empty() && std::any_of(all.begin(), all.end(), [&](const Desc& d) { return d.bytes != bytes; })) {
+      std::vector<std::string> sizes;
+      for (int q = 0; q < n; ++q) sizes.push_back(fmt::format("rank {} {} bytes", q, all[q].bytes));
+      bad.push_back(fmt::format("the ranks asked for different sizes ({})", fmt::join(sizes, ", ")));
+    }
+    if (bad.empty()) {
+      for (int q = 0; q < n; ++q)
+        if (all[q].offset != 1)
+          bad.push_back(fmt::format("rank {} could not {}{}", q, step, q == r ? ": " + myError : std::string()));
+    }
+    if (!bad.empty()) {
+      shm_unlink(nameOf(r).c_str());
+      unmapAll();
+      throw DistError(fmt::format("shm backend: allocateCommBuffer in group '{}' (buffer {}, shape {}, {}): {}",
+                                  group_, id, shapeStr(sizes), dtype, fmt::join(bad, "; ")));
+    }
+  };
+  auto osError = [](const std::string& what) { return fmt::format("{}: {}", what, std::strerror(errno)); };
+
+  try {
+    // This rank's object, its pages reserved now (a full /dev/shm is an error, not a SIGBUS later).
+    std::string err;
+    int fd = shm_open(nameOf(r).c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) {
+      err = osError(fmt::format("create {}", nameOf(r)));
+    } else {
+      if (ftruncate(fd, static_cast<off_t>(mapBytes)) != 0) {
+        err = osError(fmt::format("size {} to {} bytes", nameOf(r), mapBytes));
+      } else if (int e = posix_fallocate(fd, 0, static_cast<off_t>(mapBytes)); e != 0) {
+        errno = e;
+        err = osError(fmt::format("reserve {} bytes in /dev/shm for {}", mapBytes, nameOf(r)));
+      } else if (void* p = mmap(nullptr, mapBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0); p == MAP_FAILED) {
+        err = osError(fmt::format("map {}", nameOf(r)));
+      } else {
+        bases[r] = static_cast<uint8_t*>(p);
+      }
+      close(fd);
+    }
+    agree(err, "create its buffer");
+    // The peers' objects.
+    for (int q = 0; q < n && err.empty(); ++q) {
+      if (q == r) continue;
+      int pfd = shm_open(nameOf(q).c_str(), O_RDWR, 0600);
+      struct stat st{};
+      if (pfd < 0) {
+        err = osError(fmt::format("open rank {}'s buffer {}", q, nameOf(q)));
+      } else if (fstat(pfd, &st) != 0 || static_cast<size_t>(st.st_size) < mapBytes) {
+        err = fmt::format("rank {}'s buffer {} is smaller than {} bytes", q, nameOf(q), mapBytes);
+      } else if (void* p = mmap(nullptr, mapBytes, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0); p == MAP_FAILED) {
+        err = osError(fmt::format("map rank {}'s buffer {}", q, nameOf(q)));
+      } else {
+        bases[q] = static_cast<uint8_t*>(p);
+      }
+      if (pfd >= 0) close(pfd);
+    }
+    agree(err, "map the others' buffers");
+  } catch (const Failure& f) {
+    for (int q = 0; q < n; ++q) shm_unlink(nameOf(q).c_str());
+    unmapAll();
+    breakWith(fmt::format("allocateCommBuffer failed: {}", f.detail));
+    if (f.timeout) throw TimeoutError(fmt::format("shm backend: allocateCommBuffer in group '{}': {}", group_, f.detail));
+    throw PeerError(fmt::format("shm backend: allocateCommBuffer in group '{}': {}", group_, f.detail));
+  }
+  // Every rank has mapped every buffer: the names can go.
+  shm_unlink(nameOf(r).c_str());
+  {
+    std::lock_guard<std::mutex> g(buffers_->mu);
+    buffers_->list.push_back(CommBuffer{id, bytes, mapBytes, bases});
+  }
+  auto deleter = [buffers = buffers_, id](void*) {
+    std::lock_guard<std::mutex> g(buffers->mu);
+    auto it = std::find_if(buffers->list.begin(), buffers->list.end(), [&](const CommBuffer& b) { return b.id == id; });
+    if (it == buffers->list.end()) return;
+    for (uint8_t* b : it->bases)
+      if (b) munmap(b, it->mapBytes);
+    buffers->list.erase(it);
+  };
+  auto storage = std::make_shared<Storage>(bases[r], bytes, Device::cpu(), std::move(deleter));
+  return Tensor(std::make_shared<TensorImpl>(std::move(storage), 0, sizes, contiguousStrides(sizes), dtype));
+}
 
 // ---- point to point (inner gloo backend) -----------------------------------------------------
 

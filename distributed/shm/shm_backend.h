@@ -56,6 +56,19 @@
  * hosts with a core to spare. Ops of one group are serialized by a mutex; different groups have
  * different segments and may run concurrently.
  *
+ * Registered buffers. allocateCommBuffer (caller mode) makes a tensor in a shared object of its
+ * own per rank ("<segment>_b<id>", ids counted alike on every rank since the call is
+ * collective): each rank creates and reserves its object, the ranks meet, map each other's,
+ * meet again and unlink their names, checking in each meeting (through a descriptor every rank
+ * writes into its header for the round) that all asked for the same id and size and succeeded.
+ * An allreduce above the small size states in the same way whether its tensor lies in a
+ * registered buffer (id, offset, bytes). When every rank's does, alike, no slot is used: each
+ * rank reduces its 1/n slice reading every rank's buffer and writes the result into every
+ * rank's buffer, and one more meeting ends the op (nobody touches its buffer before the others
+ * are done with it): two rounds, half the memory traffic of the slot algorithm and no copy in or
+ * out. When only some ranks' are, every rank runs the slot algorithm from a fresh round. The
+ * mappings go when the tensor's storage does (the peers' with it), even after the backend.
+ *
  * Point to point. send/recv go to an inner gloo backend made with the group (when gloo is
  * built; otherwise supports() says no), since tagged, out-of-order messages do not fit the
  * rounds. Everything else runs over shared memory.
@@ -90,6 +103,9 @@ struct alignas(64) ShmHeader {
   alignas(64) std::atomic<uint32_t> waiters;  // peers sleeping on `counter`
   alignas(64) std::atomic<uint32_t> state;    // kLive, kAborted, kClosed
   char reason[448];                            // why it aborted (written before `state`)
+  // What this rank does in a round, for the peers to check (allreduce, allocateCommBuffer):
+  // kind, buffer id, offset, bytes; one per slot parity, written before the round is published.
+  alignas(64) uint64_t desc[2][4];
 };
 
 // Sizes, spin time and thread mode; fromEnv() reads COHORT_SHM_SLOT_BYTES, COHORT_SHM_SMALL_BYTES,
@@ -137,6 +153,12 @@ class ShmBackend : public Backend {
 
   void abort(const std::string& reason) override;
 
+  // A tensor in shared memory every rank maps (see "Registered buffers"); in worker mode plain
+  // memory, since the call must not interleave with queued ops.
+  Tensor allocateCommBuffer(const Shape& sizes, DType dtype, Millis timeout) override;
+  // Allreduces that ran directly on registered buffers (tests and benchmarks check the path).
+  uint64_t registeredAllreduces() const { return registeredAllreduces_.load(); }
+
   // The segment names of this group (for tests: none of them may remain in /dev/shm).
   const std::vector<std::string>& segmentNames() const { return names_; }
 
@@ -173,6 +195,35 @@ class ShmBackend : public Backend {
                      const std::vector<uint8_t*>& recv, const std::vector<size_t>& recvBytes, bool sizesKnownEqual,
                      Deadline dl);
 
+  // ---- descriptors and registered buffers ----
+  struct Desc {
+    static constexpr uint64_t kPlain = 1, kRegistered = 2, kAlloc = 3;
+    uint64_t kind = 0, id = 0, offset = 0, bytes = 0;  // kAlloc: offset = 1 when this rank succeeded
+    bool operator==(const Desc&) const = default;
+  };
+  void publishDesc(const Desc& d);  // for the next round
+  Desc peerDesc(int peer) const;    // of the current round (after sync)
+  // The registered buffer holding [data, data + bytes): its id, the offset and every rank's base.
+  bool findRegistered(const void* data, size_t bytes, Desc& desc, std::vector<uint8_t*>& bases) const;
+  // Reduces this rank's slice of a registered buffer into every rank's buffer (after the
+  // descriptor round), then meets the peers once more.
+  void allreduceRegistered(const std::vector<uint8_t*>& bases, size_t offset, size_t count, DType dtype, ReduceOp op,
+                           Deadline dl);
+  // The slot algorithm; with checkPeers, returns false (and leaves the rest undone) when a peer's
+  // tensor was registered, so that every rank starts over.
+  bool allreduceSlots(uint8_t* d, size_t count, DType dtype, ReduceOp op, Deadline dl, bool checkPeers);
+
+  struct CommBuffer {
+    uint64_t id = 0;
+    size_t bytes = 0;
+    size_t mapBytes = 0;
+    std::vector<uint8_t*> bases;  // every rank's mapping; this rank's is the tensor's memory
+  };
+  struct CommBuffers {
+    mutable std::mutex mu;
+    std::vector<CommBuffer> list;
+  };
+
   void breakWith(const std::string& message);
   void unlinkAll();
 
@@ -192,6 +243,10 @@ class ShmBackend : public Backend {
   std::string brokenMessage_;
 
   BackendPtr p2p_;  // gloo, for send/recv
+
+  std::shared_ptr<CommBuffers> buffers_ = std::make_shared<CommBuffers>();  // shared with their deleters
+  uint64_t nextBufferId_ = 0;
+  std::atomic<uint64_t> registeredAllreduces_{0};
 
   std::unique_ptr<OpQueue> ops_;  // worker mode only
 };

@@ -74,9 +74,10 @@ inline void divideBlock(A* __restrict acc, A div, size_t n) {
   for (size_t i = 0; i < n; ++i) acc[i] /= div;
 }
 
-// Storage type T, accumulation A, op fixed at compile time.
+// Storage type T, accumulation A, op fixed at compile time; the result goes to each of the nout
+// outputs (any of which may also be a source).
 template <typename T, ReduceOp Op>
-void reduceSourcesOp(T* out, T* out2, const T* const* srcs, int nsrc, size_t n, int divisor) {
+void reduceSourcesOp(T* const* outs, int nout, const T* const* srcs, int nsrc, size_t n, int divisor) {
   using A = std::conditional_t<std::is_same_v<T, bool>, uint8_t, Acc<T>>;
   using S = std::conditional_t<std::is_same_v<T, bool>, uint8_t, T>;
   constexpr size_t kBlock = kReduceBlockBytes / sizeof(A);
@@ -109,31 +110,36 @@ void reduceSourcesOp(T* out, T* out2, const T* const* srcs, int nsrc, size_t n, 
     if constexpr (Op == ReduceOp::Avg && kIsFloat<A>) {
       divideBlock<A>(acc, static_cast<A>(divisor), m);
     }
-    storeBlock<A, S>(reinterpret_cast<S*>(out) + b, acc, m);
-    if (out2) storeBlock<A, S>(reinterpret_cast<S*>(out2) + b, acc, m);
+    for (int o = 0; o < nout; ++o) storeBlock<A, S>(reinterpret_cast<S*>(outs[o]) + b, acc, m);
   }
 }
 
-// out (and out2 when not null) = reduction of the nsrc sources, n elements of `dtype`.
-// Avg divides by `divisor` (float types only; ProcessGroup rejects it for integers).
-inline void reduceSources(DType dtype, void* out, void* out2, const void* const* srcs, int nsrc, size_t n,
-                          ReduceOp op, int divisor) {
+// outs[0..nout) = reduction of the nsrc sources, n elements of `dtype`, in source order. Avg
+// divides by `divisor` (float types only; ProcessGroup rejects it for integers).
+inline void reduceSourcesInto(DType dtype, void* const* outs, int nout, const void* const* srcs, int nsrc, size_t n,
+                              ReduceOp op, int divisor) {
   if (n == 0) return;
   COHORT_DISPATCH(dtype, "allreduce", [&]<typename T>() {
-    T* o = static_cast<T*>(out);
-    T* o2 = static_cast<T*>(out2);
+    T* const* o = reinterpret_cast<T* const*>(outs);
     const T* const* s = reinterpret_cast<const T* const*>(srcs);
     switch (op) {
-      case ReduceOp::Sum: reduceSourcesOp<T, ReduceOp::Sum>(o, o2, s, nsrc, n, divisor); break;
+      case ReduceOp::Sum: reduceSourcesOp<T, ReduceOp::Sum>(o, nout, s, nsrc, n, divisor); break;
       case ReduceOp::Avg:
-        if constexpr (kIsFloat<Acc<T>>) reduceSourcesOp<T, ReduceOp::Avg>(o, o2, s, nsrc, n, divisor);
-        else reduceSourcesOp<T, ReduceOp::Sum>(o, o2, s, nsrc, n, divisor);
+        if constexpr (kIsFloat<Acc<T>>) reduceSourcesOp<T, ReduceOp::Avg>(o, nout, s, nsrc, n, divisor);
+        else reduceSourcesOp<T, ReduceOp::Sum>(o, nout, s, nsrc, n, divisor);
         break;
-      case ReduceOp::Product: reduceSourcesOp<T, ReduceOp::Product>(o, o2, s, nsrc, n, divisor); break;
-      case ReduceOp::Min: reduceSourcesOp<T, ReduceOp::Min>(o, o2, s, nsrc, n, divisor); break;
-      case ReduceOp::Max: reduceSourcesOp<T, ReduceOp::Max>(o, o2, s, nsrc, n, divisor); break;
+      case ReduceOp::Product: reduceSourcesOp<T, ReduceOp::Product>(o, nout, s, nsrc, n, divisor); break;
+      case ReduceOp::Min: reduceSourcesOp<T, ReduceOp::Min>(o, nout, s, nsrc, n, divisor); break;
+      case ReduceOp::Max: reduceSourcesOp<T, ReduceOp::Max>(o, nout, s, nsrc, n, divisor); break;
     }
   });
+}
+
+// out (and out2 when not null) = reduction of the nsrc sources (see reduceSourcesInto).
+inline void reduceSources(DType dtype, void* out, void* out2, const void* const* srcs, int nsrc, size_t n,
+                          ReduceOp op, int divisor) {
+  void* outs[2] = {out, out2};
+  reduceSourcesInto(dtype, outs, out2 ? 2 : 1, srcs, nsrc, n, op, divisor);
 }
 
 }  // namespace cohort::dist::shm

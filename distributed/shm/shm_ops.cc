@@ -67,14 +67,59 @@ void ShmBackend::allreduceBytes(void* data, size_t count, DType dtype, ReduceOp 
   if (count == 0 || n == 1) return;  // Avg over one rank is the value itself
   const size_t es = elementSize(dtype);
   uint8_t* d = static_cast<uint8_t*>(data);
-  std::vector<const void*> srcs(n);
   if (count * es <= smallBytes_) {
+    std::vector<const void*> srcs(n);
     std::memcpy(writeSlot(), d, count * es);
     sync(dl, "allreduce");
     for (int q = 0; q < n; ++q) srcs[q] = q == r ? d : readSlot(q);
     reduceSources(dtype, d, nullptr, srcs.data(), n, count, op, n);
     return;
   }
+  // Large: every rank states in the first round whether its tensor is a registered buffer.
+  Desc mine{Desc::kPlain, 0, 0, count * es};
+  std::vector<uint8_t*> bases;
+  if (findRegistered(d, count * es, mine, bases)) {
+    publishDesc(mine);
+    sync(dl, "allreduce");
+    bool alike = true;
+    for (int q = 0; q < n; ++q)
+      if (q != r && !(peerDesc(q) == mine)) alike = false;
+    if (alike) {
+      allreduceRegistered(bases, mine.offset, count, dtype, op, dl);
+      return;
+    }
+    allreduceSlots(d, count, dtype, op, dl, false);  // some peer's was not: all start over
+    return;
+  }
+  publishDesc(mine);
+  if (!allreduceSlots(d, count, dtype, op, dl, true)) allreduceSlots(d, count, dtype, op, dl, false);
+}
+
+void ShmBackend::allreduceRegistered(const std::vector<uint8_t*>& bases, size_t offset, size_t count, DType dtype,
+                                     ReduceOp op, Deadline dl) {
+  const int n = size(), r = rank();
+  const size_t es = elementSize(dtype);
+  // This rank's slice, in whole cache lines of the buffer, so no two ranks write one line.
+  const size_t unit = std::max<size_t>(1, 64 / es);
+  const size_t slice = roundUp((count + n - 1) / n, unit);
+  const size_t beg = std::min(static_cast<size_t>(r) * slice, count), end = std::min(beg + slice, count);
+  std::vector<const void*> srcs(n);
+  std::vector<void*> outs(n);
+  for (int q = 0; q < n; ++q) {
+    uint8_t* p = bases[q] + offset + beg * es;
+    srcs[q] = p;
+    outs[q] = p;
+  }
+  reduceSourcesInto(dtype, outs.data(), n, srcs.data(), n, end - beg, op, n);
+  // Nobody may write its buffer again (a next backward) while a peer still reads or writes it.
+  sync(dl, "allreduce");
+  registeredAllreduces_.fetch_add(1, std::memory_order_relaxed);
+}
+
+bool ShmBackend::allreduceSlots(uint8_t* d, size_t count, DType dtype, ReduceOp op, Deadline dl, bool checkPeers) {
+  const int n = size(), r = rank();
+  const size_t es = elementSize(dtype);
+  std::vector<const void*> srcs(n);
   const size_t unit = std::max<size_t>(1, 64 / es);
   // Reduce-scatter + allgather, chunk by chunk, one round per chunk: a slot holds the chunk (the
   // others' slices of it) and, behind it, this rank's reduced slice of the previous chunk. In
@@ -103,6 +148,11 @@ void ShmBackend::allreduceBytes(void* data, size_t count, DType dtype, ReduceOp 
       }
     }
     sync(dl, "allreduce");
+    if (checkPeers) {
+      checkPeers = false;
+      for (int q = 0; q < n; ++q)
+        if (q != r && peerDesc(q).kind == Desc::kRegistered) return false;
+    }
     if (prevLen) copyOut(prevOff, prevLen);
     for (int q = 0; q < n; ++q) srcs[q] = q == r ? d + (off + beg(len, r)) * es : readSlot(q) + beg(len, r) * es;
     reduceSources(dtype, d + (off + beg(len, r)) * es, writeSlot() + reducedAt, srcs.data(), n,
@@ -112,6 +162,7 @@ void ShmBackend::allreduceBytes(void* data, size_t count, DType dtype, ReduceOp 
   }
   sync(dl, "allreduce");
   copyOut(prevOff, prevLen);
+  return true;
 }
 
 void ShmBackend::allgatherBytes(const void* in, size_t bytes, const std::vector<uint8_t*>& outs, Deadline dl) {

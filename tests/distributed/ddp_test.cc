@@ -26,6 +26,11 @@
 #include <cohort/distributed/ddp/distributed_data_parallel.h>
 #include <cohort/distributed/ddp/join.h>
 
+#include <cohort/config.h>
+#if COHORT_USE_SHM
+#include <cohort/distributed/shm/shm_backend.h>
+#endif
+
 #include "pg_test_util.h"
 
 namespace cohort::dist::testing {
@@ -36,12 +41,12 @@ namespace F = nn::functional;
 // fc1 -> tanh -> fc2 -> tanh -> fc3, plus `extra` (used when mode & 1) and `never` (never used).
 class Net : public nn::Module {
  public:
-  explicit Net(uint64_t seed, bool withBuffer = false) : nn::Module("Net") {
+  explicit Net(uint64_t seed, bool withBuffer = false, int64_t hidden = 12) : nn::Module("Net") {
     Generator g(seed);
-    fc1 = registerModule("fc1", std::make_shared<nn::Linear>(6, 12, true, &g));
-    fc2 = registerModule("fc2", std::make_shared<nn::Linear>(12, 12, true, &g));
-    fc3 = registerModule("fc3", std::make_shared<nn::Linear>(12, 3, true, &g));
-    extra = registerModule("extra", std::make_shared<nn::Linear>(12, 3, false, &g));
+    fc1 = registerModule("fc1", std::make_shared<nn::Linear>(6, hidden, true, &g));
+    fc2 = registerModule("fc2", std::make_shared<nn::Linear>(hidden, hidden, true, &g));
+    fc3 = registerModule("fc3", std::make_shared<nn::Linear>(hidden, 3, true, &g));
+    extra = registerModule("extra", std::make_shared<nn::Linear>(hidden, 3, false, &g));
     never = registerParameter("never", randn({3}, {}, &g));
     if (withBuffer) counter = registerBuffer("counter", full({2}, static_cast<double>(seed % 7)));
   }
@@ -79,6 +84,7 @@ struct Scenario {
   std::function<int(int rank)> stepsOf;         // uneven inputs (run under Join) when set
   bool zeroToNone = true;
   bool withBuffer = false;
+  int64_t hidden = 12;  // width of fc1/fc2; 128 makes buckets above shm's one-round allreduce size
 };
 
 struct Outcome {
@@ -89,6 +95,7 @@ struct Outcome {
   std::vector<size_t> numBuckets;
   std::vector<char> rebuilt;  // not vector<bool>: rank threads write their own entries concurrently
   std::vector<char> gradsShareStorage;  // some two parameters' .grad in one storage (bucket views)
+  std::vector<uint64_t> registeredAllreduces;  // shm: allreduces run in place on shared buckets
 };
 
 int modeOf(const Scenario& s, int rank, int step) { return s.mode ? s.mode(rank, step) : 0; }
@@ -98,13 +105,14 @@ Outcome runScenario(const Scenario& s, const std::string& backend = "gloo") {
   Outcome out;
   // Each rank starts from different weights: DDP's construction must copy rank 0's.
   std::vector<std::shared_ptr<Net>> nets;
-  for (int r = 0; r < s.world; ++r) nets.push_back(std::make_shared<Net>(42 + r, s.withBuffer));
-  auto ref = std::make_shared<Net>(42, s.withBuffer);
+  for (int r = 0; r < s.world; ++r) nets.push_back(std::make_shared<Net>(42 + r, s.withBuffer, s.hidden));
+  auto ref = std::make_shared<Net>(42, s.withBuffer, s.hidden);
   out.rankParams.resize(s.world);
   out.rankGradDefined.resize(s.world);
   out.numBuckets.resize(s.world);
   out.rebuilt.resize(s.world);
   out.gradsShareStorage.resize(s.world);
+  out.registeredAllreduces.resize(s.world);
   {
     ThreadWorld world(backend, s.world);
     world.run([&](int r) {
@@ -136,6 +144,10 @@ Outcome runScenario(const Scenario& s, const std::string& backend = "gloo") {
       out.gradsShareStorage[r] = std::adjacent_find(storages.begin(), storages.end()) != storages.end();
       out.numBuckets[r] = ddp->reducer().numBuckets();
       out.rebuilt[r] = ddp->reducer().bucketsRebuilt();
+#if COHORT_USE_SHM
+      if (auto* shmBackend = dynamic_cast<shm::ShmBackend*>(&world.pg(r).backend(DeviceType::CPU)))
+        out.registeredAllreduces[r] = shmBackend->registeredAllreduces();
+#endif
     });
   }
   // The reference: one process, the loss of every rank's slice in one backward.
@@ -189,6 +201,33 @@ TEST(DDP, MatchesSingleProcessForTwoThreeAndFourRanks) {
       // skips it).
       EXPECT_FALSE(o.referenceGradDefined[0]);
       for (int r = 0; r < world; ++r) EXPECT_FALSE(o.rankGradDefined[r][0]) << "rank " << r;
+    }
+  }
+}
+
+// Wide layers: buckets above shm's one-round size live in memory every rank maps, and their
+// all-reduce runs in place there (no copy in or out). Rebuilt buckets get new shared buffers;
+// noSync accumulates into them; the result must still be the single process's.
+TEST(DDP, ShmBucketsInSharedMemoryAreReducedInPlaceAndMatch) {
+  if (!hasBackend("shm")) GTEST_SKIP() << "shm is not built";
+  for (int world : {2, 3}) {
+    for (bool toNone : {true, false}) {
+      SCOPED_TRACE(fmt::format("world {}, zeroGrad(setToNone = {})", world, toNone));
+      Scenario s;
+      s.world = world;
+      s.steps = 4;
+      s.micro = 2;
+      s.hidden = 128;
+      s.zeroToNone = toNone;
+      s.options.staticGraph = true;  // unused parameters found once; buckets rebuilt after step 1
+      s.options.bucketCapMb = 0.05;  // fc2's 64 KiB weight gets a bucket of its own
+      Outcome o = runScenario(s, "shm");
+      expectMatchesReference(o, 1e-5);
+      for (int r = 0; r < world; ++r) {
+        EXPECT_TRUE(o.rebuilt[r]) << "rank " << r;
+        // 4 steps with at least one bucket above 32 KiB each.
+        EXPECT_GE(o.registeredAllreduces[r], 4u) << "rank " << r;
+      }
     }
   }
 }

@@ -65,5 +65,42 @@ TEST(ShmBackendFailure, RankKilledMidAllreduceIsNamedAndNoSegmentRemains) {
   EXPECT_TRUE(devShmEntries("_" + group + "_").empty()) << fmt::format("{}", fmt::join(devShmEntries("_" + group + "_"), " "));
 }
 
+// The same with DDP's kind of tensor: buffers every rank maps (allocateCommBuffer), reduced in
+// place. Processes first check one such allreduce's values, then rank 2 dies inside the next.
+TEST(ShmBackendFailure, RankKilledInARegisteredAllreduceIsNamedAndNothingRemains) {
+  if (!hasBackend("shm")) GTEST_SKIP() << "shm is not built";
+  TempDir tmp;
+  const std::string dir = tmp.path().string();
+  const std::string group = fmt::format("regkilled{}", getpid());
+  constexpr int kSize = 3, kDead = 2;
+  constexpr auto kTimeout = Millis(10'000);
+  constexpr int64_t kCount = 1 << 22;  // 16 MiB of float32
+  auto results = runForked(kSize, 60s, dir, [&](int rank) -> std::string {
+    auto store = std::make_shared<FileStore>(dir + "/store", Millis(30'000));
+    ProcessGroupOptions o;
+    o.backend = "shm";
+    o.timeout = kTimeout;
+    o.name = group;
+    auto pg = ProcessGroup::create(store, rank, kSize, o);
+    Tensor buf = pg->allocateCommBuffer({kCount}, DType::Float32);
+    buf.copy_(arange(0, kCount, 1, {.dtype = DType::Float32}) * static_cast<double>(rank + 1));
+    pg->allreduce(buf)->wait();
+    // Sum over ranks of i * (rank + 1) = 6i: exact in float32 below 2^24.
+    Tensor want = arange(0, kCount, 1, {.dtype = DType::Float32}) * 6.0;
+    if ((buf - want).abs().max().item<double>() != 0.0)
+      return fmt::format("rank {}: wrong registered allreduce result", rank);
+    return dieInsideOpOrReport(*store, rank, kDead, [&] { pg->allreduce(buf)->wait(); },
+                               [&] { pg->barrier()->wait(); });
+  });
+  auto reports = expectSurvivorsFailFast(results, kDead, kTimeout);
+  for (int r = 0; r < kSize; ++r) {
+    if (!reports[r]) continue;
+    const std::string& msg = reports[r]->first.message;
+    EXPECT_NE(msg.find("allreduce #2"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(fmt::format("rank [{}]", kDead)), std::string::npos) << msg;
+  }
+  EXPECT_TRUE(devShmEntries("_" + group + "_").empty()) << fmt::format("{}", fmt::join(devShmEntries("_" + group + "_"), " "));
+}
+
 }  // namespace
 }  // namespace cohort::dist::testing
