@@ -21,6 +21,16 @@ namespace cohort::dist::gloo_backend {
 COHORT_ENV_KNOB(kGlooHostname, "COHORT_GLOO_HOSTNAME", "",
                 "Address gloo's TCP transport listens on (default: this host's name, else 127.0.0.1)");
 COHORT_ENV_KNOB(kGlooIface, "COHORT_GLOO_IFACE", "", "Network interface gloo's TCP transport uses (e.g. eth0)");
+COHORT_ENV_KNOB(kGlooThreads, "COHORT_GLOO_THREADS", "2",
+                "Worker threads per gloo process group (1-16): allreduces on different memory run side by side");
+
+namespace {
+int glooThreads() {
+  const int64_t n = kGlooThreads.integer();
+  if (n < 1 || n > 16) throw ValueError(fmt::format("COHORT_GLOO_THREADS must be between 1 and 16, got {}", n));
+  return static_cast<int>(n);
+}
+}  // namespace
 
 namespace {
 
@@ -93,7 +103,7 @@ bool isTimeoutMessage(const std::string& what) {
 }  // namespace
 
 GlooBackend::GlooBackend(const StorePtr& store, int rank, int size, const BackendOptions& opts)
-    : Backend("gloo", rank, size), group_(opts.groupName) {
+    : Backend("gloo", rank, size), group_(opts.groupName), ops_(glooThreads()) {
   auto device = sharedDevice();
   auto context = std::make_shared<::gloo::rendezvous::Context>(rank, size);
   context->setTimeout(opts.timeout);
@@ -123,15 +133,18 @@ GlooBackend::~GlooBackend() {
   p2pThread_.join();
 }
 
-void GlooBackend::enqueue(const WorkPtr& work, std::function<std::vector<Tensor>()> body) {
+void GlooBackend::enqueue(const WorkPtr& work, std::function<std::vector<Tensor>()> body, OpFootprint footprint) {
   if (isBroken()) {
     work->fail(brokenError());
     return;
   }
-  ops_.post(work, [this, work, body = std::move(body)] {
-    if (isBroken()) work->fail(brokenError());  // the group broke while this op was queued
-    else runGuarded(work, body);
-  });
+  ops_.post(
+      work,
+      [this, work, body = std::move(body)] {
+        if (isBroken()) work->fail(brokenError());  // the group broke while this op was queued
+        else runGuarded(work, body);
+      },
+      std::move(footprint));
 }
 
 bool GlooBackend::isBroken() const {

@@ -29,7 +29,9 @@ bool isHalf(DType d) { return d == DType::Float16 || d == DType::BFloat16; }
 uint8_t* bytesOf(const Tensor& t) { return static_cast<uint8_t*>(t.dataPtr()); }
 
 // In-place allreduce of a contiguous buffer of a non-half dtype.
-void allreduceRaw(const Ctx& ctx, void* ptr, size_t n, DType dtype, ReduceOp op, Millis timeout) {
+// `tag` keeps allreduces that run side by side (OpQueue with several threads) apart on the wire:
+// the op's sequence number, the same on every rank.
+void allreduceRaw(const Ctx& ctx, void* ptr, size_t n, DType dtype, ReduceOp op, Millis timeout, uint32_t tag) {
   COHORT_DISPATCH(dtype, "allreduce", [&]<typename T>() {
     if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
       COHORT_CHECK(false, "allreduceRaw: half types are widened first");
@@ -38,23 +40,24 @@ void allreduceRaw(const Ctx& ctx, void* ptr, size_t n, DType dtype, ReduceOp op,
       o.setOutput(static_cast<T*>(ptr), n);
       o.setReduceFunction(reduceFn<T>(op));
       o.setTimeout(timeout);
+      o.setTag(tag);
       ::gloo::allreduce(o);
     }
   });
 }
 
 // Allreduce of a contiguous tensor in place; halves accumulate in float32 and round once.
-void allreduceTensor(const Ctx& ctx, const Tensor& t, ReduceOp op, Millis timeout) {
+void allreduceTensor(const Ctx& ctx, const Tensor& t, ReduceOp op, Millis timeout, uint32_t tag) {
   if (t.numel() == 0) return;
   Tensor target = t.detach();
   if (isHalf(t.dtype())) {
     Tensor wide = target.to(DType::Float32);
-    allreduceRaw(ctx, wide.dataPtr(), wide.numel(), DType::Float32, op, timeout);
+    allreduceRaw(ctx, wide.dataPtr(), wide.numel(), DType::Float32, op, timeout, tag);
     if (op == ReduceOp::Avg) wide.div_(Scalar(static_cast<double>(ctx->size)));
     target.copy_(wide);
     return;
   }
-  allreduceRaw(ctx, target.dataPtr(), target.numel(), target.dtype(), op, timeout);
+  allreduceRaw(ctx, target.dataPtr(), target.numel(), target.dtype(), op, timeout, tag);
   if (op == ReduceOp::Avg) target.div_(Scalar(static_cast<double>(ctx->size)));
 }
 
@@ -138,15 +141,22 @@ void reduceTensor(const Ctx& ctx, const Tensor& t, ReduceOp op, int root, Millis
 
 }  // namespace
 
+// Allreduces may run side by side with other allreduces on other memory (op_queue.h).
 void GlooBackend::allreduce(Tensor& tensor, const AllreduceOptions& opts, const WorkPtr& work) {
-  enqueue(work, [ctx = context_, t = tensor, op = opts.op, work]() -> std::vector<Tensor> {
-    allreduceTensor(ctx, t, op, work->remaining());
-    return {t};
-  });
+  OpFootprint shared{false, {tensor.storage().get()}};
+  enqueue(
+      work,
+      [ctx = context_, t = tensor, op = opts.op, work]() -> std::vector<Tensor> {
+        allreduceTensor(ctx, t, op, work->remaining(), static_cast<uint32_t>(work->sequenceNumber()));
+        return {t};
+      },
+      std::move(shared));
 }
 
 void GlooBackend::allreduceCoalesced(std::vector<Tensor>& tensors, const AllreduceOptions& opts,
                                      const WorkPtr& work) {
+  OpFootprint shared{false, {}};
+  for (const Tensor& t : tensors) shared.storages.push_back(t.storage().get());
   enqueue(work, [ctx = context_, ts = tensors, op = opts.op, work]() -> std::vector<Tensor> {
     int64_t total = 0;
     for (const Tensor& t : ts) total += t.numel();
@@ -156,14 +166,14 @@ void GlooBackend::allreduceCoalesced(std::vector<Tensor>& tensors, const Allredu
       if (t.nbytes()) std::memcpy(bytesOf(flat) + off, t.dataPtr(), t.nbytes());  // empty: no data pointer
       off += t.nbytes();
     }
-    allreduceTensor(ctx, flat, op, work->remaining());
+    allreduceTensor(ctx, flat, op, work->remaining(), static_cast<uint32_t>(work->sequenceNumber()));
     off = 0;
     for (const Tensor& t : ts) {
       if (t.nbytes()) std::memcpy(t.dataPtr(), bytesOf(flat) + off, t.nbytes());
       off += t.nbytes();
     }
     return ts;
-  });
+  }, std::move(shared));
 }
 
 void GlooBackend::broadcast(Tensor& tensor, const BroadcastOptions& opts, const WorkPtr& work) {

@@ -1,0 +1,147 @@
+// OpQueue's scheduling (op_queue.h): ops start in issue order; with several threads, shareable ops
+// on different storages overlap, ops on the same storage never do, an exclusive op runs alone
+// after everything before it and before everything after it; stopping fails what is queued.
+// Every wait in here is bounded, so a scheduling bug fails a test instead of hanging it.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <cohort/distributed/op_queue.h>
+
+namespace cohort::dist {
+namespace {
+
+using namespace std::chrono_literals;
+
+WorkPtr makeWork(uint64_t seq) { return std::make_shared<Work>(OpType::Allreduce, seq, "test", Millis(10'000)); }
+
+// Records which tasks run at the same time.
+struct Tracker {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::string> events;
+  int running = 0, maxRunning = 0;
+
+  std::function<void()> task(const std::string& name, std::chrono::milliseconds hold, const WorkPtr& work) {
+    return [this, name, hold, work] {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        events.push_back("start " + name);
+        maxRunning = std::max(maxRunning, ++running);
+        cv.notify_all();
+      }
+      std::this_thread::sleep_for(hold);
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        events.push_back("end " + name);
+        --running;
+        cv.notify_all();
+      }
+      work->finish({});
+    };
+  }
+  // Waits (bounded) until `name` has started; returns whether it did.
+  bool waitStarted(const std::string& name, std::chrono::milliseconds limit) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, limit, [&] { return std::find(events.begin(), events.end(), "start " + name) != events.end(); });
+  }
+  size_t indexOf(const std::string& e) {
+    std::lock_guard<std::mutex> lock(mu);
+    return std::find(events.begin(), events.end(), e) - events.begin();
+  }
+};
+
+void waitAll(const std::vector<WorkPtr>& works) {
+  for (const auto& w : works) ASSERT_NO_THROW(w->wait(Millis(10'000))) << "an op never ran";
+}
+
+int a, b, c;  // three distinct "storages"
+
+TEST(OpQueue, ShareableOpsOnDifferentMemoryRunSideBySide) {
+  OpQueue q(2);
+  Tracker t;
+  // A holds on until B has started: only possible when they overlap.
+  std::vector<WorkPtr> w{makeWork(1), makeWork(2)};
+  std::atomic<bool> sawB{false};
+  q.post(w[0], [&, work = w[0]] {
+    sawB = t.waitStarted("B", 5'000ms);
+    work->finish({});
+  }, OpFootprint{false, {&a}});
+  q.post(w[1], t.task("B", 0ms, w[1]), OpFootprint{false, {&b}});
+  waitAll(w);
+  EXPECT_TRUE(sawB);
+}
+
+TEST(OpQueue, ShareableOpsOnTheSameMemoryRunOneAfterTheOther) {
+  OpQueue q(4);
+  Tracker t;
+  std::vector<WorkPtr> w{makeWork(1), makeWork(2), makeWork(3)};
+  q.post(w[0], t.task("A", 40ms, w[0]), OpFootprint{false, {&a, &b}});
+  q.post(w[1], t.task("B", 40ms, w[1]), OpFootprint{false, {&b}});
+  q.post(w[2], t.task("C", 40ms, w[2]), OpFootprint{false, {&c, &b}});
+  waitAll(w);
+  EXPECT_EQ(t.maxRunning, 1);
+  // B waits for A (b), C for B (b).
+  EXPECT_LT(t.indexOf("end A"), t.indexOf("start B"));
+  EXPECT_LT(t.indexOf("end B"), t.indexOf("start C"));
+}
+
+TEST(OpQueue, AnExclusiveOpRunsAloneBetweenWhatCameBeforeAndAfter) {
+  OpQueue q(3);
+  Tracker t;
+  std::vector<WorkPtr> w{makeWork(1), makeWork(2), makeWork(3), makeWork(4)};
+  q.post(w[0], t.task("A", 40ms, w[0]), OpFootprint{false, {&a}});
+  q.post(w[1], t.task("B", 40ms, w[1]), OpFootprint{false, {&b}});
+  q.post(w[2], t.task("X", 20ms, w[2]));  // exclusive
+  q.post(w[3], t.task("C", 0ms, w[3]), OpFootprint{false, {&c}});
+  waitAll(w);
+  EXPECT_LT(t.indexOf("end A"), t.indexOf("start X"));
+  EXPECT_LT(t.indexOf("end B"), t.indexOf("start X"));
+  EXPECT_LT(t.indexOf("end X"), t.indexOf("start C"));
+  EXPECT_EQ(t.maxRunning, 2);  // A and B
+}
+
+TEST(OpQueue, NoMoreThanTheThreadCountRunAtOnce) {
+  OpQueue q(2);
+  Tracker t;
+  static int s[6];
+  std::vector<WorkPtr> w;
+  for (int i = 0; i < 6; ++i) {
+    w.push_back(makeWork(i + 1));
+    q.post(w.back(), t.task("T" + std::to_string(i), 15ms, w.back()), OpFootprint{false, {&s[i]}});
+  }
+  waitAll(w);
+  EXPECT_EQ(t.maxRunning, 2);
+  for (int i = 1; i < 6; ++i)
+    EXPECT_LT(t.indexOf("start T" + std::to_string(i - 1)), t.indexOf("start T" + std::to_string(i)));
+}
+
+TEST(OpQueue, StoppingLetsRunningOpsFinishAndFailsTheQueuedOnes) {
+  auto q = std::make_unique<OpQueue>(2);
+  Tracker t;
+  std::vector<WorkPtr> w{makeWork(1), makeWork(2), makeWork(3)};
+  q->post(w[0], t.task("A", 100ms, w[0]));
+  q->post(w[1], t.task("B", 0ms, w[1]));
+  q->post(w[2], t.task("C", 0ms, w[2]), OpFootprint{false, {&c}});
+  ASSERT_TRUE(t.waitStarted("A", 5'000ms));
+  q->stop();
+  EXPECT_TRUE(w[0]->isCompleted());
+  EXPECT_NO_THROW(w[0]->wait(Millis(1'000)));
+  for (int i : {1, 2}) {
+    ASSERT_TRUE(w[i]->isCompleted());
+    EXPECT_THROW(w[i]->wait(Millis(1'000)), DistError);
+  }
+  // After stop, a post fails at once.
+  auto late = makeWork(4);
+  q->post(late, [] {});
+  EXPECT_THROW(late->wait(Millis(1'000)), DistError);
+}
+
+}  // namespace
+}  // namespace cohort::dist
