@@ -73,6 +73,10 @@ void Work::fail(std::exception_ptr error) {
 }
 
 void Work::wait() {
+  if (future_.isCompleted()) {  // caller-thread backends: no clock read, no timed wait
+    future_.wait();             // rethrows the op's error
+    return;
+  }
   auto now = std::chrono::steady_clock::now();
   auto left = deadline_ > now ? deadline_ - now : std::chrono::steady_clock::duration::zero();
   if (future_.waitFor(left + kBackendGrace)) {

@@ -195,6 +195,7 @@ const char* flightStateName(FlightRecorder::State s) {
 
 FlightRecorder::FlightRecorder(std::string group, size_t capacity, int rank)
     : group_(std::move(group)), capacity_(capacity), rank_(rank) {
+  ring_.reserve(capacity_);  // address space only; slots are built as ops arrive
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   r.recorders.insert(this);
@@ -256,7 +257,18 @@ uint64_t FlightRecorder::recordInPlace(uint64_t seq, OpType op, FillFn fill) {
   e.end = {};
   e.state = State::Scheduled;
   e.error.clear();
+  prefetchSlot(id);
   return id;
+}
+
+// Once the ring has wrapped, the next op reuses a slot last written `capacity_` ops ago, long gone
+// from the caches (2000 slots of ~200 bytes): warm its lines now, while the op runs, instead of
+// taking four cache misses on the next op's path (perf: 14% of a 4-byte MPI allreduce's time was
+// these first stores).
+void FlightRecorder::prefetchSlot(uint64_t id) const {
+  if (ring_.size() < capacity_) return;
+  const char* next = reinterpret_cast<const char*>(&ring_[id % capacity_]);
+  for (size_t off = 0; off < sizeof(Entry); off += 64) __builtin_prefetch(next + off, 1, 3);
 }
 
 void FlightRecorder::complete(uint64_t id, State state, std::string error) {

@@ -92,6 +92,7 @@ class FlightRecorder {
   const size_t capacity_;
   int rank_;
   mutable std::mutex mu_;
+  void prefetchSlot(uint64_t id) const;  // the slot op id + 1 will use (mu_ held)
   std::vector<Entry> ring_;  // grows to capacity_, then slot (id - 1) % capacity_ is reused
   uint64_t nextId_ = 1;
 };
