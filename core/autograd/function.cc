@@ -1,7 +1,6 @@
 #include <cohort/core/autograd/function.h>
 
 #include <cohort/core/autograd/engine.h>
-
 #include <cohort/core/ops/ops.h>
 
 namespace cohort::autograd {
