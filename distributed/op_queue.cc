@@ -15,15 +15,16 @@ void failDestroyed(const WorkPtr& work) {
 }
 }  // namespace
 
-OpQueue::OpQueue(int threads) {
+OpQueue::OpQueue(int threads) : state_(std::make_shared<State>()) {
   COHORT_CHECK(threads >= 1, "OpQueue: {} threads", threads);
+  state_->threads = threads;
   for (int i = 0; i < threads; ++i) {
-    workers_.emplace_back([this] {
+    workers_.emplace_back([state = state_] {
       sigset_t set;
       sigemptyset(&set);
       sigaddset(&set, SIGPIPE);
       pthread_sigmask(SIG_BLOCK, &set, nullptr);
-      loop();
+      loop(state);
     });
   }
 }
@@ -32,10 +33,10 @@ OpQueue::~OpQueue() { stop(); }
 
 void OpQueue::post(WorkPtr work, std::function<void()> task, OpFootprint footprint) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!stop_) {
-      queue_.push_back(Item{std::move(work), std::move(task), std::move(footprint)});
-      cv_.notify_all();
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (!state_->stop) {
+      state_->queue.push_back(Item{std::move(work), std::move(task), std::move(footprint)});
+      state_->cv.notify_all();
       return;
     }
   }
@@ -44,49 +45,55 @@ void OpQueue::post(WorkPtr work, std::function<void()> task, OpFootprint footpri
 
 void OpQueue::stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->stop = true;
   }
-  cv_.notify_all();
-  for (auto& w : workers_)
-    if (w.joinable()) w.join();
+  state_->cv.notify_all();
+  for (auto& w : workers_) {
+    if (!w.joinable()) continue;
+    // Destroyed from one of its own tasks (see op_queue.h): that worker ends on its own.
+    if (w.get_id() == std::this_thread::get_id()) w.detach();
+    else w.join();
+  }
 }
 
-bool OpQueue::headCanStart() const {
-  if (queue_.empty() || exclusiveRunning_ || running_ >= static_cast<int>(workers_.size())) return false;
-  const OpFootprint& f = queue_.front().footprint;
-  if (f.exclusive) return running_ == 0;
-  return std::none_of(f.storages.begin(), f.storages.end(), [&](const void* s) {
-    return std::find(inFlight_.begin(), inFlight_.end(), s) != inFlight_.end();
-  });
+bool OpQueue::State::headCanStart() const {
+  if (queue.empty() || exclusiveRunning || running >= threads) return false;
+  const OpFootprint& f = queue.front().footprint;
+  if (f.exclusive) return running == 0;
+  return std::none_of(f.storages.begin(), f.storages.end(),
+                      [&](const void* s) { return std::find(inFlight.begin(), inFlight.end(), s) != inFlight.end(); });
 }
 
-void OpQueue::loop() {
-  std::unique_lock<std::mutex> lock(mu_);
+void OpQueue::loop(const std::shared_ptr<State>& state) {
+  State& s = *state;
+  std::unique_lock<std::mutex> lock(s.mu);
   while (true) {
-    cv_.wait(lock, [&] { return stop_ || headCanStart(); });
-    if (stop_) {
-      if (queue_.empty()) return;  // stopped, nothing left
-      Item item = std::move(queue_.front());
-      queue_.pop_front();
+    s.cv.wait(lock, [&] { return s.stop || s.headCanStart(); });
+    if (s.stop) {
+      if (s.queue.empty()) return;  // stopped, nothing left
+      Item item = std::move(s.queue.front());
+      s.queue.pop_front();
       lock.unlock();
       failDestroyed(item.work);
+      item = Item{};
       lock.lock();
       continue;
     }
-    Item item = std::move(queue_.front());
-    queue_.pop_front();
-    ++running_;
-    if (item.footprint.exclusive) exclusiveRunning_ = true;
-    inFlight_.insert(inFlight_.end(), item.footprint.storages.begin(), item.footprint.storages.end());
+    Item item = std::move(s.queue.front());
+    s.queue.pop_front();
+    ++s.running;
+    if (item.footprint.exclusive) s.exclusiveRunning = true;
+    s.inFlight.insert(s.inFlight.end(), item.footprint.storages.begin(), item.footprint.storages.end());
     lock.unlock();
     item.task();
-    item = Item{WorkPtr(), std::function<void()>(), std::move(item.footprint)};  // free the task's captures now
+    OpFootprint footprint = std::move(item.footprint);
+    item = Item{};  // the task's captures go here, outside the lock (they may destroy the queue's owner)
     lock.lock();
-    --running_;
-    if (item.footprint.exclusive) exclusiveRunning_ = false;
-    for (const void* s : item.footprint.storages) inFlight_.erase(std::find(inFlight_.begin(), inFlight_.end(), s));
-    cv_.notify_all();
+    --s.running;
+    if (footprint.exclusive) s.exclusiveRunning = false;
+    for (const void* p : footprint.storages) s.inFlight.erase(std::find(s.inFlight.begin(), s.inFlight.end(), p));
+    s.cv.notify_all();
   }
 }
 

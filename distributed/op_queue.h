@@ -12,6 +12,12 @@
  * broadcast still comes after everything issued before it. (The backend must keep concurrent ops
  * apart on the wire: gloo's ops carry their sequence number as tag.)
  *
+ * A task, and the Work it holds, should not keep the last reference to the queue's owner (Works'
+ * abort functions hold their backend weakly for this reason). If one does, the owner and this
+ * queue are destroyed on that worker when the task's captures go: stop() then joins the other
+ * workers and detaches this one, which finds the queue's state (shared with every worker) stopped
+ * and ends, instead of joining itself.
+ *
  * Stopping (stop() or the destructor) lets the ops that are running finish, fails every op still
  * queued with "the process group was destroyed before the op ran" (a DistError on its Work), and
  * joins the threads; post() after that fails the Work at once. SIGPIPE is blocked on the workers,
@@ -57,16 +63,21 @@ class OpQueue {
     std::function<void()> task;
     OpFootprint footprint;
   };
-  void loop();
-  bool headCanStart() const;  // with mu_ held
+  // Everything the workers touch: it outlives the queue while a worker still runs.
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<Item> queue;
+    int threads = 1;
+    int running = 0;
+    bool exclusiveRunning = false;
+    std::vector<const void*> inFlight;  // storages of the shareable ops that run
+    bool stop = false;
+    bool headCanStart() const;  // with mu held
+  };
+  static void loop(const std::shared_ptr<State>& state);
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Item> queue_;
-  int running_ = 0;
-  bool exclusiveRunning_ = false;
-  std::vector<const void*> inFlight_;  // storages of the shareable ops that run
-  bool stop_ = false;
+  std::shared_ptr<State> state_;
   std::vector<std::thread> workers_;
 };
 

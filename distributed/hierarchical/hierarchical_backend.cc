@@ -123,8 +123,11 @@ void HierarchicalBackend::stage(const WorkPtr& outer, OpType op, const BackendPt
   const std::string innerGroup =
       inner == intra_ ? fmt::format("{}/node{}", group_, layout_.nodeOf[rank()]) : group_ + "/leaders";
   auto w = std::make_shared<Work>(op, outer->sequenceNumber(), innerGroup, outer->remaining());
-  w->setAbort([inner, d = outer->describe(), stageName] {
-    inner->abort(fmt::format("{}: {} did not finish in time", d, stageName));
+  // Weak: the inner backend's worker destroys this Work when its task ends, and a strong
+  // reference here could make that the backend's last one, destroying the backend (and joining
+  // its worker) on that very worker.
+  w->setAbort([weak = std::weak_ptr<Backend>(inner), d = outer->describe(), stageName] {
+    if (auto b = weak.lock()) b->abort(fmt::format("{}: {} did not finish in time", d, stageName));
   });
   auto detail = [&](const std::exception& e) { return fmt::format("{} over {}: {}", stageName, where, e.what()); };
   try {

@@ -143,5 +143,28 @@ TEST(OpQueue, StoppingLetsRunningOpsFinishAndFailsTheQueuedOnes) {
   EXPECT_THROW(late->wait(Millis(1'000)), DistError);
 }
 
+// A task that holds the last reference to its queue (as a Work holding its backend would):
+// the queue is destroyed on its own worker when the task's captures go, which must neither
+// join that worker from itself (std::terminate) nor touch freed memory; queued ops still fail.
+TEST(OpQueue, DestroyedFromItsOwnTaskEndsCleanly) {
+  for (int threads : {1, 2}) {
+    auto q = std::make_shared<OpQueue>(threads);
+    auto done = makeWork(1), queued = makeWork(2);
+    std::atomic<bool> release{false};
+    q->post(done, [keep = q, &release, done]() mutable {
+      while (!release.load()) std::this_thread::sleep_for(1ms);
+      done->finish({});
+    });
+    q->post(queued, [] {});  // exclusive: waits behind the first, then fails with the group gone
+    std::weak_ptr<OpQueue> weak = q;
+    q.reset();  // the running task now holds the only reference
+    release = true;
+    EXPECT_NO_THROW(done->wait(Millis(10'000)));
+    EXPECT_THROW(queued->wait(Millis(10'000)), DistError);
+    for (int i = 0; i < 1000 && !weak.expired(); ++i) std::this_thread::sleep_for(1ms);
+    EXPECT_TRUE(weak.expired());
+  }
+}
+
 }  // namespace
 }  // namespace cohort::dist
