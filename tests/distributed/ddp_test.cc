@@ -230,6 +230,23 @@ TEST(DDP, ShmBucketsInSharedMemoryAreReducedInPlaceAndMatch) {
       }
     }
   }
+  {
+    // Uneven inputs under Join: a rank with no data shadows the others, including the bucket
+    // rebuild, whose new shared buffers it must allocate with them (a collective on shm).
+    SCOPED_TRACE("Join, a rank with no data, rebuilt buckets");
+    Scenario s;
+    s.world = 3;
+    s.hidden = 128;
+    s.options.staticGraph = true;
+    s.options.bucketCapMb = 0.05;
+    s.stepsOf = [](int rank) { return rank == 1 ? 0 : 3 + rank; };
+    Outcome o = runScenario(s, "shm");
+    expectMatchesReference(o, 1e-5);
+    for (int r = 0; r < s.world; ++r) {
+      EXPECT_TRUE(o.rebuilt[r]) << "rank " << r;
+      EXPECT_GE(o.registeredAllreduces[r], 5u) << "rank " << r;
+    }
+  }
 }
 
 TEST(DDP, ManySmallBucketsAreRebuiltInReadyOrderAndStillMatch) {
