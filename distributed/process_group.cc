@@ -704,10 +704,8 @@ WorkPtr ProcessGroup::scatter(Tensor& output, const std::vector<Tensor>& inputs,
 }
 
 Tensor ProcessGroup::allocateCommBuffer(const Shape& sizes, DType dtype) {
-  for (int64_t d : sizes)
-    if (d < 0)
-      throw ValueError(fmt::format("allocateCommBuffer in group '{}': negative size in shape {}", opts_.name,
-                                   shapeStr(sizes)));
+  if (std::any_of(sizes.begin(), sizes.end(), [](int64_t d) { return d < 0; }))
+    throw ValueError(fmt::format("allocateCommBuffer in group '{}': negative size in shape {}", opts_.name, shapeStr(sizes)));
   return backend(DeviceType::CPU).allocateCommBuffer(sizes, dtype, opts_.timeout);
 }
 

@@ -132,6 +132,16 @@ inline std::vector<std::string> devShmEntries(const std::string& part) {
   return out;
 }
 
+// Lines of /proc/self/maps (mapped regions) whose path contains `part`.
+inline int mappedRegions(const std::string& part) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  int count = 0;
+  while (std::getline(maps, line))
+    if (line.find(part) != std::string::npos) ++count;
+  return count;
+}
+
 // "exit 3", "signal 13 (Broken pipe)": how a child ended, for failure messages.
 inline std::string describeStatus(int status) {
   if (WIFEXITED(status)) return fmt::format("exit {}", WEXITSTATUS(status));

@@ -4,15 +4,13 @@
 // reduction; the cases where ranks disagree (only some registered, different offsets, different
 // sizes, one rank that never comes) must still give the right answer or a named error, and leave
 // the group usable; and nothing may stay in /dev/shm or mapped once the tensors are gone.
-#include <dirent.h>
-
 #include <chrono>
-#include <fstream>
 
 #include <cohort/config.h>
 #include <cohort/distributed/shm/shm_backend.h>
 
 #include "env_guard.h"
+#include "fork_util.h"
 #include "pg_test_util.h"
 
 namespace cohort::dist::testing {
@@ -27,24 +25,6 @@ shm::ShmBackend& shmOf(ProcessGroup& pg) { return dynamic_cast<shm::ShmBackend&>
 // Fills `t` (contiguous, any dtype) with f(i).
 void fill(Tensor& t, const std::function<double(int64_t)>& f) { t.copy_(filled(t.dtype(), t.numel(), f)); }
 
-// /dev/shm entries and mapped regions whose name contains `part`.
-int devShmEntries(const std::string& part) {
-  int count = 0;
-  if (DIR* d = opendir("/dev/shm")) {
-    while (dirent* e = readdir(d))
-      if (std::string(e->d_name).find(part) != std::string::npos) ++count;
-    closedir(d);
-  }
-  return count;
-}
-int mappedRegions(const std::string& part) {
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  int count = 0;
-  while (std::getline(maps, line))
-    if (line.find(part) != std::string::npos) ++count;
-  return count;
-}
 // "cohort_<token>_world_": the stem of every shm name of a world group.
 std::string stemOf(ProcessGroup& pg) {
   const std::string& n = shmOf(pg).segmentNames()[0];
@@ -188,7 +168,7 @@ TEST(ShmRegistered, NamesGoAtOnceAndMappingsWithTheLastTensorEvenAfterTheGroup) 
     fill(bufs[r], [&](int64_t i) { return value(DType::Float32, ReduceOp::Sum, r, i); });
     w->pg(r).allreduce(bufs[r])->wait();
   });
-  EXPECT_EQ(devShmEntries(stem), 0);
+  EXPECT_TRUE(devShmEntries(stem).empty());
   // Segments: 2 ranks x 2 mapped; buffers: 2 ranks x 2 mapped.
   EXPECT_EQ(mappedRegions(stem + "0_b0"), 2);
   EXPECT_EQ(mappedRegions(stem + "1_b0"), 2);
@@ -201,7 +181,7 @@ TEST(ShmRegistered, NamesGoAtOnceAndMappingsWithTheLastTensorEvenAfterTheGroup) 
   EXPECT_EQ(mappedRegions(stem + "0_b0"), 1);  // rank 1's tensor still maps both buffers
   bufs[1] = Tensor();
   EXPECT_EQ(mappedRegions(stem), 0);
-  EXPECT_EQ(devShmEntries(stem), 0);
+  EXPECT_TRUE(devShmEntries(stem).empty());
 }
 
 TEST(ShmRegistered, WorkerModeAndOneRankGivePlainMemory) {

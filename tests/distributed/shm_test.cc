@@ -2,7 +2,6 @@
 // slots so every op streams through many chunks, segment cleanup, a stalled rank and a setup that
 // never completes. (Forked ranks are in shm_failure_test.cc: a process that already ran gloo's
 // TCP device thread cannot fork children that use gloo.)
-#include <dirent.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -13,6 +12,7 @@
 #include <cohort/distributed/shm/shm_backend.h>
 
 #include "collectives_suite.h"
+#include "fork_util.h"
 
 namespace cohort::dist::testing {
 namespace {
@@ -64,29 +64,6 @@ INSTANTIATE_TEST_SUITE_P(ShmWorker, Collectives,
                          collectivesParamName);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(Collectives);
 
-// /dev/shm entries whose name contains `part`.
-std::vector<std::string> devShmEntries(const std::string& part) {
-  std::vector<std::string> out;
-  if (DIR* d = opendir("/dev/shm")) {
-    while (dirent* e = readdir(d)) {
-      std::string n = e->d_name;
-      if (n.find(part) != std::string::npos) out.push_back(n);
-    }
-    closedir(d);
-  }
-  return out;
-}
-
-// Lines of /proc/self/maps that map a segment whose name contains `part`.
-int mappedSegments(const std::string& part) {
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  int count = 0;
-  while (std::getline(maps, line))
-    if (line.find(part) != std::string::npos) ++count;
-  return count;
-}
-
 #if COHORT_USE_SHM
 shm::ShmBackend& shmOf(ProcessGroup& pg) { return dynamic_cast<shm::ShmBackend&>(pg.backend(DeviceType::CPU)); }
 
@@ -105,10 +82,10 @@ TEST(ShmBackend, NoSegmentStaysInDevShmAndDestroyingTheGroupUnmapsThem) {
     COHORT_EXPECT_MATCH(t, 5000, [](int64_t) { return 3.0; });
   });
   // Every rank maps all three segments, yet their names are gone already (unlinked after setup).
-  EXPECT_EQ(mappedSegments(stem), 9);
+  EXPECT_EQ(mappedRegions(stem), 9);
   EXPECT_TRUE(devShmEntries(stem).empty());
   world.reset();
-  EXPECT_EQ(mappedSegments(stem), 0);
+  EXPECT_EQ(mappedRegions(stem), 0);
   EXPECT_TRUE(devShmEntries(stem).empty());
 }
 
