@@ -21,38 +21,15 @@
 #include <cohort/core/ops/ops.h>
 #include <cohort/core/optim/sgd.h>
 
+#include "temp_dir.h"
+
 using namespace cohort;
 using namespace cohort::io;
 namespace fs = std::filesystem;
 
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = ::testing::TempDir() + "/cohort_ckpt_XXXXXX";
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    path_ = ::mkdtemp(buf.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::permissions(path_, fs::perms::owner_all, ec);
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-  // Files in the folder (to see that no temporary file was left behind).
-  std::vector<std::string> list() const {
-    std::vector<std::string> out;
-    for (auto& e : fs::directory_iterator(path_)) out.push_back(e.path().filename().string());
-    std::sort(out.begin(), out.end());
-    return out;
-  }
-
- private:
-  std::string path_;
-};
+using cohort::testing::TempDir;  // temp_dir.h
 
 std::string readBytes(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -439,10 +416,10 @@ TEST(TrainingCheckpoint, SaveLoadRestore) {
   st.generators["cpu"] = gen.state();
   st.extraTensors["ema"].insert("weight", full({2}, 1.5));
   st.extraJson = R"({"run": "test", "loss": 0.125})";
-  const std::string file = saveCheckpoint(dir.path() + "/ckpt/", st);
-  EXPECT_EQ(file, dir.path() + "/ckpt/checkpoint.safetensors");
+  const std::string file = saveCheckpoint(dir.path().string() + "/ckpt/", st);
+  EXPECT_EQ(file, dir.path().string() + "/ckpt/checkpoint.safetensors");
 
-  TrainingState back = loadCheckpoint(dir.path() + "/ckpt");
+  TrainingState back = loadCheckpoint(dir.path().string() + "/ckpt");
   expectSame(st.model, back.model);
   ASSERT_TRUE(back.optimizer);
   EXPECT_EQ(back.optimizer->type, "SGD");

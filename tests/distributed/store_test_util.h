@@ -27,6 +27,8 @@
 #include <cohort/distributed/store/prefix_store.h>
 #include <cohort/distributed/store/tcp_store.h>
 
+#include "temp_dir.h"
+
 namespace cohort::dist::testing {
 
 using namespace std::chrono_literals;
@@ -48,24 +50,7 @@ inline constexpr bool kThreadSanitizer = false;
 inline Bytes toBytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
 inline std::string toString(const Bytes& b) { return std::string(b.begin(), b.end()); }
 
-// A fresh directory under TMPDIR, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "cohort_store_XXXXXX").string();
-    if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
+using ::cohort::testing::TempDir;  // temp_dir.h
 
 // Each kind makes handles onto one shared store. open() may be called in a forked child when
 // kMultiProcess is true.
