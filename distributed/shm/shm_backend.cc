@@ -24,6 +24,7 @@
 
 #include <cohort/core/util/env.h>
 #include <cohort/core/util/error.h>
+#include <cohort/core/util/logging.h>
 #include <cohort/distributed/store/prefix_store.h>
 
 namespace cohort::dist::shm {
@@ -35,6 +36,9 @@ COHORT_ENV_KNOB(kSmallBytes, "COHORT_SHM_SMALL_BYTES", "32768",
 COHORT_ENV_KNOB(kThread, "COHORT_SHM_THREAD", "caller",
                 "Where the shm backend runs collectives: caller (the issuing thread, the Work is complete on "
                 "return) or worker (one thread per group, asynchronous Works)");
+COHORT_ENV_KNOB(kMaxBufferBytes, "COHORT_SHM_MAX_BUFFER_BYTES", "0",
+                "Largest buffer (bytes) allocateCommBuffer places in /dev/shm, e.g. DDP's buckets (0: no cap); "
+                "larger ones are plain memory, reduced through the slots");
 COHORT_ENV_KNOB(kSpinUs, "COHORT_SHM_SPIN_US", "20",
                 "Microseconds the shm backend spins on a peer's counter before sleeping on a futex");
 
@@ -112,6 +116,9 @@ ShmConfig ShmConfig::fromEnv() {
   c.slotBytes = static_cast<size_t>(slot);
   c.smallBytes = static_cast<size_t>(std::max<int64_t>(0, kSmallBytes.integer()));
   c.spin = std::chrono::microseconds(std::max<int64_t>(0, kSpinUs.integer()));
+  const int64_t maxBuffer = kMaxBufferBytes.integer();
+  if (maxBuffer < 0) throw ValueError(fmt::format("COHORT_SHM_MAX_BUFFER_BYTES must be 0 or more, got {}", maxBuffer));
+  c.maxBufferBytes = static_cast<size_t>(maxBuffer);
   const std::string mode = kThread.str();
   if (mode != "caller" && mode != "worker") {
     throw ValueError(fmt::format("COHORT_SHM_THREAD must be caller or worker, got '{}'", mode));
@@ -126,6 +133,7 @@ ShmBackend::ShmBackend(const StorePtr& store, int rank, int size, const BackendO
   slotBytes_ = roundUp(std::max<size_t>({config.slotBytes, 4096, 64 * static_cast<size_t>(size + 1)}), 4096);
   smallBytes_ = std::min(config.smallBytes, slotBytes_);
   spin_ = config.spin;
+  maxBufferBytes_ = config.maxBufferBytes;
   mapBytes_ = kHeaderBytes + 2 * slotBytes_;
   const auto deadline = std::chrono::steady_clock::now() + opts.timeout;
 
@@ -408,25 +416,37 @@ Tensor ShmBackend::allocateCommBuffer(const Shape& sizes, DType dtype, Millis ti
       for (int q = 0; q < n; ++q) sizes.push_back(fmt::format("rank {} {} bytes", q, all[q].bytes));
       bad.push_back(fmt::format("the ranks asked for different sizes ({})", fmt::join(sizes, ", ")));
     }
-    if (bad.empty()) {
-      for (int q = 0; q < n; ++q)
-        if (all[q].offset != 1)
-          bad.push_back(fmt::format("rank {} could not {}{}", q, step, q == r ? ": " + myError : std::string()));
-    }
     if (!bad.empty()) {
       shm_unlink(nameOf(r).c_str());
       unmapAll();
       throw DistError(fmt::format("shm backend: allocateCommBuffer in group '{}' (buffer {}, shape {}, {}): {}",
                                   group_, id, shapeStr(sizes), dtype, fmt::join(bad, "; ")));
     }
+    // A rank that could not make or map its buffer (a full /dev/shm, the size cap) is no misuse:
+    // every rank falls back to plain memory together.
+    std::vector<std::string> failed;
+    for (int q = 0; q < n; ++q)
+      if (all[q].offset != 1) failed.push_back(fmt::format("rank {}", q));
+    if (failed.empty()) return std::string();
+    shm_unlink(nameOf(r).c_str());
+    unmapAll();
+    return fmt::format("{} could not {}{}", fmt::join(failed, ", "), step,
+                       myError.empty() ? std::string() : " (here: " + myError + ")");
+  };
+  auto fallBack = [&](const std::string& why) {
+    COHORT_LOG(Warning, "shm backend: buffer {} of group '{}' ({} bytes) is plain memory, reduced through the slots: {}",
+               id, group_, bytes, why);
+    return Backend::allocateCommBuffer(sizes, dtype, timeout);
   };
   auto osError = [](const std::string& what) { return fmt::format("{}: {}", what, std::strerror(errno)); };
 
   try {
     // This rank's object, its pages reserved now (a full /dev/shm is an error, not a SIGBUS later).
     std::string err;
-    int fd = shm_open(nameOf(r).c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) {
+    int fd = -1;
+    if (maxBufferBytes_ != 0 && bytes > maxBufferBytes_) {
+      err = fmt::format("{} bytes are more than COHORT_SHM_MAX_BUFFER_BYTES ({})", bytes, maxBufferBytes_);
+    } else if (fd = shm_open(nameOf(r).c_str(), O_CREAT | O_EXCL | O_RDWR, 0600); fd < 0) {
       err = osError(fmt::format("create {}", nameOf(r)));
     } else {
       if (ftruncate(fd, static_cast<off_t>(mapBytes)) != 0) {
@@ -441,7 +461,7 @@ Tensor ShmBackend::allocateCommBuffer(const Shape& sizes, DType dtype, Millis ti
       }
       close(fd);
     }
-    agree(err, "create its buffer");
+    if (std::string why = agree(err, "create a buffer"); !why.empty()) return fallBack(why);
     // The peers' objects.
     for (int q = 0; q < n && err.empty(); ++q) {
       if (q == r) continue;
@@ -458,7 +478,7 @@ Tensor ShmBackend::allocateCommBuffer(const Shape& sizes, DType dtype, Millis ti
       }
       if (pfd >= 0) close(pfd);
     }
-    agree(err, "map the others' buffers");
+    if (std::string why = agree(err, "map the others' buffers"); !why.empty()) return fallBack(why);
   } catch (const Failure& f) {
     for (int q = 0; q < n; ++q) shm_unlink(nameOf(q).c_str());
     unmapAll();

@@ -61,6 +61,9 @@
  * collective): each rank creates and reserves its object, the ranks meet, map each other's,
  * meet again and unlink their names, checking in each meeting (through a descriptor every rank
  * writes into its header for the round) that all asked for the same id and size and succeeded.
+ * A rank that cannot make or map its buffer (a full /dev/shm: containers often give 64 MiB; or a
+ * buffer above COHORT_SHM_MAX_BUFFER_BYTES) makes every rank fall back to plain memory together,
+ * with a warning; ranks that asked for different sizes are a DistError on every rank.
  * An allreduce above the small size states in the same way whether its tensor lies in a
  * registered buffer (id, offset, bytes). When every rank's does, alike, no slot is used: each
  * rank reduces its 1/n slice reading every rank's buffer and writes the result into every
@@ -109,12 +112,14 @@ struct alignas(64) ShmHeader {
 };
 
 // Sizes, spin time and thread mode; fromEnv() reads COHORT_SHM_SLOT_BYTES, COHORT_SHM_SMALL_BYTES,
-// COHORT_SHM_SPIN_US and COHORT_SHM_THREAD (every rank of a group must use the same slot size).
+// COHORT_SHM_SPIN_US, COHORT_SHM_THREAD and COHORT_SHM_MAX_BUFFER_BYTES (every rank of a group must
+// use the same slot size).
 struct ShmConfig {
   size_t slotBytes = 4 << 20;
   size_t smallBytes = 32 << 10;
   std::chrono::microseconds spin{20};
   bool worker = false;  // run ops on a worker thread (COHORT_SHM_THREAD=worker) instead of the caller's
+  size_t maxBufferBytes = 0;  // allocateCommBuffer: larger buffers are plain memory (0: no cap)
   static ShmConfig fromEnv();
 };
 
@@ -231,6 +236,7 @@ class ShmBackend : public Backend {
   size_t slotBytes_ = 0;
   size_t mapBytes_ = 0;
   size_t smallBytes_ = 0;
+  size_t maxBufferBytes_ = 0;
   std::chrono::nanoseconds spin_{0};
   std::vector<std::string> names_;
   std::vector<uint8_t*> bases_;

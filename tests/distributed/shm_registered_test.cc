@@ -22,6 +22,17 @@ using namespace std::chrono_literals;
 
 shm::ShmBackend& shmOf(ProcessGroup& pg) { return dynamic_cast<shm::ShmBackend&>(pg.backend(DeviceType::CPU)); }
 
+// "shm" where rank 1 may place no buffer above 1000 bytes in /dev/shm (as a full /dev/shm would
+// refuse it), the others any.
+const bool kCappedRegistered = [] {
+  registerBackend("shm_capped_rank1", [](const StorePtr& store, int rank, int size, const BackendOptions& opts) -> BackendPtr {
+    shm::ShmConfig c = shm::ShmConfig::fromEnv();
+    if (rank == 1) c.maxBufferBytes = 1000;
+    return std::make_shared<shm::ShmBackend>(store, rank, size, opts, c);
+  });
+  return true;
+}();
+
 // Fills `t` (contiguous, any dtype) with f(i).
 void fill(Tensor& t, const std::function<double(int64_t)>& f) { t.copy_(filled(t.dtype(), t.numel(), f)); }
 
@@ -138,6 +149,41 @@ TEST(ShmRegistered, SizesThatDifferAreADistErrorOnEveryRankAndTheGroupGoesOn) {
     EXPECT_NE(messages[r].find("rank 2"), std::string::npos);
   }
   EXPECT_EQ(messages[0], messages[1]);
+}
+
+// One rank that cannot place its buffer (here a size cap; in a container, a small /dev/shm) is
+// no error: every rank gets plain memory, the allreduce still runs (through the slots), nothing
+// stays in /dev/shm, and the group goes on to place a buffer that fits.
+TEST(ShmRegistered, ARankThatCannotPlaceItsBufferMakesEveryRankFallBack) {
+  if (!hasBackend("shm")) GTEST_SKIP() << "shm is not built";
+  ThreadWorld w("shm_capped_rank1", 3);
+  const std::string stem = stemOf(w.pg(0));
+  std::vector<Tensor> smalls(3);
+  w.run([&](int r) {
+    ProcessGroup& pg = w.pg(r);
+    Tensor big = pg.allocateCommBuffer({20'000}, DType::Float32);  // 80 KB: above rank 1's cap
+    COHORT_EXPECT_MATCH(big, 20'000, [](int64_t) { return 0.0; });
+    fill(big, [&](int64_t i) { return value(DType::Float32, ReduceOp::Sum, r, i); });
+    pg.allreduce(big)->wait();
+    COHORT_EXPECT_MATCH(big, 20'000, [&](int64_t i) { return reduceRef(DType::Float32, ReduceOp::Sum, 3, i); });
+    EXPECT_EQ(shmOf(pg).registeredAllreduces(), 0u);
+    smalls[r] = pg.allocateCommBuffer({200}, DType::Float32);  // 800 B: fits everywhere
+  });
+  EXPECT_TRUE(devShmEntries(stem).empty());
+  EXPECT_EQ(mappedRegions(stem + "0_b0"), 0);  // the fallen-back buffer mapped nothing
+  EXPECT_EQ(mappedRegions(stem + "0_b1"), 3);  // the small one: every rank maps rank 0's
+}
+
+TEST(ShmRegistered, AMaxBufferBytesBelowZeroIsRefused) {
+  if (!hasBackend("shm")) GTEST_SKIP() << "shm is not built";
+  EnvGuard env;
+  env.set("COHORT_SHM_MAX_BUFFER_BYTES", "-1");
+  try {
+    ThreadWorld w("shm", 2, Millis(5'000));
+    ADD_FAILURE() << "accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("COHORT_SHM_MAX_BUFFER_BYTES"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ShmRegistered, ARankThatNeverComesIsATimeoutNamingIt) {
