@@ -104,7 +104,7 @@ TEST(OpQueue, AnExclusiveOpRunsAloneBetweenWhatCameBeforeAndAfter) {
   EXPECT_LT(t.indexOf("end A"), t.indexOf("start X"));
   EXPECT_LT(t.indexOf("end B"), t.indexOf("start X"));
   EXPECT_LT(t.indexOf("end X"), t.indexOf("start C"));
-  EXPECT_EQ(t.maxRunning, 2);  // A and B
+  EXPECT_LE(t.maxRunning, 2);  // A and B may overlap; X and C run alone
 }
 
 TEST(OpQueue, NoMoreThanTheThreadCountRunAtOnce) {
@@ -117,9 +117,10 @@ TEST(OpQueue, NoMoreThanTheThreadCountRunAtOnce) {
     q.post(w.back(), t.task("T" + std::to_string(i), 15ms, w.back()), OpFootprint{false, {&s[i]}});
   }
   waitAll(w);
-  EXPECT_EQ(t.maxRunning, 2);
-  for (int i = 1; i < 6; ++i)
-    EXPECT_LT(t.indexOf("start T" + std::to_string(i - 1)), t.indexOf("start T" + std::to_string(i)));
+  EXPECT_LE(t.maxRunning, 2);  // overlap itself is ShareableOpsOnDifferentMemoryRunSideBySide's
+  // (Two ops taken in order by two workers may log their starts in either order, so only the
+  // count is checked here; the order rules are the other tests'.)
+  EXPECT_EQ(t.events.size(), 12u);
 }
 
 TEST(OpQueue, StoppingLetsRunningOpsFinishAndFailsTheQueuedOnes) {
