@@ -127,7 +127,7 @@ TEST(OpQueue, StoppingLetsRunningOpsFinishAndFailsTheQueuedOnes) {
   auto q = std::make_unique<OpQueue>(2);
   Tracker t;
   std::vector<WorkPtr> w{makeWork(1), makeWork(2), makeWork(3)};
-  q->post(w[0], t.task("A", 100ms, w[0]));
+  q->post(w[0], t.task("A", 500ms, w[0]));  // long enough that stop() comes while A runs
   q->post(w[1], t.task("B", 0ms, w[1]));
   q->post(w[2], t.task("C", 0ms, w[2]), OpFootprint{false, {&c}});
   ASSERT_TRUE(t.waitStarted("A", 5'000ms));
