@@ -49,12 +49,9 @@ Tensor Ctx::saved(size_t i) const {
 bool Ctx::needsInputGrad(size_t i) const { return i < node_.nextEdges().size() && node_.nextEdges()[i].valid(); }
 
 GradSink Ctx::gradSink(size_t i) const {
-  if (i >= node_.nextEdges().size()) return {};
-  GradSink s = detail::gradSinkFor(node_.nextEdges()[i]);
-  if (s.target.defined() && (i >= node_.inputMeta().size() || node_.inputMeta()[i].sizes != s.target.sizes())) {
-    return {};  // the input was a broadcast view of the leaf: let the node sum it back
-  }
-  return s;
+  // An edge into a leaf's AccumulateGrad means the input was the leaf itself (a view of it has a
+  // gradFn of its own), so a sink always has the input's shape.
+  return i < node_.nextEdges().size() ? detail::gradSinkFor(node_.nextEdges()[i]) : GradSink{};
 }
 
 bool needsGrad(std::initializer_list<const Tensor*> inputs) {

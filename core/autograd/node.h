@@ -71,7 +71,6 @@ class Node : public std::enable_shared_from_this<Node> {
   const std::vector<Edge>& nextEdges() const { return next_; }
   std::vector<TensorMeta>& outputMeta() { return outputMeta_; }
   std::vector<TensorMeta>& inputMeta() { return inputMeta_; }
-  const std::vector<TensorMeta>& inputMeta() const { return inputMeta_; }
 
   // Gradient hooks on output `outputNr` (tensor hooks of non-leaf tensors), run before apply.
   int addPreHook(uint32_t outputNr, GradHook hook);

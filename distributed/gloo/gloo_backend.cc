@@ -25,14 +25,12 @@ COHORT_ENV_KNOB(kGlooThreads, "COHORT_GLOO_THREADS", "2",
                 "Worker threads per gloo process group (1-16): allreduces on different memory run side by side");
 
 namespace {
+
 int glooThreads() {
   const int64_t n = kGlooThreads.integer();
   if (n < 1 || n > 16) throw ValueError(fmt::format("COHORT_GLOO_THREADS must be between 1 and 16, got {}", n));
   return static_cast<int>(n);
 }
-}  // namespace
-
-namespace {
 
 // One TCP device (one event-loop thread) per process, shared by every group's context.
 // gloo writes to its sockets with writev, which cannot pass MSG_NOSIGNAL: a write to a peer

@@ -105,6 +105,43 @@ uint64_t pidNamespace() {
 
 size_t roundUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
+std::string withErrno(const std::string& what) { return fmt::format("{}: {}", what, std::strerror(errno)); }
+
+// Creates the shared object `name` of `bytes`, reserves its pages now (a full /dev/shm is an
+// error here rather than a SIGBUS at first touch) and maps it. Null, and `error` saying what
+// failed and why, on failure. Segments and registered buffers are made alike.
+uint8_t* createShared(const std::string& name, size_t bytes, std::string& error) {
+  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) {
+    error = withErrno(fmt::format("cannot create shared memory object {}", name));
+    return nullptr;
+  }
+  void* p = MAP_FAILED;
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    error = withErrno(fmt::format("cannot size {} to {} bytes", name, bytes));
+  } else if (int e = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); e != 0) {
+    errno = e;
+    error = withErrno(fmt::format("cannot reserve {} bytes in /dev/shm for {}", bytes, name));
+  } else if (p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0); p == MAP_FAILED) {
+    error = withErrno(fmt::format("cannot map {}", name));
+  }
+  close(fd);
+  return p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
+}
+
+// Maps `bytes` of another rank's shared object `name`; null and `error` on failure.
+uint8_t* mapShared(const std::string& name, size_t bytes, std::string& error) {
+  int fd = shm_open(name.c_str(), O_RDWR, 0600);
+  if (fd < 0) {
+    error = withErrno(fmt::format("cannot open {}", name));
+    return nullptr;
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) error = withErrno(fmt::format("cannot map {}", name));
+  close(fd);
+  return p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
+}
+
 }  // namespace
 
 ShmConfig ShmConfig::fromEnv() {
@@ -158,23 +195,13 @@ ShmBackend::ShmBackend(const StorePtr& store, int rank, int size, const BackendO
   };
 
   // This rank's segment.
-  errno = 0;
-  int fd = shm_open(names_[rank].c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) fail(fmt::format("cannot create shared memory segment {}", names_[rank]));
-  if (ftruncate(fd, static_cast<off_t>(mapBytes_)) != 0) {
-    close(fd);
-    fail(fmt::format("cannot size segment {} to {} bytes", names_[rank], mapBytes_));
+  std::string err;
+  uint8_t* mine = createShared(names_[rank], mapBytes_, err);
+  if (!mine) {
+    errno = 0;
+    fail(err);
   }
-  // Reserve the pages now: a full /dev/shm is an error here rather than a SIGBUS later.
-  if (int e = posix_fallocate(fd, 0, static_cast<off_t>(mapBytes_)); e != 0) {
-    close(fd);
-    errno = e;
-    fail(fmt::format("cannot reserve {} bytes for segment {} in /dev/shm", mapBytes_, names_[rank]));
-  }
-  void* mine = mmap(nullptr, mapBytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (mine == MAP_FAILED) fail(fmt::format("cannot map segment {}", names_[rank]));
-  bases_[rank] = static_cast<uint8_t*>(mine);
+  bases_[rank] = mine;
   auto* h = new (mine) ShmHeader{};
   h->magic = kMagic;
   h->pid = getpid();
@@ -199,13 +226,11 @@ ShmBackend::ShmBackend(const StorePtr& store, int rank, int size, const BackendO
   }
   for (int r = 0; r < size; ++r) {
     if (r == rank) continue;
-    errno = 0;
-    int pfd = shm_open(names_[r].c_str(), O_RDWR, 0600);
-    if (pfd < 0) fail(fmt::format("cannot open rank {}'s segment {} (is it on this host?)", r, names_[r]));
-    void* p = mmap(nullptr, mapBytes_, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0);
-    close(pfd);
-    if (p == MAP_FAILED) fail(fmt::format("cannot map rank {}'s segment {}", r, names_[r]));
-    bases_[r] = static_cast<uint8_t*>(p);
+    bases_[r] = mapShared(names_[r], mapBytes_, err);
+    if (!bases_[r]) {
+      errno = 0;
+      fail(fmt::format("rank {}'s segment: {} (is it on this host?)", r, err));
+    }
     ShmHeader* ph = header(bases_[r]);
     if (ph->magic != kMagic || ph->rank != r || ph->slotBytes != slotBytes_) {
       errno = 0;
@@ -342,6 +367,12 @@ void ShmBackend::breakWith(const std::string& message) {
   if (p2p_) p2p_->abort(message);
 }
 
+PeerError ShmBackend::brokenError() const {
+  std::lock_guard<std::mutex> lock(errMu_);
+  return PeerError(
+      fmt::format("shm backend of group '{}' was aborted by an earlier error: {}", group_, brokenMessage_));
+}
+
 void ShmBackend::unlinkAll() {
   for (const std::string& n : names_) shm_unlink(n.c_str());
 }
@@ -386,11 +417,7 @@ Tensor ShmBackend::allocateCommBuffer(const Shape& sizes, DType dtype, Millis ti
   const int n = size(), r = rank();
 
   std::lock_guard<std::mutex> lock(opMu_);
-  if (broken_.load()) {
-    std::lock_guard<std::mutex> g(errMu_);
-    throw PeerError(fmt::format("shm backend of group '{}' was aborted by an earlier error: {}", group_,
-                                brokenMessage_));
-  }
+  if (broken_.load()) throw brokenError();
   const uint64_t id = nextBufferId_++;
   auto nameOf = [&](int q) { return fmt::format("{}_b{}", names_[q], id); };
   std::vector<uint8_t*> bases(n, nullptr);
@@ -406,7 +433,7 @@ Tensor ShmBackend::allocateCommBuffer(const Shape& sizes, DType dtype, Millis ti
     publishDesc(Desc{Desc::kAlloc, id, myError.empty() ? 1u : 0u, bytes});
     sync(deadline, "allocateCommBuffer");
     std::vector<Desc> all(n);
-    for (int q = 0; q < n; ++q) all[q] = q == r ? Desc{Desc::kAlloc, id, myError.empty() ? 1u : 0u, bytes} : peerDesc(q);
+    for (int q = 0; q < n; ++q) all[q] = peerDesc(q);  // this rank's own too: what it published
     std::vector<std::string> bad;
     for (int q = 0; q < n; ++q)
       if (all[q].kind != Desc::kAlloc || all[q].id != id)
@@ -438,45 +465,19 @@ Tensor ShmBackend::allocateCommBuffer(const Shape& sizes, DType dtype, Millis ti
                id, group_, bytes, why);
     return Backend::allocateCommBuffer(sizes, dtype, timeout);
   };
-  auto osError = [](const std::string& what) { return fmt::format("{}: {}", what, std::strerror(errno)); };
-
   try {
-    // This rank's object, its pages reserved now (a full /dev/shm is an error, not a SIGBUS later).
     std::string err;
-    int fd = -1;
     if (maxBufferBytes_ != 0 && bytes > maxBufferBytes_) {
       err = fmt::format("{} bytes are more than COHORT_SHM_MAX_BUFFER_BYTES ({})", bytes, maxBufferBytes_);
-    } else if (fd = shm_open(nameOf(r).c_str(), O_CREAT | O_EXCL | O_RDWR, 0600); fd < 0) {
-      err = osError(fmt::format("create {}", nameOf(r)));
     } else {
-      if (ftruncate(fd, static_cast<off_t>(mapBytes)) != 0) {
-        err = osError(fmt::format("size {} to {} bytes", nameOf(r), mapBytes));
-      } else if (int e = posix_fallocate(fd, 0, static_cast<off_t>(mapBytes)); e != 0) {
-        errno = e;
-        err = osError(fmt::format("reserve {} bytes in /dev/shm for {}", mapBytes, nameOf(r)));
-      } else if (void* p = mmap(nullptr, mapBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0); p == MAP_FAILED) {
-        err = osError(fmt::format("map {}", nameOf(r)));
-      } else {
-        bases[r] = static_cast<uint8_t*>(p);
-      }
-      close(fd);
+      bases[r] = createShared(nameOf(r), mapBytes, err);
     }
     if (std::string why = agree(err, "create a buffer"); !why.empty()) return fallBack(why);
-    // The peers' objects.
+    // The peers' objects (every size was checked alike above).
     for (int q = 0; q < n && err.empty(); ++q) {
       if (q == r) continue;
-      int pfd = shm_open(nameOf(q).c_str(), O_RDWR, 0600);
-      struct stat st{};
-      if (pfd < 0) {
-        err = osError(fmt::format("open rank {}'s buffer {}", q, nameOf(q)));
-      } else if (fstat(pfd, &st) != 0 || static_cast<size_t>(st.st_size) < mapBytes) {
-        err = fmt::format("rank {}'s buffer {} is smaller than {} bytes", q, nameOf(q), mapBytes);
-      } else if (void* p = mmap(nullptr, mapBytes, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0); p == MAP_FAILED) {
-        err = osError(fmt::format("map rank {}'s buffer {}", q, nameOf(q)));
-      } else {
-        bases[q] = static_cast<uint8_t*>(p);
-      }
-      if (pfd >= 0) close(pfd);
+      bases[q] = mapShared(nameOf(q), mapBytes, err);
+      if (!bases[q]) err = fmt::format("rank {}'s buffer: {}", q, err);
     }
     if (std::string why = agree(err, "map the others' buffers"); !why.empty()) return fallBack(why);
   } catch (const Failure& f) {

@@ -89,6 +89,7 @@
 #include <utility>
 #include <vector>
 
+#include <cohort/core/util/error.h>
 #include <cohort/distributed/backend.h>
 #include <cohort/distributed/op_queue.h>
 
@@ -230,6 +231,7 @@ class ShmBackend : public Backend {
   };
 
   void breakWith(const std::string& message);
+  PeerError brokenError() const;  // what ops get once the backend is aborted
   void unlinkAll();
 
   std::string group_;
@@ -245,7 +247,7 @@ class ShmBackend : public Backend {
 
   std::mutex opMu_;
   std::atomic<bool> broken_{false};
-  std::mutex errMu_;
+  mutable std::mutex errMu_;
   std::string brokenMessage_;
 
   BackendPtr p2p_;  // gloo, for send/recv

@@ -36,13 +36,7 @@ void ShmBackend::execute(const WorkPtr& work, const std::function<std::vector<Te
   {
     std::lock_guard<std::mutex> lock(opMu_);
     if (broken_.load()) {
-      std::string first;
-      {
-        std::lock_guard<std::mutex> g(errMu_);
-        first = brokenMessage_;
-      }
-      error = std::make_exception_ptr(
-          PeerError(fmt::format("shm backend of group '{}' was aborted by an earlier error: {}", group_, first)));
+      error = std::make_exception_ptr(brokenError());
     } else {
       try {
         outputs = body(work->deadline());
@@ -78,8 +72,9 @@ void ShmBackend::allreduceBytes(void* data, size_t count, DType dtype, ReduceOp 
   // Large: every rank states in the first round whether its tensor is a registered buffer.
   Desc mine{Desc::kPlain, 0, 0, count * es};
   std::vector<uint8_t*> bases;
-  if (findRegistered(d, count * es, mine, bases)) {
-    publishDesc(mine);
+  const bool registered = findRegistered(d, count * es, mine, bases);
+  publishDesc(mine);
+  if (registered) {
     sync(dl, "allreduce");
     bool alike = true;
     for (int q = 0; q < n; ++q)
@@ -91,7 +86,6 @@ void ShmBackend::allreduceBytes(void* data, size_t count, DType dtype, ReduceOp 
     allreduceSlots(d, count, dtype, op, dl, false);  // some peer's was not: all start over
     return;
   }
-  publishDesc(mine);
   if (!allreduceSlots(d, count, dtype, op, dl, true)) allreduceSlots(d, count, dtype, op, dl, false);
 }
 
