@@ -18,6 +18,7 @@
 #include <cohort/core/nn/nn.h>
 #include <cohort/core/optim/optim.h>
 
+#include "common/checksum.h"
 #include "common/progress.h"
 
 using namespace cohort;
@@ -52,17 +53,6 @@ double accuracy(nn::Module& model, data::Dataset& ds) {
   }
   model.train();
   return total ? static_cast<double>(correct) / static_cast<double>(total) : 0.0;
-}
-
-// FNV-1a over every parameter's bytes: equal on every rank when DDP kept them in step.
-uint64_t parameterChecksum(nn::Module& model) {
-  uint64_t h = 1469598103934665603ull;
-  for (const Tensor& p : model.parameters()) {
-    Tensor c = p.contiguous();
-    const auto* b = static_cast<const unsigned char*>(c.dataPtr());
-    for (size_t i = 0; i < c.nbytes(); ++i) h = (h ^ b[i]) * 1099511628211ull;
-  }
-  return h;
 }
 
 }  // namespace
@@ -131,7 +121,7 @@ int main(int argc, char** argv) {
     double acc = accuracy(*net, *test);
     if (talk)
       fmt::print("test accuracy: {:.2f}% ({} images) after {:.1f} s\n", 100.0 * acc, test->size(), progress.elapsed());
-    if (pg) fmt::print("rank {} parameter checksum {:016x}\n", rank, parameterChecksum(*net));
+    if (pg) fmt::print("rank {} parameter checksum {:016x}\n", rank, examples::parameterChecksum(*net));
     return 0;
   } catch (const std::exception& e) {
     fmt::print(stderr, "train_digits: {}\n", e.what());

@@ -29,6 +29,7 @@
 #include <cohort/fsdp/fully_sharded_data_parallel.h>
 #include <cohort/fsdp/state_dict.h>
 
+#include "common/checksum.h"
 #include "common/progress.h"
 
 using namespace cohort;
@@ -187,6 +188,7 @@ int main(int argc, char** argv) {
       }
     }
     if (pg) pg->barrier()->wait();  // rank 0's last checkpoint is on disk before anyone exits
+    if (ddp) fmt::print("rank {} parameter checksum {:016x}\n", rank, examples::parameterChecksum(*gpt));
     if (sharded) {
       // The trained weights, gathered for rank 0 into the plain model (collective).
       nn::StateDict full = fsdp::fullStateDict(*sharded, {.rank0Only = true});

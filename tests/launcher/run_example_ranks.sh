@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Runs examples/train_digits --ddp on 2 ranks through one launch path and checks that it
-# finished, that both ranks printed a parameter checksum, and that the checksums are equal.
-#   run_example_ranks.sh mpirun <mpiexec> <train_digits>
-#   run_example_ranks.sh cohortrun <cohortrun> <train_digits>
+# Runs an example with --ddp on 2 ranks through one launch path and checks that it finished,
+# printed `expected` (rank 0's result line), and that both ranks printed a parameter checksum and
+# the checksums are equal.
+#   run_example_ranks.sh mpirun <mpiexec> <example> <expected> <example args...>
+#   run_example_ranks.sh cohortrun <cohortrun> <example> <expected> <example args...>
+# e.g. run_example_ranks.sh cohortrun build/bin/cohortrun build/examples/train_digits "test accuracy:" --ddp --epochs 2
 set -euo pipefail
-mode=$1 launcher=$2 exe=$3
+mode=$1 launcher=$2 exe=$3 expected=$4
+shift 4
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 case $mode in
-  mpirun) cmd=("$launcher" -np 2 --allow-run-as-root --oversubscribe "$exe" --ddp --epochs 2) ;;
-  cohortrun) cmd=("$launcher" --standalone --nproc-per-node 2 "$exe" --ddp --epochs 2) ;;
+  mpirun) cmd=("$launcher" -np 2 --allow-run-as-root --oversubscribe "$exe" "$@") ;;
+  cohortrun) cmd=("$launcher" --standalone --nproc-per-node 2 "$exe" "$@") ;;
   *) echo "unknown mode $mode" >&2; exit 2 ;;
 esac
 echo "+ ${cmd[*]}"
@@ -23,5 +26,5 @@ if [[ $(wc -l <<<"$sums") -ne 2 ]]; then echo "FAILED: expected a checksum from 
 if [[ $(awk '{print $2}' <<<"$sums" | sort -u | wc -l) -ne 1 ]]; then
   echo "FAILED: the ranks' parameters differ: $sums" >&2; exit 1
 fi
-grep -q "test accuracy:" "$out" || { echo "FAILED: no test accuracy line" >&2; exit 1; }
+grep -qF "$expected" "$out" || { echo "FAILED: no '$expected' line" >&2; exit 1; }
 echo "OK: both ranks hold the same parameters ($(head -1 <<<"$sums" | awk '{print $2}'))"
