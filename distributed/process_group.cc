@@ -318,16 +318,20 @@ WorkPtr ProcessGroup::startWork(OpType op, Millis timeout, RecordFn record, Fing
   if (t.count() == 0) throw ValueError(fmt::format("{} in group '{}': timeout must be positive", opTypeName(op), opts_.name));
   bool collective = p2pLabel.empty();
   uint64_t seq = collective ? ++seq_ : 0;
-  auto work = std::make_shared<Work>(op, seq, opts_.name, t);
+  const auto start = std::chrono::steady_clock::now();  // one reading for the Work and its entry
+  auto work = std::make_shared<Work>(op, seq, opts_.name, t, start);
   uint64_t entry;
   if (collective) {
-    entry = recorder_->recordInPlace(seq, op, record);
+    entry = recorder_->recordInPlace(seq, op, record, start);
   } else {
-    entry = recorder_->recordInPlace(seq, op, [&](std::string& shapes, std::string& detail) {
-      std::string unused;
-      record(shapes, unused);
-      detail = p2pLabel;
-    });
+    entry = recorder_->recordInPlace(
+        seq, op,
+        [&](std::string& shapes, std::string& detail) {
+          std::string unused;
+          record(shapes, unused);
+          detail = p2pLabel;
+        },
+        start);
     work->setLabel(std::move(p2pLabel));
   }
   if (!observer_) observer_ = std::make_shared<Observer>(weak_from_this(), progress_, recorder_);
@@ -347,10 +351,7 @@ WorkPtr ProcessGroup::startWork(OpType op, Millis timeout, RecordFn record, Fing
 template <typename F>
 WorkPtr ProcessGroup::launch(const WorkPtr& work, const BackendPtr& backend, F&& call) {
   // When wait() gives up, the backend stops its transport so no thread stays blocked.
-  // (The Work owns this function, so the raw pointer is valid whenever it runs.)
-  work->setAbort([weak = std::weak_ptr<Backend>(backend), w = work.get()] {
-    if (auto b = weak.lock()) b->abort(w->describe() + ": abandoned by wait() after its timeout");
-  });
+  work->setAbortBackend(backend);
   try {
     call();
   } catch (...) {
@@ -416,21 +417,22 @@ std::string ProcessGroup::diagnose(const Work& work) const {
 // ---- validation ----------------------------------------------------------------------------
 
 namespace {
+// Argument checks. Names are string_views of literals: nothing is built unless a check fails.
 class Checker {
  public:
   Checker(OpType op, const std::string& group) : op_(op), group_(group) {}
 
-  [[noreturn]] void fail(const std::string& what) const {
+  [[noreturn]] void fail(std::string_view what) const {
     throw ValueError(fmt::format("{} in group '{}': {}", opTypeName(op_), group_, what));
   }
-  void tensor(const Tensor& t, const std::string& what) const {
-    if (!t.defined()) fail(what + " is undefined");
+  void tensor(const Tensor& t, std::string_view what) const {
+    if (!t.defined()) fail(fmt::format("{} is undefined", what));
     if (t.numel() > 0 && !t.isContiguous()) {
       fail(fmt::format("{} must be contiguous, got shape {} with strides {}", what, shapeStr(t.sizes()),
                        shapeStr(t.strides())));
     }
   }
-  void like(const Tensor& t, const Tensor& ref, const std::string& what, const std::string& refWhat) const {
+  void like(const Tensor& t, const Tensor& ref, std::string_view what, std::string_view refWhat) const {
     tensor(t, what);
     if (t.dtype() != ref.dtype() || t.sizes() != ref.sizes()) {
       fail(fmt::format("{} is {} {}, but {} is {} {}", what, dtypeName(t.dtype()), shapeStr(t.sizes()), refWhat,
@@ -438,22 +440,22 @@ class Checker {
     }
     sameDevice(t, ref, what, refWhat);
   }
-  void sameDtype(const Tensor& t, const Tensor& ref, const std::string& what, const std::string& refWhat) const {
+  void sameDtype(const Tensor& t, const Tensor& ref, std::string_view what, std::string_view refWhat) const {
     if (t.dtype() != ref.dtype()) {
       fail(fmt::format("{} has dtype {}, but {} has dtype {}", what, dtypeName(t.dtype()), refWhat,
                        dtypeName(ref.dtype())));
     }
     sameDevice(t, ref, what, refWhat);
   }
-  void sameDevice(const Tensor& t, const Tensor& ref, const std::string& what, const std::string& refWhat) const {
+  void sameDevice(const Tensor& t, const Tensor& ref, std::string_view what, std::string_view refWhat) const {
     if (t.device() != ref.device()) {
       fail(fmt::format("{} is on {}, but {} is on {}", what, t.device(), refWhat, ref.device()));
     }
   }
-  void count(size_t got, size_t want, const std::string& what) const {
+  void count(size_t got, size_t want, std::string_view what) const {
     if (got != want) fail(fmt::format("expected {} {} (one per rank), got {}", want, what, got));
   }
-  void rank(int r, int size, const std::string& what) const {
+  void rank(int r, int size, std::string_view what) const {
     if (r < 0 || r >= size) fail(fmt::format("{} {} is out of range for a group of size {}", what, r, size));
   }
   void reduction(ReduceOp op, const Tensor& t) const {
@@ -494,8 +496,11 @@ std::function<CollectiveFingerprint()> fpDtypeOnly(OpType op, const Tensor& t) {
   };
 }
 
-// Short enough for std::string's inline buffer: no allocation on the hot path.
-std::string reduceDetail(ReduceOp op) { return std::string("op=") + reduceOpName(op); }
+// Written into the flight-recorder slot's own buffer: no temporary, no allocation.
+void reduceDetail(std::string& out, ReduceOp op) {
+  out.assign("op=");
+  out.append(reduceOpName(op));
+}
 std::string rootDetail(int root) { return "root=" + std::to_string(root); }
 }  // namespace
 
@@ -506,7 +511,7 @@ WorkPtr ProcessGroup::allreduce(Tensor& tensor, const AllreduceOptions& opts) {
   c.tensor(tensor, "tensor");
   c.reduction(opts.op, tensor);
   const BackendPtr& b = backendFor(OpType::Allreduce, tensor.device().type());
-  auto work = startWork(OpType::Allreduce, opts.timeout, [&](std::string& s, std::string& d) { appendShapes(s, tensor); d = reduceDetail(opts.op); }, [&] { return fp(OpType::Allreduce, {tensor}, opts.op)(); });
+  auto work = startWork(OpType::Allreduce, opts.timeout, [&](std::string& s, std::string& d) { appendShapes(s, tensor); reduceDetail(d, opts.op); }, [&] { return fp(OpType::Allreduce, {tensor}, opts.op)(); });
   return launch(work, b, [&] { b->allreduce(tensor, opts, work); });
 }
 
@@ -519,7 +524,7 @@ WorkPtr ProcessGroup::allreduceCoalesced(std::vector<Tensor>& tensors, const All
   }
   c.reduction(opts.op, tensors[0]);
   const BackendPtr& b = backendFor(OpType::AllreduceCoalesced, tensors[0].device().type());
-  auto work = startWork(OpType::AllreduceCoalesced, opts.timeout, [&](std::string& s, std::string& d) { appendShapes(s, tensors); d = reduceDetail(opts.op); }, [&] { return fp(OpType::AllreduceCoalesced, tensors, opts.op)(); });
+  auto work = startWork(OpType::AllreduceCoalesced, opts.timeout, [&](std::string& s, std::string& d) { appendShapes(s, tensors); reduceDetail(d, opts.op); }, [&] { return fp(OpType::AllreduceCoalesced, tensors, opts.op)(); });
   return launch(work, b, [&] { b->allreduceCoalesced(tensors, opts, work); });
 }
 
@@ -538,7 +543,7 @@ WorkPtr ProcessGroup::reduce(Tensor& tensor, const ReduceOptions& opts) {
   c.rank(opts.root, size_, "root");
   c.reduction(opts.op, tensor);
   const BackendPtr& b = backendFor(OpType::Reduce, tensor.device().type());
-  auto work = startWork(OpType::Reduce, opts.timeout, [&](std::string& s, std::string& d) { appendShapes(s, tensor); d = reduceDetail(opts.op) + " " + rootDetail(opts.root); }, [&] { return fp(OpType::Reduce, {tensor}, opts.op, opts.root)(); });
+  auto work = startWork(OpType::Reduce, opts.timeout, [&](std::string& s, std::string& d) { appendShapes(s, tensor); reduceDetail(d, opts.op); d += " " + rootDetail(opts.root); }, [&] { return fp(OpType::Reduce, {tensor}, opts.op, opts.root)(); });
   return launch(work, b, [&] { b->reduce(tensor, opts, work); });
 }
 
@@ -596,7 +601,7 @@ WorkPtr ProcessGroup::reduceScatter(Tensor& output, std::vector<Tensor>& inputs,
   for (size_t i = 0; i < inputs.size(); ++i) c.like(inputs[i], output, fmt::format("input {}", i), "the output");
   c.reduction(opts.op, output);
   const BackendPtr& b = backendFor(OpType::ReduceScatter, output.device().type());
-  auto work = startWork(OpType::ReduceScatter, opts.timeout, [&](std::string& s, std::string& d) { appendShapes(s, output); d = reduceDetail(opts.op); }, [&] { return fp(OpType::ReduceScatter, {output}, opts.op)(); });
+  auto work = startWork(OpType::ReduceScatter, opts.timeout, [&](std::string& s, std::string& d) { appendShapes(s, output); reduceDetail(d, opts.op); }, [&] { return fp(OpType::ReduceScatter, {output}, opts.op)(); });
   return launch(work, b, [&] { b->reduceScatter(output, inputs, opts, work); });
 }
 
@@ -611,7 +616,7 @@ WorkPtr ProcessGroup::reduceScatterTensor(Tensor& output, const Tensor& input, c
   }
   c.reduction(opts.op, output);
   const BackendPtr& b = backendFor(OpType::ReduceScatterTensor, output.device().type());
-  auto work = startWork(OpType::ReduceScatterTensor, opts.timeout, [&](std::string& s, std::string& d) { appendShapes(s, output, input); d = reduceDetail(opts.op); }, [&] { return fp(OpType::ReduceScatterTensor, {output, input}, opts.op)(); });
+  auto work = startWork(OpType::ReduceScatterTensor, opts.timeout, [&](std::string& s, std::string& d) { appendShapes(s, output, input); reduceDetail(d, opts.op); }, [&] { return fp(OpType::ReduceScatterTensor, {output, input}, opts.op)(); });
   return launch(work, b, [&] { b->reduceScatterTensor(output, input, opts, work); });
 }
 

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <cohort/core/util/error.h>
+#include <cohort/distributed/backend.h>
 
 namespace cohort::dist {
 
@@ -16,12 +17,8 @@ constexpr Millis kBackendGrace{1000};
 Millis effectiveTimeout(Millis t) { return t.count() < 0 ? kDefaultGroupTimeout : t; }
 }  // namespace
 
-Work::Work(OpType op, uint64_t seq, std::string groupName, Millis timeout)
-    : op_(op),
-      seq_(seq),
-      group_(std::move(groupName)),
-      timeout_(effectiveTimeout(timeout)),
-      deadline_(std::chrono::steady_clock::now() + timeout_) {}
+Work::Work(OpType op, uint64_t seq, std::string groupName, Millis timeout, std::chrono::steady_clock::time_point start)
+    : op_(op), seq_(seq), group_(std::move(groupName)), timeout_(effectiveTimeout(timeout)), deadline_(start + timeout_) {}
 
 Millis Work::remaining() const {
   auto left = std::chrono::duration_cast<Millis>(deadline_ - std::chrono::steady_clock::now());
@@ -65,47 +62,101 @@ std::exception_ptr Work::distError(const std::string& detail) const {
 
 void Work::finish(std::vector<Tensor> outputs) {
   if (observer_ && !observed_.exchange(true)) observer_->onComplete(*this, observerToken_, nullptr);
-  future_.setValue(std::move(outputs));
+  complete(&outputs, nullptr);
 }
 void Work::fail(std::exception_ptr error) {
+  COHORT_CHECK(error != nullptr, "Work::fail needs an exception");
   if (observer_ && !observed_.exchange(true)) observer_->onComplete(*this, observerToken_, error);
-  future_.setError(std::move(error));
+  complete(nullptr, std::move(error));
+}
+
+void Work::complete(std::vector<Tensor>* outputs, std::exception_ptr error) {
+  std::optional<Future<std::vector<Tensor>>> chained;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    COHORT_CHECK(state_.load(std::memory_order_relaxed) == kPending, "{} completed twice", describe());
+    if (outputs) outputs_ = std::move(*outputs);
+    error_ = std::move(error);
+    state_.store(error_ ? kFailed : kSucceeded, std::memory_order_release);
+    chained = future_;
+  }
+  cv_.notify_all();
+  // outputs_ and error_ no longer change: the Future's callbacks run here, outside the lock.
+  if (chained) {
+    if (error_) {
+      chained->setError(error_);
+    } else {
+      chained->setValue(outputs_);
+    }
+  }
+}
+
+Future<std::vector<Tensor>> Work::future() const {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (future_) return *future_;
+  Future<std::vector<Tensor>> f;
+  future_ = f;
+  const uint8_t s = state_.load(std::memory_order_relaxed);
+  lock.unlock();
+  // Completed before anyone asked: complete the new Future here (complete() saw no future_).
+  if (s == kSucceeded) f.setValue(outputs_);
+  if (s == kFailed) f.setError(error_);
+  return f;
+}
+
+bool Work::waitUntilDone(std::chrono::steady_clock::time_point until) const {
+  if (isCompleted()) return true;
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_until(lock, until, [&] { return state_.load(std::memory_order_relaxed) != kPending; });
+}
+
+void Work::rethrowIfFailed() const {
+  if (state_.load(std::memory_order_acquire) == kFailed) std::rethrow_exception(error_);
 }
 
 void Work::wait() {
-  if (future_.isCompleted()) {  // caller-thread backends: no clock read, no timed wait
-    future_.wait();             // rethrows the op's error
+  if (isCompleted()) {  // caller-thread backends: no clock read, no lock
+    rethrowIfFailed();
     return;
   }
-  auto now = std::chrono::steady_clock::now();
-  auto left = deadline_ > now ? deadline_ - now : std::chrono::steady_clock::duration::zero();
-  if (future_.waitFor(left + kBackendGrace)) {
-    future_.wait();  // rethrows the op's error
+  if (waitUntilDone(std::max(deadline_, std::chrono::steady_clock::now()) + kBackendGrace)) {
+    rethrowIfFailed();
     return;
   }
-  std::call_once(abortOnce_, [&] {
-    if (abort_) abort_();
-  });
+  abortOnce();
   // The abort normally makes the backend fail the op at once with its own error.
-  if (future_.waitFor(Millis(100))) {
-    future_.wait();
+  if (waitUntilDone(std::chrono::steady_clock::now() + Millis(100))) {
+    rethrowIfFailed();
     return;
   }
   std::rethrow_exception(timeoutError("wait() gave up: the backend did not complete the op"));
 }
 
 void Work::wait(Millis timeout) {
-  if (future_.waitFor(timeout)) {
-    future_.wait();
+  if (waitUntilDone(std::chrono::steady_clock::now() + timeout)) {
+    rethrowIfFailed();
     return;
   }
-  std::call_once(abortOnce_, [&] {
-    if (abort_) abort_();
-  });
+  abortOnce();
   std::string msg = fmt::format("{} not finished after wait({} ms)", describe(), timeout.count());
   std::string why = diagnosis();
   if (!why.empty()) msg += "; " + why;
   throw TimeoutError(msg);
+}
+
+void Work::abortOnce() {
+  std::call_once(abortOnce_, [&] {
+    if (abort_) {
+      abort_();
+    } else if (auto b = abortBackend_.lock()) {
+      b->abort(describe() + ": abandoned by wait() after its timeout");
+    }
+  });
+}
+
+std::vector<Tensor> Work::result() {
+  wait();
+  return outputs_;
 }
 
 }  // namespace cohort::dist

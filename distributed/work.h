@@ -1,7 +1,9 @@
 /*
  * Work: the handle of one collective in flight. Every collective returns one at once; the
- * operation runs on the backend's threads. The handle wraps the shared Future (its value is the
- * op's output tensors), so callers may wait, poll, or chain with then().
+ * operation runs on the backend's threads (or, for the mpi backend's caller mode, has already run
+ * on the caller's). Callers may wait, poll, or chain with future().then(); the Future (its value
+ * is the op's output tensors) is made on the first call to future(), so an op nobody chains on
+ * costs one allocation (the Work) and no lock beyond its completion.
  *
  * wait() blocks until the op's deadline (creation + its timeout) plus a short grace that lets the
  * backend report its own, more precise error; wait(timeout) blocks at most `timeout`. They throw:
@@ -16,10 +18,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,32 +33,45 @@
 
 namespace cohort::dist {
 
+class Backend;
+
 class Work {
  public:
-  Work(OpType op, uint64_t seq, std::string groupName, Millis timeout);
+  // `start` is when the op was issued (its deadline is start + timeout); ProcessGroup passes the
+  // time it read once for the op and its flight-recorder entry.
+  Work(OpType op, uint64_t seq, std::string groupName, Millis timeout,
+       std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now());
   virtual ~Work() = default;
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
 
   OpType op() const { return op_; }
   uint64_t sequenceNumber() const { return seq_; }
   const std::string& groupName() const { return group_; }
   Millis timeout() const { return timeout_; }
 
-  bool isCompleted() const { return future_.isCompleted(); }
-  bool isSuccess() const { return future_.isCompleted() && !future_.hasError(); }
-  std::exception_ptr exception() const { return future_.exception(); }
+  bool isCompleted() const { return state_.load(std::memory_order_acquire) != kPending; }
+  bool isSuccess() const { return state_.load(std::memory_order_acquire) == kSucceeded; }
+  // The op's error; nullptr while pending or after success.
+  std::exception_ptr exception() const {
+    return state_.load(std::memory_order_acquire) == kFailed ? error_ : nullptr;
+  }
   // Waits up to the op's timeout (or the given one); throws as described above.
   void wait();
   void wait(Millis timeout);
-  // The op's outputs once complete.
-  std::vector<Tensor> result() const { return future_.value(); }
-  Future<std::vector<Tensor>> future() const { return future_; }
+  // The op's outputs: wait()s first (so it throws as wait() does).
+  std::vector<Tensor> result();
+  // A Future completed with the outputs or the error (made on the first call; later calls return
+  // the same one).
+  Future<std::vector<Tensor>> future() const;
 
   // When the op must be over: creation + timeout. Backends give their transport what is left
   // (remaining()), so a dead peer fails the op by the time wait() gives up.
   std::chrono::steady_clock::time_point deadline() const { return deadline_; }
   Millis remaining() const;  // until deadline(), at least 1 ms
 
-  // For backends: complete the work (from any thread).
+  // For backends: complete the work (from any thread), exactly once; a second completion is a
+  // broken invariant (InternalError).
   void finish(std::vector<Tensor> outputs);
   void fail(std::exception_ptr error);
   // For backends: typed errors whose message names this op ("allreduce #12 in group 'world'"),
@@ -80,9 +97,12 @@ class Work {
     observerToken_ = token;
   }
   std::string diagnosis() const;
-  // Called once when wait() times out, before throwing (backends abort the op's transport here).
+  // What wait() does once when it times out, before throwing: run the backend's abort function
+  // when it installed one, else abort the backend the op was launched on (ProcessGroup names it;
+  // a weak reference, so nothing is allocated per op and a Work does not keep a backend alive).
   using AbortFn = std::function<void()>;
   void setAbort(AbortFn fn) { abort_ = std::move(fn); }
+  void setAbortBackend(std::weak_ptr<Backend> backend) { abortBackend_ = std::move(backend); }
 
   // Point-to-point ops carry no group sequence number; their label says who and which tag
   // ("to rank 1, tag 7") and describe() shows it.
@@ -95,13 +115,26 @@ class Work {
   std::string group_;
   Millis timeout_;
   std::chrono::steady_clock::time_point deadline_;
-  Future<std::vector<Tensor>> future_;
+
+  // Completion: state_ is written once, under mu_, after outputs_/error_; read without the lock.
+  enum : uint8_t { kPending, kSucceeded, kFailed };
+  void complete(std::vector<Tensor>* outputs, std::exception_ptr error);
+  bool waitUntilDone(std::chrono::steady_clock::time_point until) const;
+  void rethrowIfFailed() const;
+  std::atomic<uint8_t> state_{kPending};
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  std::vector<Tensor> outputs_;
+  std::exception_ptr error_;
+  mutable std::optional<Future<std::vector<Tensor>>> future_;  // made by future()
   std::string label_;
   std::shared_ptr<Observer> observer_;
   uint64_t observerToken_ = 0;
   std::atomic<bool> observed_{false};
   AbortFn abort_;
+  std::weak_ptr<Backend> abortBackend_;
   std::once_flag abortOnce_;
+  void abortOnce();
 };
 
 using WorkPtr = std::shared_ptr<Work>;

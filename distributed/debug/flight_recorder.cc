@@ -218,45 +218,47 @@ uint64_t FlightRecorder::recordStart(OpType op, uint64_t seq, std::string shapes
   return record(seq, opTypeName(op), std::move(shapes), std::move(detail), std::move(dtype));
 }
 
-uint64_t FlightRecorder::record(uint64_t seq, std::string op, std::string shapes, std::string detail,
-                                std::string dtype) {
-  if (capacity_ == 0) return 0;
-  auto now = std::chrono::system_clock::now();
-  std::lock_guard<std::mutex> lock(mu_);
-  uint64_t id = nextId_++;
+FlightRecorder::Slot& FlightRecorder::claimSlot(uint64_t seq, std::chrono::steady_clock::time_point start,
+                                                 uint64_t& id) {
+  id = nextId_++;
   if (ring_.size() < capacity_) ring_.emplace_back();
-  Entry& e = ring_[(id - 1) % capacity_];
+  Slot& e = ring_[(id - 1) % capacity_];
   e.id = id;
   e.seq = seq;
-  e.op = std::move(op);
-  e.shapes = std::move(shapes);
-  e.dtype = std::move(dtype);
-  e.detail = std::move(detail);
-  e.start = now;
+  e.start = start;
   e.end = {};
   e.state = State::Scheduled;
   e.error.clear();
+  return e;
+}
+
+uint64_t FlightRecorder::record(uint64_t seq, std::string op, std::string shapes, std::string detail,
+                                std::string dtype) {
+  if (capacity_ == 0) return 0;
+  auto now = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t id;
+  Slot& e = claimSlot(seq, now, id);
+  e.opIsText = true;
+  e.opText = std::move(op);
+  e.shapes = std::move(shapes);
+  e.dtype = std::move(dtype);
+  e.detail = std::move(detail);
   return id;
 }
 
-uint64_t FlightRecorder::recordInPlace(uint64_t seq, OpType op, FillFn fill) {
+uint64_t FlightRecorder::recordInPlace(uint64_t seq, OpType op, FillFn fill,
+                                       std::chrono::steady_clock::time_point start) {
   if (capacity_ == 0) return 0;
-  auto now = std::chrono::system_clock::now();
   std::lock_guard<std::mutex> lock(mu_);
-  uint64_t id = nextId_++;
-  if (ring_.size() < capacity_) ring_.emplace_back();
-  Entry& e = ring_[(id - 1) % capacity_];
-  e.id = id;
-  e.seq = seq;
-  e.op.assign(opTypeName(op));
+  uint64_t id;
+  Slot& e = claimSlot(seq, start, id);
+  e.opIsText = false;
+  e.opType = op;
   e.shapes.clear();
   e.dtype.clear();
   e.detail.clear();
   if (fill) fill(e.shapes, e.detail);
-  e.start = now;
-  e.end = {};
-  e.state = State::Scheduled;
-  e.error.clear();
   prefetchSlot(id);
   return id;
 }
@@ -268,18 +270,18 @@ uint64_t FlightRecorder::recordInPlace(uint64_t seq, OpType op, FillFn fill) {
 void FlightRecorder::prefetchSlot(uint64_t id) const {
   if (ring_.size() < capacity_) return;
   const char* next = reinterpret_cast<const char*>(&ring_[id % capacity_]);
-  for (size_t off = 0; off < sizeof(Entry); off += 64) __builtin_prefetch(next + off, 1, 3);
+  for (size_t off = 0; off < sizeof(Slot); off += 64) __builtin_prefetch(next + off, 1, 3);
 }
 
 void FlightRecorder::complete(uint64_t id, State state, std::string error) {
   if (id == 0 || capacity_ == 0) return;
-  auto now = std::chrono::system_clock::now();
+  auto now = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(mu_);
-  Entry& e = ring_[(id - 1) % capacity_];
+  Slot& e = ring_[(id - 1) % capacity_];
   if (e.id != id) return;  // overwritten by a newer op
   e.end = now;
   e.state = state;
-  e.error = std::move(error);
+  if (!error.empty()) e.error = std::move(error);
 }
 
 uint64_t FlightRecorder::recorded() const {
@@ -294,7 +296,27 @@ std::vector<FlightRecorder::Entry> FlightRecorder::entries() const {
   out.reserve(ring_.size());
   // Oldest first: once the ring has wrapped, the oldest sits at the slot the next id will take.
   size_t startSlot = ring_.size() < capacity_ ? 0 : (nextId_ - 1) % capacity_;
-  for (size_t i = 0; i < ring_.size(); ++i) out.push_back(ring_[(startSlot + i) % ring_.size()]);
+  // Steady times to wall-clock ones, with one reading of each clock.
+  const auto sysNow = std::chrono::system_clock::now();
+  const auto steadyNow = std::chrono::steady_clock::now();
+  auto wall = [&](std::chrono::steady_clock::time_point t) {
+    return sysNow - std::chrono::duration_cast<std::chrono::system_clock::duration>(steadyNow - t);
+  };
+  for (size_t i = 0; i < ring_.size(); ++i) {
+    const Slot& s = ring_[(startSlot + i) % ring_.size()];
+    Entry e;
+    e.id = s.id;
+    e.seq = s.seq;
+    e.op = s.opIsText ? s.opText : opTypeName(s.opType);
+    e.shapes = s.shapes;
+    e.dtype = s.dtype;
+    e.detail = s.detail;
+    e.start = wall(s.start);
+    if (s.state != State::Scheduled) e.end = wall(s.end);
+    e.state = s.state;
+    e.error = s.error;
+    out.push_back(std::move(e));
+  }
   return out;
 }
 

@@ -69,8 +69,10 @@ class FlightRecorder {
   uint64_t record(uint64_t seq, std::string op, std::string shapes, std::string detail, std::string dtype = "");
   // The same for the hot path: `fill(shapes, detail)` writes the entry's text in place, under the
   // recorder's lock, into buffers reused from the ring slot (no allocation once the ring is warm).
+  // `start` is when the op was issued (ProcessGroup passes the time it read for the op's Work).
   using FillFn = FunctionRef<void(std::string& shapes, std::string& detail)>;
-  uint64_t recordInPlace(uint64_t seq, OpType op, FillFn fill);
+  uint64_t recordInPlace(uint64_t seq, OpType op, FillFn fill,
+                         std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now());
   // An id that has left the ring (or 0) is ignored.
   void complete(uint64_t id, State state, std::string error = "");
   void complete(uint64_t id, bool ok, const std::string& error = "") {
@@ -92,8 +94,20 @@ class FlightRecorder {
   const size_t capacity_;
   int rank_;
   mutable std::mutex mu_;
+  // A ring slot: an Entry as the hot path writes it, with the op as its enum when it has one
+  // and times on the steady clock (entries() gives wall-clock times).
+  struct Slot {
+    uint64_t id = 0;
+    uint64_t seq = 0;
+    OpType opType{};
+    bool opIsText = false;
+    std::string opText, shapes, dtype, detail, error;
+    std::chrono::steady_clock::time_point start{}, end{};
+    State state = State::Scheduled;
+  };
+  Slot& claimSlot(uint64_t seq, std::chrono::steady_clock::time_point start, uint64_t& id);  // mu_ held
   void prefetchSlot(uint64_t id) const;  // the slot op id + 1 will use (mu_ held)
-  std::vector<Entry> ring_;  // grows to capacity_, then slot (id - 1) % capacity_ is reused
+  std::vector<Slot> ring_;  // grows to capacity_, then slot (id - 1) % capacity_ is reused
   uint64_t nextId_ = 1;
 };
 

@@ -112,11 +112,7 @@ void MpiBackend::State::push(std::shared_ptr<mpi::PendingOp> op) {
   if (wakeMonitor) monitorCv.notify_one();
 }
 
-void MpiBackend::State::enqueue(const WorkPtr& work, mpi::OpFn fn) {
-  if (onCaller) {
-    runOnCaller(work, fn);
-    return;
-  }
+void MpiBackend::State::enqueueOnWorker(const WorkPtr& work, mpi::OpFn fn) {
   auto op = std::make_shared<mpi::PendingOp>();
   op->work = work;
   op->run = std::move(fn);
@@ -143,46 +139,58 @@ void MpiBackend::State::enqueueP2p(const WorkPtr& work, mpi::OpFn fn, std::share
   push(std::move(op));
 }
 
-void MpiBackend::State::runOnCaller(const WorkPtr& work, mpi::OpFn& fn) {
-  auto op = std::make_shared<mpi::PendingOp>();
-  op->work = work;
-  std::string reason;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (aborted || stop) {
+uint64_t MpiBackend::State::beginOnCaller(const WorkPtr& work) {
+  if (broken.load(std::memory_order_acquire)) {
+    std::string reason;
+    {
+      std::lock_guard<std::mutex> lock(mu);
       reason = aborted ? abortReason : std::string("the backend was shut down");
-    } else {
-      callerOp = op;  // the watchdog polls it; no wake-up on the hot path
     }
+    work->fail(work->distError(fmt::format("not started: {}", reason)));
+    return 0;
   }
-  if (!reason.empty()) {
-    if (op->claim()) work->fail(work->distError(fmt::format("not started: {}", reason)));
+  const uint64_t ticket = callerTickets.fetch_add(1, std::memory_order_relaxed) + 1;
+  callerWork.store(&work, std::memory_order_relaxed);
+  callerDeadline.store(work->deadline().time_since_epoch().count(), std::memory_order_relaxed);
+  callerRunning.store(ticket, std::memory_order_release);  // the watchdog polls it: no wake-up per op
+  return ticket;
+}
+
+void MpiBackend::State::endOnCaller(Work& work, uint64_t ticket, std::optional<std::vector<Tensor>> outputs,
+                                    std::exception_ptr error) {
+  uint64_t running = ticket;
+  if (!callerRunning.compare_exchange_strong(running, 0)) {
+    // The watchdog gave up on this op and is ending the job. Let it take its reference to the
+    // Work before this frame (which holds the caller's) goes away; it clears the slot at once.
+    const auto until = Clock::now() + std::chrono::seconds(5);
+    while (callerRunning.load() == (ticket | kCallerClaimed) && Clock::now() < until) std::this_thread::yield();
     return;
   }
-  std::optional<std::vector<Tensor>> outputs;
-  std::exception_ptr error;
-  try {
-    auto lock = comm->env().lock();
-    outputs = fn(comm->get());
-  } catch (const std::exception& e) {
-    error = work->distError(e.what());
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    callerOp.reset();
-  }
-  if (!op->claim()) return;  // the watchdog gave up on it and is ending the job
   if (error) {
-    work->fail(error);
+    work.fail(std::move(error));
   } else {
-    work->finish(std::move(*outputs));
+    work.finish(std::move(*outputs));
   }
 }
 
-void MpiBackend::State::abortJobForStuckCaller(const std::shared_ptr<mpi::PendingOp>& op) {
+void MpiBackend::State::checkCallerDeadline(std::unique_lock<std::mutex>& lock, Clock::time_point now) {
+  uint64_t ticket = callerRunning.load(std::memory_order_acquire);
+  if (ticket == 0 || (ticket & kCallerClaimed)) return;
+  const WorkPtr* work = callerWork.load(std::memory_order_relaxed);
+  if (now.time_since_epoch().count() < callerDeadline.load(std::memory_order_relaxed)) return;
+  // Tickets never repeat: if the slot still holds this one, the caller is still inside this op
+  // (and `work` and the deadline read above are its own).
+  if (!callerRunning.compare_exchange_strong(ticket, ticket | kCallerClaimed)) return;
+  WorkPtr stuck = *work;
+  callerRunning.store(0);
+  lock.unlock();
+  abortJobForStuckCaller(stuck);
+}
+
+void MpiBackend::State::abortJobForStuckCaller(const WorkPtr& work) {
   std::string msg;
   try {
-    std::rethrow_exception(op->work->timeoutError(
+    std::rethrow_exception(work->timeoutError(
         "MPI cannot interrupt a blocking collective running on its caller's thread "
         "(COHORT_MPI_COLLECTIVE_THREAD=caller), so this rank ends the job with MPI_Abort; with "
         "COHORT_MPI_COLLECTIVE_THREAD=worker the timeout is an exception instead"));
@@ -193,7 +201,7 @@ void MpiBackend::State::abortJobForStuckCaller(const std::shared_ptr<mpi::Pendin
   std::fprintf(stderr, "cohort: %s\n", msg.c_str());
   std::fflush(stderr);
   // Failing the Work marks its flight-recorder entry and, as for any DistError, dumps the recorders.
-  if (op->claim()) op->work->fail(std::make_exception_ptr(TimeoutError(msg)));
+  work->fail(std::make_exception_ptr(TimeoutError(msg)));  // claimed by checkCallerDeadline
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::abort();  // MPI_Abort does not return; if it did, still never go back into a stuck job
 }
@@ -274,11 +282,7 @@ void MpiBackend::State::monitorLoop() {
     if (!currentStuck) consider(current);
     for (const auto& op : queue) consider(op);
     auto now = Clock::now();
-    if (callerOp && !callerOp->completed.load() && now >= callerOp->work->deadline()) {
-      auto stuck = callerOp;
-      lock.unlock();
-      abortJobForStuckCaller(stuck);
-    }
+    if (onCaller) checkCallerDeadline(lock, now);
     // In caller mode collectives come and go without telling the watchdog: look every kCallerPoll.
     auto pollLimit = onCaller ? now + mpi::kCallerPoll : Clock::time_point::max();
     if (!first) {
@@ -316,6 +320,7 @@ void MpiBackend::State::monitorLoop() {
       currentStuck = true;
     }
     aborted = true;
+    broken.store(true);
     abortReason = fmt::format("{} timed out, so backend mpi of group '{}' was aborted", first->work->describe(),
                               groupName);
     std::string reason = abortReason;
@@ -346,6 +351,7 @@ void MpiBackend::State::abortAll(const std::string& reason) {
       aborted = true;
       abortReason = reason;
     }
+    broken.store(true);
     drop.assign(queue.begin(), queue.end());
     queue.clear();
     queued.store(0, std::memory_order_release);
@@ -373,6 +379,7 @@ void MpiBackend::State::shutdown() {
   {
     std::unique_lock<std::mutex> lock(mu);
     stop = true;
+    broken.store(true);
     workerCv.notify_all();
     monitorCv.notify_all();
     // The worker finishes the op it is in (the other ranks are running it too) unless the

@@ -89,11 +89,11 @@ struct MpiBackend::State : std::enable_shared_from_this<MpiBackend::State> {
   std::deque<std::shared_ptr<mpi::PendingOp>> queue;
   std::atomic<size_t> queued{0};  // queue.size(), read without the lock by the spinning worker
   std::shared_ptr<mpi::PendingOp> current;
-  std::shared_ptr<mpi::PendingOp> callerOp;  // the collective running on its caller's thread
   bool currentStuck = false;  // current failed by the watchdog and still inside MPI
   bool aborted = false;
   std::string abortReason;
   bool stop = false;
+  std::atomic<bool> broken{false};  // aborted || stop, for the caller path to read without mu
   bool workerDone = false;
   std::chrono::steady_clock::time_point monitorWake = std::chrono::steady_clock::time_point::max();
   std::thread worker, monitor;
@@ -106,10 +106,39 @@ struct MpiBackend::State : std::enable_shared_from_this<MpiBackend::State> {
   std::atomic<bool> p2pAbortAll{false};  // the backend was aborted: cancel every transfer
   std::thread poller;
 
+  // Caller mode: the collective running on its caller's thread, watched by the watchdog without a
+  // lock or an allocation per op. While an op runs, callerRunning holds its ticket (0: none);
+  // callerWork and callerDeadline describe it. The watchdog claims an op past its deadline by
+  // setting kCallerClaimed on its ticket, takes a reference to the Work, then clears the slot;
+  // the caller, finding its ticket claimed, waits for that, leaves the Work to the watchdog
+  // (which fails it and ends the job) and returns.
+  static constexpr uint64_t kCallerClaimed = uint64_t{1} << 63;
+  std::atomic<uint64_t> callerRunning{0};
+  std::atomic<uint64_t> callerTickets{0};
+  std::atomic<const WorkPtr*> callerWork{nullptr};
+  std::atomic<std::chrono::steady_clock::rep> callerDeadline{0};
+
   void start();
   void shutdown();
-  // A collective: runs it on this thread (caller mode) or queues it for the worker.
-  void enqueue(const WorkPtr& work, mpi::OpFn fn);
+  // A collective: runs `fn` on this thread (caller mode) or queues it for the worker.
+  template <typename F>
+  void enqueue(const WorkPtr& work, F&& fn) {
+    if (!onCaller) {
+      enqueueOnWorker(work, mpi::OpFn(std::forward<F>(fn)));
+      return;
+    }
+    const uint64_t ticket = beginOnCaller(work);
+    if (ticket == 0) return;
+    std::optional<std::vector<Tensor>> outputs;
+    std::exception_ptr error;
+    try {
+      auto lock = comm->env().lock();
+      outputs = fn(comm->get());
+    } catch (const std::exception& e) {
+      error = work->distError(e.what());
+    }
+    endOnCaller(*work, ticket, std::move(outputs), std::move(error));
+  }
   // Send/recv: `fn` issues the transfer and hands it to addP2p; `abortFlag` is shared with it.
   void enqueueP2p(const WorkPtr& work, mpi::OpFn fn, std::shared_ptr<std::atomic<bool>> abortFlag);
   void addP2p(std::shared_ptr<mpi::P2pOp> op);
@@ -120,10 +149,16 @@ struct MpiBackend::State : std::enable_shared_from_this<MpiBackend::State> {
   void monitorLoop();
   void pollerLoop();
   void runOne(const std::shared_ptr<mpi::PendingOp>& op);
-  void runOnCaller(const WorkPtr& work, mpi::OpFn& fn);
+  void enqueueOnWorker(const WorkPtr& work, mpi::OpFn fn);
+  // Caller mode: publishes the op for the watchdog and returns its ticket, or fails the Work and
+  // returns 0 when the backend is aborted or shut down.
+  uint64_t beginOnCaller(const WorkPtr& work);
+  void endOnCaller(Work& work, uint64_t ticket, std::optional<std::vector<Tensor>> outputs, std::exception_ptr error);
+  // The watchdog's look at the caller's op (mu held; released if it ends the job).
+  void checkCallerDeadline(std::unique_lock<std::mutex>& lock, std::chrono::steady_clock::time_point now);
   // A collective on its caller's thread passed its deadline: MPI cannot interrupt it, so this
   // reports the error (with the group's diagnosis) and ends the job with MPI_Abort.
-  [[noreturn]] void abortJobForStuckCaller(const std::shared_ptr<mpi::PendingOp>& op);
+  [[noreturn]] void abortJobForStuckCaller(const WorkPtr& work);
   void push(std::shared_ptr<mpi::PendingOp> op);
 };
 

@@ -253,5 +253,115 @@ TEST(Work, FutureCarriesTheOutputs) {
   EXPECT_EQ(w->describe(), "allreduce #1 in group 'world'");
 }
 
+// ---- Work on its own: completion, the lazily made Future, timeouts and aborts ----------------
+
+WorkPtr bareWork(uint64_t seq = 3) { return std::make_shared<Work>(OpType::Allreduce, seq, "g", Millis(60'000)); }
+
+TEST(Work, AFutureTakenBeforeCompletionIsCompletedOnceAndIsTheSameOnEveryCall) {
+  auto w = bareWork();
+  auto f1 = w->future();
+  auto f2 = w->future();
+  std::atomic<int> ran{0};
+  auto doubled = f1.then([&](Future<std::vector<Tensor>> f) {
+    ++ran;
+    return f.value().at(0).numel() * 2;
+  });
+  EXPECT_FALSE(f2.isCompleted());
+  EXPECT_FALSE(w->isCompleted());
+  EXPECT_EQ(w->exception(), nullptr);
+  Tensor t = zeros({3});
+  std::thread finisher([&] { w->finish({t}); });
+  finisher.join();
+  EXPECT_TRUE(f2.isCompleted());  // the same Future as f1
+  EXPECT_EQ(doubled.value(), 6);
+  EXPECT_EQ(ran.load(), 1);
+  EXPECT_TRUE(w->isSuccess());
+  EXPECT_TRUE(w->result().at(0).isSameAs(t));
+  EXPECT_TRUE(w->future().value().at(0).isSameAs(t));
+}
+
+TEST(Work, AFutureTakenAfterAFailureCarriesTheError) {
+  auto w = bareWork();
+  w->fail(std::make_exception_ptr(PeerError("rank 1 went away")));
+  EXPECT_TRUE(w->isCompleted());
+  EXPECT_FALSE(w->isSuccess());
+  ASSERT_NE(w->exception(), nullptr);
+  auto f = w->future();
+  ASSERT_TRUE(f.isCompleted());
+  EXPECT_THROW(f.value(), PeerError);
+  EXPECT_THROW(w->wait(), PeerError);
+  EXPECT_THROW(w->wait(Millis(1)), PeerError);
+  EXPECT_THROW(w->result(), PeerError);
+}
+
+TEST(Work, CompletingTwiceIsABrokenInvariantAndKeepsTheFirstResult) {
+  auto w = bareWork();
+  Tensor t = zeros({1});
+  w->finish({t});
+  try {
+    w->fail(std::make_exception_ptr(DistError("late")));
+    ADD_FAILURE() << "a second completion was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("allreduce #3 in group 'g' completed twice"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(w->isSuccess());
+  EXPECT_TRUE(w->result().at(0).isSameAs(t));
+}
+
+TEST(Work, WaitWakesWhenAnotherThreadCompletes) {
+  auto w = bareWork();
+  std::thread finisher([&] {
+    std::this_thread::sleep_for(Millis(30));
+    w->finish({});
+  });
+  w->wait(Millis(30'000));
+  EXPECT_TRUE(w->isSuccess());
+  finisher.join();
+}
+
+// A backend that only records abort() calls.
+class AbortRecordingBackend : public Backend {
+ public:
+  AbortRecordingBackend() : Backend("abort_recording", 0, 1) {}
+  void abort(const std::string& reason) override {
+    std::lock_guard<std::mutex> lock(mu);
+    reasons.push_back(reason);
+  }
+  std::mutex mu;
+  std::vector<std::string> reasons;
+};
+
+TEST(Work, ATimedOutWaitAbortsTheBackendOnceAndNamesTheOp) {
+  auto backend = std::make_shared<AbortRecordingBackend>();
+  auto w = bareWork(9);
+  w->setAbortBackend(backend);
+  std::string first = errorOf([&] { w->wait(Millis(10)); });
+  EXPECT_NE(first.find("allreduce #9 in group 'g' not finished after wait(10 ms)"), std::string::npos) << first;
+  EXPECT_THROW(w->wait(Millis(10)), TimeoutError);
+  ASSERT_EQ(backend->reasons.size(), 1u);
+  EXPECT_EQ(backend->reasons[0], "allreduce #9 in group 'g': abandoned by wait() after its timeout");
+  // The backend's own abort function, when it installs one, is used instead.
+  auto w2 = bareWork(10);
+  w2->setAbortBackend(backend);
+  int own = 0;
+  w2->setAbort([&] { ++own; });
+  EXPECT_THROW(w2->wait(Millis(5)), TimeoutError);
+  EXPECT_EQ(own, 1);
+  EXPECT_EQ(backend->reasons.size(), 1u);
+  // A Work does not keep its backend alive: once the backend is gone, a timeout just throws.
+  auto w3 = bareWork(11);
+  w3->setAbortBackend(backend);
+  backend.reset();
+  EXPECT_THROW(w3->wait(Millis(5)), TimeoutError);
+}
+
+TEST(Work, WaitWithoutATimeoutGivesUpAfterTheOpsDeadline) {
+  auto w = std::make_shared<Work>(OpType::Barrier, 4, "g", Millis(20));
+  auto start = std::chrono::steady_clock::now();
+  std::string msg = errorOf([&] { w->wait(); });
+  EXPECT_NE(msg.find("barrier #4 in group 'g' timed out after 20 ms"), std::string::npos) << msg;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+}
+
 }  // namespace
 }  // namespace cohort::dist::testing
