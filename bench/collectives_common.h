@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -106,6 +107,22 @@ inline void printMemcpyRows(const std::vector<size_t>& sizes) {
   std::fflush(stdout);
 }
 
+// The bare baselines' buffers are 64-byte aligned, as cohort's tensors are (its allocator's
+// alignment): a std::vector<float> from malloc starts 16 bytes into a cache line, and the vector
+// loads of MPI's and gloo's reductions and copies then split lines that cohort's do not.
+template <typename T>
+struct Aligned64Allocator {
+  using value_type = T;
+  Aligned64Allocator() = default;
+  template <typename U>
+  Aligned64Allocator(const Aligned64Allocator<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64})); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{64}); }
+  template <typename U>
+  bool operator==(const Aligned64Allocator<U>&) const { return true; }
+};
+using FloatBuffer = std::vector<float, Aligned64Allocator<float>>;
+
 // Element i of rank r's input in the checked call: small integers, so float32 sums are exact.
 inline float checkValue(int rank, size_t i) { return static_cast<float>((rank + 1) + static_cast<int>(i % 7)); }
 
@@ -137,11 +154,10 @@ inline long countWrong(const std::string& op, int rank, int n, const float* out,
 // counts wrong elements of the result (`out`, or `in` for the in-place ops) and zeroes both again
 // for the timed calls.
 template <typename Call>
-long checkedCall(const std::string& op, int rank, int n, std::vector<float>& in, std::vector<float>& out,
-                 const Call& call) {
+long checkedCall(const std::string& op, int rank, int n, FloatBuffer& in, FloatBuffer& out, const Call& call) {
   for (size_t i = 0; i < in.size(); ++i) in[i] = checkValue(rank, i);
   call();
-  const std::vector<float>& result = out.empty() ? in : out;
+  const FloatBuffer& result = out.empty() ? in : out;
   long wrong = countWrong(op, rank, n, result.data(), result.size());
   std::fill(in.begin(), in.end(), 0.0f);
   std::fill(out.begin(), out.end(), 0.0f);

@@ -43,8 +43,8 @@ using Ctx = std::shared_ptr<gloo::Context>;
 using SumFn = void (*)(void*, const void*, const void*, size_t);
 
 // Sizes the buffers for `op` at `bytes` and returns one call of it (empty: no bare gloo function).
-std::function<void()> makeOp(const Ctx& ctx, const std::string& op, size_t bytes, std::vector<float>& in,
-                             std::vector<float>& out) {
+std::function<void()> makeOp(const Ctx& ctx, const std::string& op, size_t bytes, FloatBuffer& in,
+                             FloatBuffer& out) {
   const size_t count = bytes / 4, chunk = count / static_cast<size_t>(ctx->size);
   const bool inPlace = op == "allreduce" || op == "broadcast";
   in.assign(op == "allgather" ? chunk : count, 0.0f);
@@ -112,7 +112,7 @@ int main(int argc, char** argv) {
     ctx->setTimeout(std::chrono::seconds(120));
     ctx->connectFullMesh(store, device);
     if (rank == 0) printHeader("gloo", "bare gloo 0.5 (Debian), TCP on loopback", n);
-    std::vector<float> in, out;
+    FloatBuffer in, out;
     for (const auto& op : splitCsv(ops)) {
       for (size_t bytes : sizeList(op, minBytes, maxBytes, factor, n)) {
         auto call = makeOp(ctx, op, bytes, in, out);

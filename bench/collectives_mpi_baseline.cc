@@ -20,8 +20,8 @@ using namespace cohort_bench;
 namespace {
 
 // Sizes the buffers for `op` at `bytes` and returns one call of it.
-std::function<void()> makeOp(const std::string& op, size_t bytes, int n, std::vector<float>& in,
-                             std::vector<float>& out) {
+std::function<void()> makeOp(const std::string& op, size_t bytes, int n, FloatBuffer& in,
+                             FloatBuffer& out) {
   const size_t count = bytes / 4, chunk = count / static_cast<size_t>(n);
   const int c = static_cast<int>(count), k = static_cast<int>(chunk);
   const bool inPlace = op == "allreduce" || op == "broadcast";
@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
   if (rank == 0) {
     printHeader("mpi", threadMultiple ? "bare OpenMPI, MPI_COMM_WORLD, MPI_THREAD_MULTIPLE" : "bare OpenMPI, MPI_COMM_WORLD", n);
   }
-  std::vector<float> in, out;
+  FloatBuffer in, out;
   for (const auto& op : splitCsv(ops)) {
     for (size_t bytes : sizeList(op, minBytes, maxBytes, factor, n)) {
       auto call = makeOp(op, bytes, n, in, out);

@@ -262,8 +262,9 @@ bool ProcessGroup::supports(OpType op, DeviceType type) const {
 }
 
 const BackendPtr& ProcessGroup::backendFor(OpType op, DeviceType device) const {
-  backend(device);  // throws NotSupportedError naming what the group has
-  const BackendPtr& b = backends_.at(device);
+  auto it = backends_.find(device);
+  if (it == backends_.end()) backend(device);  // throws NotSupportedError naming what the group has
+  const BackendPtr& b = it->second;
   if (!b->supports(op)) {
     throw NotSupportedError(fmt::format("backend {} does not support {}", b->name(), opTypeName(op)));
   }

@@ -169,6 +169,7 @@ void MpiBackend::State::endOnCaller(Work& work, uint64_t ticket, std::optional<s
   if (error) {
     work.fail(std::move(error));
   } else {
+    COHORT_CHECK(outputs.has_value(), "backend mpi: {} ran on its caller's thread but left no outputs", work.describe());
     work.finish(std::move(*outputs));
   }
 }
