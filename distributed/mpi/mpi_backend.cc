@@ -159,13 +159,16 @@ uint64_t MpiBackend::State::beginOnCaller(const WorkPtr& work) {
 void MpiBackend::State::endOnCaller(Work& work, uint64_t ticket, std::optional<std::vector<Tensor>> outputs,
                                     std::exception_ptr error) {
   uint64_t running = ticket;
-  if (!callerRunning.compare_exchange_strong(running, 0)) {
+  if (!callerRunning.compare_exchange_strong(running, 0) && running == (ticket | kCallerClaimed)) {
     // The watchdog gave up on this op and is ending the job. Let it take its reference to the
     // Work before this frame (which holds the caller's) goes away; it clears the slot at once.
     const auto until = Clock::now() + std::chrono::seconds(5);
     while (callerRunning.load() == (ticket | kCallerClaimed) && Clock::now() < until) std::this_thread::yield();
     return;
   }
+  // Otherwise the slot is ours (now cleared) or holds another thread's op: two threads issuing
+  // collectives on one group at once (MPI needs one order on every rank, so programs should not;
+  // the slot then watches the later one), and this op is completed as usual.
   if (error) {
     work.fail(std::move(error));
   } else {
