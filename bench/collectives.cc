@@ -85,9 +85,8 @@ long checkOnce(ProcessGroup& pg, const std::string& op, Tensor& in, Tensor& out)
 
 int main(int argc, char** argv) {
   CLI::App app{"cohort collectives benchmark (nccl-tests style); run one process per rank"};
-  std::string backend = "gloo", ops = "allreduce,allgather,reduce_scatter,broadcast,alltoall";
-  size_t minBytes = 4, maxBytes = size_t{64} << 20, factor = 4, budget = size_t{1} << 30;
-  int minIters = 5, maxIters = 1000, warmup = 5;
+  std::string backend = "gloo";
+  SweepOptions sweep;
   bool noMemcpy = false, listBackends = false;
   int ranksPerNode = 0;
   app.add_option("--backend", backend, "cohort backend: gloo, mpi, shm, hierarchical, auto (registered names)")
@@ -96,14 +95,7 @@ int main(int argc, char** argv) {
                  "simulate nodes of this many consecutive ranks (sets COHORT_NODE_ID per rank; 0: real hosts)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--ops", ops, "comma-separated ops")->capture_default_str();
-  app.add_option("--min-bytes", minBytes)->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--max-bytes", maxBytes)->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--factor", factor, "size multiplier between rows")->capture_default_str()->check(CLI::Range(2, 1024));
-  app.add_option("--budget-bytes", budget, "bytes to move per size (sets iterations)")->capture_default_str();
-  app.add_option("--min-iters", minIters)->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--max-iters", maxIters)->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--warmup", warmup)->capture_default_str()->check(CLI::NonNegativeNumber);
+  sweep.addTo(app);
   app.add_flag("--no-memcpy", noMemcpy, "skip the memcpy limit rows");
   app.add_flag("--list-backends", listBackends, "print the backends this build registered, one per line, and exit");
   CLI11_PARSE(app, argc, argv);
@@ -113,14 +105,14 @@ int main(int argc, char** argv) {
   }
 
   try {
-    auto opList = splitCsv(ops);
+    auto opList = splitCsv(sweep.ops);
     for (const auto& op : opList) {
       if (std::find(allOps().begin(), allOps().end(), op) == allOps().end()) {
         throw ValueError(fmt::format("collectives: unknown op '{}' (ops: {})", op, fmt::join(allOps(), ", ")));
       }
     }
     auto where = dist::env::detectEnvironment();
-    if (where.rank == 0 && !noMemcpy) printMemcpyRows(sizeList("allreduce", minBytes, maxBytes, factor, where.worldSize));
+    if (where.rank == 0 && !noMemcpy) printMemcpyRows(sizeList("allreduce", sweep.minBytes, sweep.maxBytes, sweep.factor, where.worldSize));
 
     if (ranksPerNode > 0) ::setenv("COHORT_NODE_ID", fmt::format("sim{}", where.rank / ranksPerNode).c_str(), 1);
     dist::InitOptions init;
@@ -137,12 +129,12 @@ int main(int argc, char** argv) {
     }
 
     for (const auto& op : opList) {
-      for (size_t bytes : sizeList(op, minBytes, maxBytes, factor, n)) {
+      for (size_t bytes : sizeList(op, sweep.minBytes, sweep.maxBytes, sweep.factor, n)) {
         Tensor in, out;
         auto call = makeOp(*pg, op, bytes, in, out);
         long wrong = checkOnce(*pg, op, in, out);
-        int iters = itersFor(bytes, budget, minIters, maxIters);
-        for (int i = 0; i < warmup; ++i) call();
+        int iters = sweep.itersAt(bytes);
+        for (int i = 0; i < sweep.warmup; ++i) call();
         pg->barrier()->wait();
         auto t0 = Clock::now();
         for (int i = 0; i < iters; ++i) call();

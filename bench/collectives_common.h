@@ -29,6 +29,8 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 namespace cohort_bench {
 
 using Clock = std::chrono::steady_clock;
@@ -163,6 +165,27 @@ long checkedCall(const std::string& op, int rank, int n, FloatBuffer& in, FloatB
   std::fill(out.begin(), out.end(), 0.0f);
   return wrong;
 }
+
+// The size sweep every collectives program takes: which ops, which sizes (min, max and the factor
+// between rows), and how many timed calls per size (budget bytes / size, clamped to the iteration
+// bounds) after `warmup` untimed ones.
+struct SweepOptions {
+  std::string ops = "allreduce,allgather,reduce_scatter,broadcast,alltoall";
+  size_t minBytes = 4, maxBytes = size_t{64} << 20, factor = 4, budget = size_t{1} << 30;
+  int minIters = 5, maxIters = 1000, warmup = 5;
+
+  void addTo(CLI::App& app) {
+    app.add_option("--ops", ops, "comma-separated ops")->capture_default_str();
+    app.add_option("--min-bytes", minBytes)->capture_default_str()->check(CLI::PositiveNumber);
+    app.add_option("--max-bytes", maxBytes)->capture_default_str()->check(CLI::PositiveNumber);
+    app.add_option("--factor", factor, "size multiplier between rows")->capture_default_str()->check(CLI::Range(2, 1024));
+    app.add_option("--budget-bytes", budget, "bytes to move per size (sets iterations)")->capture_default_str();
+    app.add_option("--min-iters", minIters)->capture_default_str()->check(CLI::PositiveNumber);
+    app.add_option("--max-iters", maxIters)->capture_default_str()->check(CLI::PositiveNumber);
+    app.add_option("--warmup", warmup)->capture_default_str()->check(CLI::NonNegativeNumber);
+  }
+  int itersAt(size_t bytes) const { return itersFor(bytes, budget, minIters, maxIters); }
+};
 
 inline std::vector<std::string> splitCsv(const std::string& s) {
   std::vector<std::string> out;

@@ -88,18 +88,11 @@ std::function<void()> makeOp(const Ctx& ctx, const std::string& op, size_t bytes
 
 int main(int argc, char** argv) {
   CLI::App app{"bare gloo collectives, the baseline for bench/collectives"};
-  std::string ops = "allreduce,allgather,broadcast,alltoall", storeDir;
-  size_t minBytes = 4, maxBytes = size_t{64} << 20, factor = 4, budget = size_t{1} << 30;
-  int minIters = 5, maxIters = 1000, warmup = 5;
+  std::string storeDir;
+  SweepOptions sweep;
+  sweep.ops = "allreduce,allgather,broadcast,alltoall";  // gloo has no new-style reduce_scatter
   app.add_option("--store-dir", storeDir, "empty directory shared by the ranks")->required();
-  app.add_option("--ops", ops)->capture_default_str();
-  app.add_option("--min-bytes", minBytes)->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--max-bytes", maxBytes)->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--factor", factor)->capture_default_str()->check(CLI::Range(2, 1024));
-  app.add_option("--budget-bytes", budget)->capture_default_str();
-  app.add_option("--min-iters", minIters)->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--max-iters", maxIters)->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--warmup", warmup)->capture_default_str()->check(CLI::NonNegativeNumber);
+  sweep.addTo(app);
   CLI11_PARSE(app, argc, argv);
 
   const int rank = envInt("OMPI_COMM_WORLD_RANK", "RANK"), n = envInt("OMPI_COMM_WORLD_SIZE", "WORLD_SIZE");
@@ -113,16 +106,16 @@ int main(int argc, char** argv) {
     ctx->connectFullMesh(store, device);
     if (rank == 0) printHeader("gloo", "bare gloo 0.5 (Debian), TCP on loopback", n);
     FloatBuffer in, out;
-    for (const auto& op : splitCsv(ops)) {
-      for (size_t bytes : sizeList(op, minBytes, maxBytes, factor, n)) {
+    for (const auto& op : splitCsv(sweep.ops)) {
+      for (size_t bytes : sizeList(op, sweep.minBytes, sweep.maxBytes, sweep.factor, n)) {
         auto call = makeOp(ctx, op, bytes, in, out);
         if (!call) {
           if (rank == 0) std::printf("# %s: no bare gloo function, skipped\n", op.c_str());
           break;
         }
         long wrong = checkedCall(op, rank, n, in, out, call);
-        int iters = itersFor(bytes, budget, minIters, maxIters);
-        for (int i = 0; i < warmup; ++i) call();
+        int iters = sweep.itersAt(bytes);
+        for (int i = 0; i < sweep.warmup; ++i) call();
         gloo::BarrierOptions b(ctx);
         gloo::barrier(b);
         auto t0 = Clock::now();

@@ -51,20 +51,11 @@ std::function<void()> makeOp(const std::string& op, size_t bytes, int n, FloatBu
 
 int main(int argc, char** argv) {
   CLI::App app{"bare OpenMPI collectives, the baseline for bench/collectives"};
-  std::string ops = "allreduce,allgather,reduce_scatter,broadcast,alltoall";
-  size_t minBytes = 4, maxBytes = size_t{64} << 20, factor = 4, budget = size_t{1} << 30;
-  int minIters = 5, maxIters = 1000, warmup = 5;
+  SweepOptions sweep;
   bool threadMultiple = false;
-  app.add_option("--ops", ops)->capture_default_str();
+  sweep.addTo(app);
   app.add_flag("--thread-multiple", threadMultiple,
                "initialise with MPI_Init_thread(MPI_THREAD_MULTIPLE), as cohort's mpi backend does");
-  app.add_option("--min-bytes", minBytes)->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--max-bytes", maxBytes)->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--factor", factor)->capture_default_str()->check(CLI::Range(2, 1024));
-  app.add_option("--budget-bytes", budget)->capture_default_str();
-  app.add_option("--min-iters", minIters)->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--max-iters", maxIters)->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--warmup", warmup)->capture_default_str()->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
 
   if (threadMultiple) {
@@ -80,12 +71,12 @@ int main(int argc, char** argv) {
     printHeader("mpi", threadMultiple ? "bare OpenMPI, MPI_COMM_WORLD, MPI_THREAD_MULTIPLE" : "bare OpenMPI, MPI_COMM_WORLD", n);
   }
   FloatBuffer in, out;
-  for (const auto& op : splitCsv(ops)) {
-    for (size_t bytes : sizeList(op, minBytes, maxBytes, factor, n)) {
+  for (const auto& op : splitCsv(sweep.ops)) {
+    for (size_t bytes : sizeList(op, sweep.minBytes, sweep.maxBytes, sweep.factor, n)) {
       auto call = makeOp(op, bytes, n, in, out);
       long wrong = checkedCall(op, rank, n, in, out, call);
-      int iters = itersFor(bytes, budget, minIters, maxIters);
-      for (int i = 0; i < warmup; ++i) call();
+      int iters = sweep.itersAt(bytes);
+      for (int i = 0; i < sweep.warmup; ++i) call();
       MPI_Barrier(MPI_COMM_WORLD);
       auto t0 = Clock::now();
       for (int i = 0; i < iters; ++i) call();

@@ -101,17 +101,16 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   CLI::App app{"cohort's mpi backend against bare OpenMPI, alternating in one process; run under mpirun"};
-  std::string ops = "allreduce,allgather,reduce_scatter,broadcast,alltoall";
-  size_t minBytes = 4, maxBytes = size_t{64} << 20, factor = 4, budget = size_t{64} << 20;
-  int rounds = 15, minIters = 2, maxIters = 2000;
-  app.add_option("--ops", ops, "comma-separated ops")->capture_default_str();
-  app.add_option("--min-bytes", minBytes)->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--max-bytes", maxBytes)->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--factor", factor, "size multiplier between rows")->capture_default_str()->check(CLI::Range(2, 1024));
+  // Here the iterations are those of one block (per side and round), and warm-up is one block of
+  // up to `warmup` calls of each side.
+  SweepOptions sweep;
+  sweep.budget = size_t{64} << 20;
+  sweep.minIters = 2;
+  sweep.maxIters = 2000;
+  sweep.warmup = 20;
+  int rounds = 15;
+  sweep.addTo(app);
   app.add_option("--rounds", rounds, "alternating rounds per size")->capture_default_str()->check(CLI::Range(1, 1001));
-  app.add_option("--budget-bytes", budget, "bytes per block (sets the ops per block)")->capture_default_str();
-  app.add_option("--min-iters", minIters, "ops per block, at least")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--max-iters", maxIters, "ops per block, at most")->capture_default_str()->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -124,13 +123,15 @@ int main(int argc, char** argv) {
                   n, rounds);
       std::printf("%-16s %12s %12s %12s %10s %15s\n", "# op", "size(B)", "cohort(us)", "mpi(us)", "ratio", "ratio range");
     }
-    for (const auto& op : splitCsv(ops)) {
-      for (size_t bytes : sizeList(op, minBytes, maxBytes, factor, n)) {
+    for (const auto& op : splitCsv(sweep.ops)) {
+      for (size_t bytes : sizeList(op, sweep.minBytes, sweep.maxBytes, sweep.factor, n)) {
         Tensor in, out;
         Pair pair = makePair(*pg, op, bytes, in, out);
-        const int iters = itersFor(bytes, budget, minIters, maxIters);
-        timeBlock(pair.cohort, std::min(iters, 20));  // warm-up of both sides
-        timeBlock(pair.bare, std::min(iters, 20));
+        const int iters = sweep.itersAt(bytes);
+        if (sweep.warmup > 0) {
+          timeBlock(pair.cohort, std::min(iters, sweep.warmup));
+          timeBlock(pair.bare, std::min(iters, sweep.warmup));
+        }
         std::vector<double> ours, bare, ratio;
         for (int r = 0; r < rounds; ++r) {
           double a, b;

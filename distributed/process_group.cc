@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
-#include <charconv>
 #include <condition_variable>
 #include <mutex>
 #include <optional>
@@ -21,6 +20,8 @@
 #include <cohort/distributed/debug/flight_recorder.h>
 #include <cohort/distributed/store/prefix_store.h>
 #include <cohort/distributed/topology.h>
+
+#include <cohort/distributed/op_args.h>
 
 namespace cohort::dist {
 
@@ -129,35 +130,6 @@ RankProgress readProgress(Store& store, const std::string& key) {
   return p;
 }
 
-// "[4, 8] float32; [2] int64": the flight recorder's shapes text, appended in place with
-// std::to_chars (the hot path: no formatting library, no allocation once `out` has capacity).
-void appendShape(std::string& out, const Tensor& t) {
-  if (!t.defined()) {
-    out += "undefined";
-    return;
-  }
-  out += '[';
-  char buf[24];
-  const auto& sizes = t.sizes();
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    if (i) out += ", ";
-    auto r = std::to_chars(buf, buf + sizeof(buf), sizes[i]);
-    out.append(buf, r.ptr);
-  }
-  out += "] ";
-  out += dtypeName(t.dtype());
-}
-void appendShapes(std::string& out, const std::vector<Tensor>& ts) {
-  for (size_t i = 0; i < ts.size(); ++i) {
-    if (i) out += "; ";
-    appendShape(out, ts[i]);
-  }
-}
-template <typename... Ts>
-void appendShapes(std::string& out, const Tensor& first, const Ts&... rest) {
-  appendShape(out, first);
-  ((out += "; ", appendShape(out, rest)), ...);
-}
 }  // namespace
 
 // ---- construction --------------------------------------------------------------------------
@@ -415,95 +387,12 @@ std::string ProcessGroup::diagnose(const Work& work) const {
   return msg;
 }
 
-// ---- validation ----------------------------------------------------------------------------
-
-namespace {
-// Argument checks. Names are string_views of literals: nothing is built unless a check fails.
-class Checker {
- public:
-  Checker(OpType op, const std::string& group) : op_(op), group_(group) {}
-
-  [[noreturn]] void fail(std::string_view what) const {
-    throw ValueError(fmt::format("{} in group '{}': {}", opTypeName(op_), group_, what));
-  }
-  void tensor(const Tensor& t, std::string_view what) const {
-    if (!t.defined()) fail(fmt::format("{} is undefined", what));
-    if (t.numel() > 0 && !t.isContiguous()) {
-      fail(fmt::format("{} must be contiguous, got shape {} with strides {}", what, shapeStr(t.sizes()),
-                       shapeStr(t.strides())));
-    }
-  }
-  void like(const Tensor& t, const Tensor& ref, std::string_view what, std::string_view refWhat) const {
-    tensor(t, what);
-    if (t.dtype() != ref.dtype() || t.sizes() != ref.sizes()) {
-      fail(fmt::format("{} is {} {}, but {} is {} {}", what, dtypeName(t.dtype()), shapeStr(t.sizes()), refWhat,
-                       dtypeName(ref.dtype()), shapeStr(ref.sizes())));
-    }
-    sameDevice(t, ref, what, refWhat);
-  }
-  void sameDtype(const Tensor& t, const Tensor& ref, std::string_view what, std::string_view refWhat) const {
-    if (t.dtype() != ref.dtype()) {
-      fail(fmt::format("{} has dtype {}, but {} has dtype {}", what, dtypeName(t.dtype()), refWhat,
-                       dtypeName(ref.dtype())));
-    }
-    sameDevice(t, ref, what, refWhat);
-  }
-  void sameDevice(const Tensor& t, const Tensor& ref, std::string_view what, std::string_view refWhat) const {
-    if (t.device() != ref.device()) {
-      fail(fmt::format("{} is on {}, but {} is on {}", what, t.device(), refWhat, ref.device()));
-    }
-  }
-  void count(size_t got, size_t want, std::string_view what) const {
-    if (got != want) fail(fmt::format("expected {} {} (one per rank), got {}", want, what, got));
-  }
-  void rank(int r, int size, std::string_view what) const {
-    if (r < 0 || r >= size) fail(fmt::format("{} {} is out of range for a group of size {}", what, r, size));
-  }
-  void reduction(ReduceOp op, const Tensor& t) const {
-    if (op == ReduceOp::Avg && !isFloating(t.dtype())) {
-      fail(fmt::format("reduction avg needs a floating-point tensor, got {}", dtypeName(t.dtype())));
-    }
-  }
-
- private:
-  OpType op_;
-  const std::string& group_;
-};
-
-std::function<CollectiveFingerprint()> fp(OpType op, std::vector<Tensor> ts, std::optional<ReduceOp> reduceOp = {},
-                                          int root = -1) {
-  return [=] {
-    CollectiveFingerprint f;
-    f.op = op;
-    std::vector<std::string> dtypes;
-    for (const Tensor& t : ts) {
-      std::string d = dtypeName(t.dtype());
-      if (std::find(dtypes.begin(), dtypes.end(), d) == dtypes.end()) dtypes.push_back(d);
-      f.shapes.push_back(t.sizes());
-    }
-    f.dtype = fmt::format("{}", fmt::join(dtypes, ", "));
-    f.reduceOp = reduceOp;
-    f.root = root;
-    return f;
-  };
-}
-// For ops whose shapes may differ between ranks: only the op and the dtype must agree.
-std::function<CollectiveFingerprint()> fpDtypeOnly(OpType op, const Tensor& t) {
-  return [op, d = t.dtype()] {
-    CollectiveFingerprint f;
-    f.op = op;
-    f.dtype = dtypeName(d);
-    return f;
-  };
-}
-
-// Written into the flight-recorder slot's own buffer: no temporary, no allocation.
-void reduceDetail(std::string& out, ReduceOp op) {
-  out.assign("op=");
-  out.append(reduceOpName(op));
-}
-std::string rootDetail(int root) { return "root=" + std::to_string(root); }
-}  // namespace
+using op_args::appendShapes;
+using op_args::Checker;
+using op_args::fp;
+using op_args::fpDtypeOnly;
+using op_args::reduceDetail;
+using op_args::rootDetail;
 
 // ---- collectives ---------------------------------------------------------------------------
 
