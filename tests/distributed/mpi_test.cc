@@ -709,6 +709,40 @@ TEST(MpiBackend, CallerModeCompletesTheWorkBeforeReturning) {
   for (int64_t i = 0; i < 5; ++i) EXPECT_EQ(t.data<float>()[i], static_cast<float>(worldSize()));
 }
 
+// Caller mode with two groups driven by two threads at once (legal under MPI_THREAD_MULTIPLE:
+// each group has its own communicator, and its own slot for the watchdog): every op of each
+// group completes with the right sum, none is lost or completed twice.
+TEST(MpiBackend, CallerModeGroupsOnTwoThreadsAtOnce) {
+  CollectiveThreadGuard guard("caller");
+  auto g1 = pg().split(0, rank());
+  auto g2 = pg().split(0, rank());
+  ASSERT_NE(g1, nullptr);
+  ASSERT_NE(g2, nullptr);
+  const int n = worldSize(), r = rank();
+  auto drive = [&](dist::ProcessGroup& g, int salt, int& wrong, int& failed) {
+    for (int i = 0; i < 300; ++i) {
+      Tensor t = full({3}, Scalar(static_cast<double>(r + salt + i)), opts(DType::Float32));
+      auto w = g.allreduce(t);
+      if (!w->isCompleted()) ++failed;  // caller mode completes before returning
+      try {
+        w->wait(10s);
+      } catch (const std::exception&) {
+        ++failed;
+        continue;
+      }
+      const float want = static_cast<float>(n * (salt + i) + n * (n - 1) / 2);
+      for (int64_t k = 0; k < 3; ++k) wrong += t.data<float>()[k] != want;
+    }
+  };
+  int wrong1 = 0, failed1 = 0, wrong2 = 0, failed2 = 0;
+  std::thread other([&] { drive(*g2, 1000, wrong2, failed2); });
+  drive(*g1, 0, wrong1, failed1);
+  other.join();
+  EXPECT_EQ(wrong1 + failed1, 0) << "group 1: " << wrong1 << " wrong elements, " << failed1 << " failed ops";
+  EXPECT_EQ(wrong2 + failed2, 0) << "group 2: " << wrong2 << " wrong elements, " << failed2 << " failed ops";
+  waitOk(pg().barrier(), "barrier");
+}
+
 // In caller mode a collective past its deadline ends the job: ctest runs this alone under
 // `mpirun -np 2` with COHORT_TEST_MPI_CALLER_TIMEOUT=1 and expects the logged error, naming the op,
 // the group and the rank that never came (distributed.mpi_test.caller_timeout_aborts_the_job).
