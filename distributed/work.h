@@ -71,7 +71,8 @@ class Work {
   Millis remaining() const;  // until deadline(), at least 1 ms
 
   // For backends: complete the work (from any thread), exactly once; a second completion is a
-  // broken invariant (InternalError).
+  // broken invariant (an Error naming the op). The completing thread holds a reference (a
+  // WorkPtr) for the call: a waiter may drop every other one the moment it sees the Work done.
   void finish(std::vector<Tensor> outputs);
   void fail(std::exception_ptr error);
   // For backends: typed errors whose message names this op ("allreduce #12 in group 'world'"),
