@@ -9,9 +9,11 @@
  * COHORT_MPI_COLLECTIVE_THREAD:
  *  - "caller" (the default): on the thread that issues the collective, which needs
  *    MPI_THREAD_MULTIPLE for several threads or groups (else calls take turns through
- *    MpiEnvironment::lock). The returned Work is already complete. This is as fast as calling MPI
- *    yourself: mpirun binds each rank to one core by default, so handing each op to another thread
- *    costs two context switches on that core (tens of µs against MPI's 1 µs at 4 KiB).
+ *    MpiEnvironment::lock). The returned Work is already complete. This is MPI's own call plus
+ *    cohort's fixed cost per op (the Work, sequence number, flight-recorder entry: ~0.3 µs, see
+ *    docs/benchmarks.md), where handing each op to another thread costs two context switches on
+ *    the rank's core (mpirun binds each rank to one core by default): tens of µs against MPI's
+ *    1 µs at 4 KiB.
  *    Timeouts: MPI cannot interrupt a blocking call, so when a collective passes its deadline the
  *    watchdog thread logs the TimeoutError it would have raised (op, group, sequence number, the
  *    ranks that never reached it), dumps the flight recorder, and ends the job with MPI_Abort, as
