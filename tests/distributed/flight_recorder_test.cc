@@ -52,6 +52,30 @@ bool waitForFile(const fs::path& p) {
 
 }  // namespace
 
+// ProcessGroup reads the clock once per op and passes it in; the recorder keeps steady-clock
+// times and gives wall-clock ones.
+TEST(FlightRecorder, EntriesKeepTheStartTheCallerRead) {
+  FlightRecorder fr("world", 4, 0);
+  const auto fiveSecondsAgo = std::chrono::steady_clock::now() - std::chrono::seconds(5);
+  uint64_t id = fr.recordInPlace(
+      7, OpType::Allreduce, [](std::string& shapes, std::string& detail) {
+        shapes = "[2] float32";
+        detail = "op=sum";
+      },
+      fiveSecondsAgo);
+  fr.complete(id, FlightRecorder::State::Completed);
+  auto es = fr.entries();
+  ASSERT_EQ(es.size(), 1u);
+  const auto age = std::chrono::system_clock::now() - es[0].start;
+  EXPECT_GE(age, std::chrono::milliseconds(4900));
+  EXPECT_LT(age, std::chrono::seconds(60));
+  EXPECT_GE(es[0].end - es[0].start, std::chrono::milliseconds(4900));
+  EXPECT_LE(es[0].end, std::chrono::system_clock::now());
+  EXPECT_EQ(es[0].op, "allreduce");
+  EXPECT_EQ(es[0].shapes, "[2] float32");
+  EXPECT_EQ(es[0].detail, "op=sum");
+}
+
 TEST(FlightRecorder, RecordsAndCompletesInOrder) {
   FlightRecorder fr("world", 8, 0);
   uint64_t a = fr.recordStart(OpType::Allreduce, 1, "[4, 8]", "float32", "sum");
