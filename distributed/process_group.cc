@@ -28,6 +28,12 @@ namespace cohort::dist {
 COHORT_ENV_KNOB(kDebugKnob, "COHORT_DEBUG", "OFF",
                 "Collective debugging: OFF, INFO, or DETAIL (cross-rank check of every collective's arguments)");
 
+COHORT_ENV_KNOB(kRecorderEntriesKnob, "COHORT_FLIGHT_RECORDER_ENTRIES", "2000",
+                "Operations each process group's flight recorder keeps (0 disables it); overrides "
+                "ProcessGroupOptions::flightRecorderEntries when set");
+// At most 10 million entries (a few GB of ring): a bigger value is a typo, not a wish.
+constexpr int64_t kMaxRecorderEntries = 10'000'000;
+
 DebugLevel debugLevelFromEnv() {
   auto raw = kDebugKnob.raw();
   if (!raw) return DebugLevel::Off;
@@ -151,6 +157,14 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(StorePtr store, int rank, int
 ProcessGroup::ProcessGroup(StorePtr store, int rank, int size, ProcessGroupOptions opts, std::vector<int> globalRanks)
     : store_(std::move(store)), rank_(rank), size_(size), opts_(std::move(opts)), globalRanks_(std::move(globalRanks)) {
   if (kDebugKnob.raw()) opts_.debug = debugLevelFromEnv();
+  if (kRecorderEntriesKnob.raw()) {
+    const int64_t n = kRecorderEntriesKnob.integer();
+    if (n < 0 || n > kMaxRecorderEntries) {
+      throw ValueError(fmt::format("COHORT_FLIGHT_RECORDER_ENTRIES must be between 0 and {}, got {}",
+                                   kMaxRecorderEntries, n));
+    }
+    opts_.flightRecorderEntries = static_cast<size_t>(n);
+  }
   if (opts_.timeout.count() <= 0) {
     throw ValueError(fmt::format("process group '{}': timeout must be positive, got {} ms", opts_.name,
                                  opts_.timeout.count()));

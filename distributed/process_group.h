@@ -55,6 +55,7 @@ struct ProcessGroupOptions {
   // Ranks that are threads of one process set it to simulate several nodes.
   std::string nodeId;
   DebugLevel debug = DebugLevel::Off;  // overridden by COHORT_DEBUG when set
+  // Ops the group's flight recorder keeps (0: none); overridden by COHORT_FLIGHT_RECORDER_ENTRIES.
   size_t flightRecorderEntries = 2000;
 };
 

@@ -3,6 +3,8 @@
 // diagnosis, the flight recorder. Uses gloo where a real backend is needed (skipped without it).
 #include "pg_test_util.h"
 
+#include "env_guard.h"
+
 #include <cohort/distributed/debug/flight_recorder.h>
 
 namespace cohort::dist::testing {
@@ -168,6 +170,28 @@ TEST(ProcessGroup, FlightRecorderKeepsTheLastOps) {
   std::string json = pg->flightRecorder().dumpJson();
   EXPECT_NE(json.find("\"group\": \"fr\""), std::string::npos) << json;
   EXPECT_NE(json.find("\"completed\""), std::string::npos) << json;
+}
+
+TEST(ProcessGroup, FlightRecorderSizeComesFromTheEnvironmentWhenSet) {
+  EnvGuard env;
+  env.set("COHORT_FLIGHT_RECORDER_ENTRIES", "2");
+  auto pg = soloGroup("allreduce_only", {.name = "fr_env", .flightRecorderEntries = 50});
+  EXPECT_EQ(pg->flightRecorder().capacity(), 2u);
+  for (int k = 0; k < 4; ++k) {
+    Tensor t = zeros({1});
+    pg->allreduce(t)->wait();
+  }
+  EXPECT_EQ(pg->flightRecorder().entries().size(), 2u);
+  env.set("COHORT_FLIGHT_RECORDER_ENTRIES", "0");  // off: ops still run, nothing is kept
+  auto off = soloGroup("allreduce_only", {.name = "fr_off"});
+  Tensor t = zeros({1});
+  off->allreduce(t)->wait();
+  EXPECT_TRUE(off->flightRecorder().entries().empty());
+  for (const char* bad : {"-1", "lots", "10000001"}) {
+    env.set("COHORT_FLIGHT_RECORDER_ENTRIES", bad);
+    std::string msg = errorOf([] { soloGroup("allreduce_only", {.name = "fr_bad"}); });
+    EXPECT_NE(msg.find("COHORT_FLIGHT_RECORDER_ENTRIES"), std::string::npos) << bad << ": " << msg;
+  }
 }
 
 TEST(ProcessGroup, ProgressIsPublishedInTheStore) {
