@@ -698,21 +698,10 @@ TEST(MpiBackend, CollectiveThreadKnobIsChecked) {
   }
 }
 
-TEST(MpiBackend, CallerModeCompletesTheWorkBeforeReturning) {
-  CollectiveThreadGuard guard("caller");
-  auto group = pg().split(0, rank());
-  ASSERT_NE(group, nullptr);
-  Tensor t = full({5}, Scalar(1.0), opts(DType::Float32));
-  auto w = group->allreduce(t);
-  EXPECT_TRUE(w->isCompleted());
-  waitOk(w, "allreduce");
-  for (int64_t i = 0; i < 5; ++i) EXPECT_EQ(t.data<float>()[i], static_cast<float>(worldSize()));
-}
-
-// Caller mode with two groups driven by two threads at once (legal under MPI_THREAD_MULTIPLE:
-// each group has its own communicator, and its own slot for the watchdog): every op of each
-// group completes with the right sum, none is lost or completed twice.
-TEST(MpiBackend, CallerModeGroupsOnTwoThreadsAtOnce) {
+// Caller mode completes every op before returning, also with two groups driven by two threads at
+// once (legal under MPI_THREAD_MULTIPLE: each group has its own communicator, and its own slot for
+// the watchdog): every op of each group completes with the right sum, none is lost.
+TEST(MpiBackend, CallerModeCompletesEveryOpBeforeReturningEvenOnTwoThreads) {
   CollectiveThreadGuard guard("caller");
   auto g1 = pg().split(0, rank());
   auto g2 = pg().split(0, rank());
