@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Collectives benchmark, nccl-tests style, side by side in one run: cohort's gloo, mpi (and shm) backends
 # (bench/collectives.cc), bare gloo (bench/collectives_gloo_baseline.cc), bare OpenMPI
-# (bench/collectives_mpi_baseline.cc) and one core's memcpy, every op from 4 B to 64 MiB.
+# (bench/collectives_mpi_baseline.cc) and one core's memcpy, every op from 4 B to 64 MiB; then the mpi
+# backend against bare MPI alternating in one process (bench/mpi_side_by_side.cc).
 # All programs are started by mpirun (cohort's ranks find each other through initProcessGroup's
 # OpenMPI detection; the bare gloo program only reads mpirun's rank variables).
 #
@@ -32,7 +33,7 @@ if [[ ! -f "$build/CMakeCache.txt" ]]; then
     -DCOHORT_BUILD_BENCHMARKS=ON >/dev/null
 fi
 cmake --build "$build" -j "${JOBS:-2}" --target cohort_bench_collectives cohort_bench_collectives_mpi \
-  cohort_bench_collectives_gloo
+  cohort_bench_collectives_gloo cohort_bench_mpi_side_by_side
 
 out="${OUT:-$(mktemp -d)}"
 mkdir -p "$out"
@@ -57,4 +58,9 @@ for ((rep = 1; rep <= ${REPEAT:-1}; rep++)); do
 done
 
 python3 "$root/scripts/bench_collectives_table.py" "$out"
+# The ratio the mpi bar is judged by: cohort's mpi backend and bare MPI alternating in one process
+# on the same tensors (separate programs run minutes apart drift on a shared host).
+echo
+echo "cohort mpi / bare MPI, alternating in one process (bench/mpi_side_by_side.cc):"
+"${mpi[@]}" "$build/bench/mpi_side_by_side" "${args[@]}" | tee "$out/mpi_side_by_side.txt"
 [[ -n "${OUT:-}" ]] || rm -rf "$out"
