@@ -3,10 +3,13 @@
  * start/end time, state, error), kept in a fixed ring so a hang or an error can be explained
  * after the fact.
  *
- * Who calls what. ProcessGroup owns one recorder per group. It calls recordStart() when an op is
- * issued (the issuing thread) and complete() when its Work finishes or fails (a backend thread);
- * both take one short lock and move strings, nothing more: the hot path never allocates beyond
- * the entry's strings, formats, or touches the file system. On a timeout or error the group calls
+ * Who calls what. ProcessGroup owns one recorder per group (ProcessGroupOptions::
+ * flightRecorderEntries or COHORT_FLIGHT_RECORDER_ENTRIES slots). It calls recordInPlace() when an
+ * op is issued (the issuing thread, passing the time it read for the op's Work) and complete()
+ * when its Work finishes or fails (a backend thread); both take one short lock and write into the
+ * slot's own buffers, nothing more: the hot path never allocates once the ring is warm, formats,
+ * or touches the file system. Slots keep steady-clock times; entries() and the dumps give
+ * wall-clock ones. On a timeout or error the group calls
  * dumpFlightRecorders(reason), which writes every live recorder of the process to one JSON file.
  *
  * SIGUSR1. Every recorder registers itself in a process-wide registry for its lifetime. The
