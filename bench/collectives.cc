@@ -13,8 +13,8 @@
  */
 #include <cstdlib>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <cohort/cohort.h>
 #include <cohort/distributed/env/environment.h>
@@ -112,7 +112,8 @@ int main(int argc, char** argv) {
       }
     }
     auto where = dist::env::detectEnvironment();
-    if (where.rank == 0 && !noMemcpy) printMemcpyRows(sizeList("allreduce", sweep.minBytes, sweep.maxBytes, sweep.factor, where.worldSize));
+    if (where.rank == 0 && !noMemcpy)
+      printMemcpyRows(sizeList("allreduce", sweep.minBytes, sweep.maxBytes, sweep.factor, where.worldSize));
 
     if (ranksPerNode > 0) ::setenv("COHORT_NODE_ID", fmt::format("sim{}", where.rank / ranksPerNode).c_str(), 1);
     dist::InitOptions init;

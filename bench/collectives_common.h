@@ -70,15 +70,15 @@ inline int itersFor(size_t bytes, size_t budgetBytes, int minIters, int maxIters
 
 inline void printHeader(const char* program, const std::string& what, int n) {
   std::printf("# %s: %s, %d ranks\n", program, what.c_str(), n);
-  std::printf("# %-14s %12s %10s %6s %11s %11s %11s %7s\n", "op", "size(B)", "count", "type", "time(us)",
-              "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+  std::printf("# %-14s %12s %10s %6s %11s %11s %11s %7s\n", "op", "size(B)", "count", "type", "time(us)", "algbw(GB/s)",
+              "busbw(GB/s)", "#wrong");
   std::fflush(stdout);
 }
 
 inline void printRow(const std::string& op, size_t bytes, const char* type, double seconds, int n, long wrong) {
   double algbw = seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0;
-  std::printf("  %-14s %12zu %10zu %6s %11.2f %11.3f %11.3f %7ld\n", op.c_str(), bytes, bytes / 4, type,
-              seconds * 1e6, algbw, algbw * busFactor(op, n), wrong);
+  std::printf("  %-14s %12zu %10zu %6s %11.2f %11.3f %11.3f %7ld\n", op.c_str(), bytes, bytes / 4, type, seconds * 1e6,
+              algbw, algbw * busFactor(op, n), wrong);
   std::fflush(stdout);
 }
 
@@ -118,10 +118,12 @@ struct Aligned64Allocator {
   Aligned64Allocator() = default;
   template <typename U>
   Aligned64Allocator(const Aligned64Allocator<U>&) {}
-  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64})); }
-  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{64}); }
+  T* allocate(size_t n) { return static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{64})); }
+  void deallocate(T* p, size_t) { ::operator delete (p, std::align_val_t{64}); }
   template <typename U>
-  bool operator==(const Aligned64Allocator<U>&) const { return true; }
+  bool operator==(const Aligned64Allocator<U>&) const {
+    return true;
+  }
 };
 using FloatBuffer = std::vector<float, Aligned64Allocator<float>>;
 
@@ -178,7 +180,9 @@ struct SweepOptions {
     app.add_option("--ops", ops, "comma-separated ops")->capture_default_str();
     app.add_option("--min-bytes", minBytes)->capture_default_str()->check(CLI::PositiveNumber);
     app.add_option("--max-bytes", maxBytes)->capture_default_str()->check(CLI::PositiveNumber);
-    app.add_option("--factor", factor, "size multiplier between rows")->capture_default_str()->check(CLI::Range(2, 1024));
+    app.add_option("--factor", factor, "size multiplier between rows")
+        ->capture_default_str()
+        ->check(CLI::Range(2, 1024));
     app.add_option("--budget-bytes", budget, "bytes to move per size (sets iterations)")->capture_default_str();
     app.add_option("--min-iters", minIters)->capture_default_str()->check(CLI::PositiveNumber);
     app.add_option("--max-iters", maxIters)->capture_default_str()->check(CLI::PositiveNumber);

@@ -43,8 +43,7 @@ using Ctx = std::shared_ptr<gloo::Context>;
 using SumFn = void (*)(void*, const void*, const void*, size_t);
 
 // Sizes the buffers for `op` at `bytes` and returns one call of it (empty: no bare gloo function).
-std::function<void()> makeOp(const Ctx& ctx, const std::string& op, size_t bytes, FloatBuffer& in,
-                             FloatBuffer& out) {
+std::function<void()> makeOp(const Ctx& ctx, const std::string& op, size_t bytes, FloatBuffer& in, FloatBuffer& out) {
   const size_t count = bytes / 4, chunk = count / static_cast<size_t>(ctx->size);
   const bool inPlace = op == "allreduce" || op == "broadcast";
   in.assign(op == "allgather" ? chunk : count, 0.0f);

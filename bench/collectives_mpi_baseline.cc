@@ -20,8 +20,7 @@ using namespace cohort_bench;
 namespace {
 
 // Sizes the buffers for `op` at `bytes` and returns one call of it.
-std::function<void()> makeOp(const std::string& op, size_t bytes, int n, FloatBuffer& in,
-                             FloatBuffer& out) {
+std::function<void()> makeOp(const std::string& op, size_t bytes, int n, FloatBuffer& in, FloatBuffer& out) {
   const size_t count = bytes / 4, chunk = count / static_cast<size_t>(n);
   const int c = static_cast<int>(count), k = static_cast<int>(chunk);
   const bool inPlace = op == "allreduce" || op == "broadcast";
@@ -35,9 +34,7 @@ std::function<void()> makeOp(const std::string& op, size_t bytes, int n, FloatBu
     return [&in, &out, k] { MPI_Allgather(in.data(), k, MPI_FLOAT, out.data(), k, MPI_FLOAT, MPI_COMM_WORLD); };
   }
   if (op == "reduce_scatter") {
-    return [&in, &out, k] {
-      MPI_Reduce_scatter_block(in.data(), out.data(), k, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-    };
+    return [&in, &out, k] { MPI_Reduce_scatter_block(in.data(), out.data(), k, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); };
   }
   if (op == "alltoall") {
     return [&in, &out, k] { MPI_Alltoall(in.data(), k, MPI_FLOAT, out.data(), k, MPI_FLOAT, MPI_COMM_WORLD); };
@@ -68,7 +65,9 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
   if (rank == 0) {
-    printHeader("mpi", threadMultiple ? "bare OpenMPI, MPI_COMM_WORLD, MPI_THREAD_MULTIPLE" : "bare OpenMPI, MPI_COMM_WORLD", n);
+    printHeader("mpi",
+                threadMultiple ? "bare OpenMPI, MPI_COMM_WORLD, MPI_THREAD_MULTIPLE" : "bare OpenMPI, MPI_COMM_WORLD",
+                n);
   }
   FloatBuffer in, out;
   for (const auto& op : splitCsv(sweep.ops)) {

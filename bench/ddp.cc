@@ -52,8 +52,8 @@
 #include <thread>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <cohort/cohort.h>
 #include <cohort/distributed/ddp/distributed_data_parallel.h>
@@ -87,9 +87,7 @@ struct Config {
   int timeoutS = 600;
 };
 
-double wallNow() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double wallNow() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 double cpuNow() {
   timespec ts{};
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
@@ -188,12 +186,13 @@ void printRow(const Config& c, const std::string& backend, int world, double cap
               double bareS, const Samples& quiet = {}) {
   const double stepS = median(s.step);
   std::string fields = fmt::format(
-      "{{\"impl\": \"cohort\", \"backend\": \"{}\", \"world\": {}, \"mode\": \"{}\", \"bucket_mb\": {}, \"buckets\": {}, "
+      "{{\"impl\": \"cohort\", \"backend\": \"{}\", \"world\": {}, \"mode\": \"{}\", \"bucket_mb\": {}, \"buckets\": "
+      "{}, "
       "\"ms_step\": {:.3f}, \"samples_s\": {:.1f}, \"fwd_ms\": {:.3f}, \"bwd_ms\": {:.3f}, \"opt_ms\": {:.3f}, "
       "\"cpu_ms\": {:.3f}",
-      backend, world, world == 1 ? "single" : (c.noComm ? "no_comm" : "ddp"), capMb < 0 ? "null" : fmt::format("{}", capMb),
-      buckets, stepS * 1e3, static_cast<double>(world * kBatch) / stepS, median(s.fwd) * 1e3, median(s.bwd) * 1e3,
-      median(s.opt) * 1e3, median(s.cpu) * 1e3);
+      backend, world, world == 1 ? "single" : (c.noComm ? "no_comm" : "ddp"),
+      capMb < 0 ? "null" : fmt::format("{}", capMb), buckets, stepS * 1e3, static_cast<double>(world * kBatch) / stepS,
+      median(s.fwd) * 1e3, median(s.bwd) * 1e3, median(s.opt) * 1e3, median(s.cpu) * 1e3);
   if (!s.wait.empty() && bareS > 0) {
     std::vector<double> exposedS(s.wait.size());
     for (size_t i = 0; i < s.wait.size(); ++i) exposedS[i] = s.hook[i] + s.wait[i];
@@ -264,12 +263,13 @@ void runRank(const Config& c, const ProcessGroupPtr& pg) {
 
 // Forks c.world ranks meeting through a FileStore; returns the exit code (0: all ranks ok).
 int runForked(const Config& c) {
-  return bench::runForkedRanks("ddp", c.world, c.timeoutS, dist::Millis(60'000), [&](int r, const dist::StorePtr& store) {
-    dist::ProcessGroupOptions o;
-    o.backend = c.backend;
-    auto pg = ProcessGroup::create(store, r, c.world, o);
-    runRank(c, pg);
-  });
+  return bench::runForkedRanks("ddp", c.world, c.timeoutS, dist::Millis(60'000),
+                               [&](int r, const dist::StorePtr& store) {
+                                 dist::ProcessGroupOptions o;
+                                 o.backend = c.backend;
+                                 auto pg = ProcessGroup::create(store, r, c.world, o);
+                                 runRank(c, pg);
+                               });
 }
 
 }  // namespace
@@ -288,8 +288,12 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 64));
   app.add_option("--warmup", c.warmup)->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--steps", c.steps, "timed steps (medians reported)")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--bare-iters", c.bareIters, "timed bare all-reduces")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--steps", c.steps, "timed steps (medians reported)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--bare-iters", c.bareIters, "timed bare all-reduces")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_flag("--no-comm", c.noComm, "DDP under noSync(): the ranks compute side by side without gradient sync");
   app.add_option("--zero-grad", c.zeroGrad, "zeroGrad(setToNone): none (the default, as PyTorch's set_to_none) or zero")
       ->capture_default_str()

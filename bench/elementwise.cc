@@ -6,8 +6,8 @@
  * The limit is memcpy of 64 MB between two already-touched buffers, counted the same way
  * (read + write = 128 MB per call), measured in this run: each repetition of an op is paired with a
  * memcpy taken right before it, so a neighbour that slows the machine slows both. Figures are
- * medians of CPU time (user + system: page faults count), with the wall-clock ratio beside them. The bar from issue 2 is 50% of the limit; PASS/MISS is printed for information and the
- * program always exits 0.
+ * medians of CPU time (user + system: page faults count), with the wall-clock ratio beside them. The bar from issue 2
+ * is 50% of the limit; PASS/MISS is printed for information and the program always exits 0.
  *
  * Out-of-place ops (add, exp, clone, to, ...) include allocating their 64 MB output: glibc serves a
  * block that large with a fresh mmap, so every call pays a page fault per 4 KiB page on first
@@ -84,14 +84,10 @@ int main(int argc, char** argv) {
   int threads = 1;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--n" && i + 1 < argc)
-      n = std::atoll(argv[++i]);
-    else if (a == "--reps" && i + 1 < argc)
-      reps = std::max(1, std::atoi(argv[++i]));
-    else if (a == "--only" && i + 1 < argc)
-      only = argv[++i];
-    else if (a == "--threads" && i + 1 < argc)
-      threads = std::max(1, std::atoi(argv[++i]));
+    if (a == "--n" && i + 1 < argc) n = std::atoll(argv[++i]);
+    else if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--only" && i + 1 < argc) only = argv[++i];
+    else if (a == "--threads" && i + 1 < argc) threads = std::max(1, std::atoi(argv[++i]));
     else {
       std::fprintf(stderr, "usage: elementwise [--n 16777216] [--reps 9] [--only SUBSTRING] [--threads 1]\n");
       return 2;
@@ -133,8 +129,16 @@ int main(int argc, char** argv) {
   auto restoreX = [&] { std::memcpy(x.dataPtr(), a.dataPtr(), static_cast<size_t>(n) * 4); };
 
   std::vector<Case> cases = {
-      {"memcpy (the limit)", 8, [&] { std::memcpy(dst.data(), src.data(), src.size()); return Tensor(); }},
-      {"copy_ (into preallocated)", 8, [&] { x.copy_(a); return Tensor(); }},
+      {"memcpy (the limit)", 8,
+       [&] {
+         std::memcpy(dst.data(), src.data(), src.size());
+         return Tensor();
+       }},
+      {"copy_ (into preallocated)", 8,
+       [&] {
+         x.copy_(a);
+         return Tensor();
+       }},
       {"clone", 8, [&] { return a.clone(); }},
       {"add(a, b)", 12, [&] { return add(a, b); }},
       {"sub(a, b)", 12, [&] { return sub(a, b); }},
@@ -162,15 +166,60 @@ int main(int argc, char** argv) {
       {"where(cond, a, b)", 13, [&] { return where(cond, a, b); }},
       {"gt(a, b) -> bool", 9, [&] { return gt(a, b); }},
       {"eq(a, b) -> bool", 9, [&] { return eq(a, b); }},
-      {"add_(b)", 12, [&] { x.add_(b); return Tensor(); }, restoreX},
-      {"add_(b, alpha=0.1)", 12, [&] { x.add_(b, Scalar(0.1)); return Tensor(); }, restoreX},
-      {"mul_(b)", 12, [&] { x.mul_(b); return Tensor(); }, restoreX},
-      {"mul_(0.9)", 8, [&] { x.mul_(Scalar(0.9)); return Tensor(); }, restoreX},
-      {"addcmul_(b, c, 0.1)", 16, [&] { x.addcmul_(b, c, Scalar(0.1)); return Tensor(); }, restoreX},
-      {"addcdiv_(b, c, 0.1)", 16, [&] { x.addcdiv_(b, c, Scalar(0.1)); return Tensor(); }, restoreX},
-      {"lerp_(b, 0.1)", 12, [&] { x.lerp_(b, Scalar(0.1)); return Tensor(); }, restoreX},
-      {"zero_", 4, [&] { x.zero_(); return Tensor(); }, restoreX},
-      {"fill_(0.5)", 4, [&] { x.fill_(Scalar(0.5)); return Tensor(); }, restoreX},
+      {"add_(b)", 12,
+       [&] {
+         x.add_(b);
+         return Tensor();
+       },
+       restoreX},
+      {"add_(b, alpha=0.1)", 12,
+       [&] {
+         x.add_(b, Scalar(0.1));
+         return Tensor();
+       },
+       restoreX},
+      {"mul_(b)", 12,
+       [&] {
+         x.mul_(b);
+         return Tensor();
+       },
+       restoreX},
+      {"mul_(0.9)", 8,
+       [&] {
+         x.mul_(Scalar(0.9));
+         return Tensor();
+       },
+       restoreX},
+      {"addcmul_(b, c, 0.1)", 16,
+       [&] {
+         x.addcmul_(b, c, Scalar(0.1));
+         return Tensor();
+       },
+       restoreX},
+      {"addcdiv_(b, c, 0.1)", 16,
+       [&] {
+         x.addcdiv_(b, c, Scalar(0.1));
+         return Tensor();
+       },
+       restoreX},
+      {"lerp_(b, 0.1)", 12,
+       [&] {
+         x.lerp_(b, Scalar(0.1));
+         return Tensor();
+       },
+       restoreX},
+      {"zero_", 4,
+       [&] {
+         x.zero_();
+         return Tensor();
+       },
+       restoreX},
+      {"fill_(0.5)", 4,
+       [&] {
+         x.fill_(Scalar(0.5));
+         return Tensor();
+       },
+       restoreX},
       {"to(bfloat16)", 6, [&] { return a.to(DType::BFloat16); }},
       {"to(float16)", 6, [&] { return a.to(DType::Float16); }},
       {"bfloat16 to(float32)", 6,

@@ -39,15 +39,15 @@
 #include <thread>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <cohort/cohort.h>
 #include <cohort/distributed/ddp/distributed_data_parallel.h>
 #include <cohort/distributed/store/file_store.h>
 
-#include "forked_ranks.h"
 #include <cohort/fsdp/fully_sharded_data_parallel.h>
+#include "forked_ranks.h"
 
 using namespace cohort;
 
@@ -64,9 +64,7 @@ struct Config {
   int timeoutS = 1800;
 };
 
-double wallNow() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double wallNow() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -134,27 +132,28 @@ void runMode(const Config& c, const std::string& mode, const dist::ProcessGroupP
   const int64_t* mv = m.data<int64_t>();
   if (rank == 0) {
     const double mib = 1024.0 * 1024.0;
-    fmt::print(
-        "{{\"mode\": \"{}\", \"world\": {}, \"backend\": \"{}\", \"params\": {}, \"state_mib\": {:.1f}, "
-        "\"state_bytes_per_param\": {:.2f}, \"formula_bytes_per_param\": {:.2f}, \"peak_mib\": {:.1f}, "
-        "\"peak_bytes_per_param\": {:.2f}, \"ms_step\": {:.1f}, \"forward_prefetch\": {}, \"backward_prefetch\": {}}}\n",
-        mode, world, pg->backend(DeviceType::CPU).name(), psi, mv[0] / mib, double(mv[0]) / psi,
-        formulaBytesPerParam(mode, world), mv[1] / mib, double(mv[1]) / psi, median(times) * 1e3, c.forwardPrefetch,
-        c.backwardPrefetch);
+    fmt::print("{{\"mode\": \"{}\", \"world\": {}, \"backend\": \"{}\", \"params\": {}, \"state_mib\": {:.1f}, "
+               "\"state_bytes_per_param\": {:.2f}, \"formula_bytes_per_param\": {:.2f}, \"peak_mib\": {:.1f}, "
+               "\"peak_bytes_per_param\": {:.2f}, \"ms_step\": {:.1f}, \"forward_prefetch\": {}, "
+               "\"backward_prefetch\": {}}}\n",
+               mode, world, pg->backend(DeviceType::CPU).name(), psi, mv[0] / mib, double(mv[0]) / psi,
+               formulaBytesPerParam(mode, world), mv[1] / mib, double(mv[1]) / psi, median(times) * 1e3,
+               c.forwardPrefetch, c.backwardPrefetch);
     std::fflush(stdout);
   }
   pg->barrier()->wait();
 }
 
 int runForked(const Config& c) {
-  return bench::runForkedRanks("fsdp", c.world, c.timeoutS, dist::Millis(120'000), [&](int r, const dist::StorePtr& store) {
-    blas::setNumThreads(1);
-    dist::ProcessGroupOptions o;
-    o.backend = c.backend;
-    o.timeout = dist::Millis(c.timeoutS * 1000);
-    auto pg = dist::ProcessGroup::create(store, r, c.world, o);
-    for (const auto& mode : c.modes) runMode(c, mode, pg);
-  });
+  return bench::runForkedRanks("fsdp", c.world, c.timeoutS, dist::Millis(120'000),
+                               [&](int r, const dist::StorePtr& store) {
+                                 blas::setNumThreads(1);
+                                 dist::ProcessGroupOptions o;
+                                 o.backend = c.backend;
+                                 o.timeout = dist::Millis(c.timeoutS * 1000);
+                                 auto pg = dist::ProcessGroup::create(store, r, c.world, o);
+                                 for (const auto& mode : c.modes) runMode(c, mode, pg);
+                               });
 }
 
 }  // namespace
@@ -163,7 +162,9 @@ int main(int argc, char** argv) {
   CLI::App app{"FSDP memory per rank and step time against DDP on a GPT"};
   Config c;
   app.add_option("--world", c.world, "ranks (processes) to fork")->capture_default_str()->check(CLI::Range(1, 64));
-  app.add_option("--mode", c.modes, "ddp, full_shard, shard_grad_op, no_shard (a list)")->delimiter(',')->capture_default_str();
+  app.add_option("--mode", c.modes, "ddp, full_shard, shard_grad_op, no_shard (a list)")
+      ->delimiter(',')
+      ->capture_default_str();
   app.add_option("--layers", c.layers, "GPT layers")->capture_default_str();
   app.add_option("--embd", c.embd, "GPT width")->capture_default_str();
   app.add_option("--heads", c.heads, "attention heads")->capture_default_str();

@@ -141,10 +141,8 @@ Candidate loadOpenBlas(const std::string& key, const std::string& core, const st
     std::fclose(in);
     std::fclose(out);
   }
-  if (core.empty())
-    unsetenv("OPENBLAS_CORETYPE");
-  else
-    setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
+  if (core.empty()) unsetenv("OPENBLAS_CORETYPE");
+  else setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
   void* h = dlopen(copy.c_str(), RTLD_NOW | RTLD_LOCAL);
   unsetenv("OPENBLAS_CORETYPE");
   std::remove(copy.c_str());
@@ -213,7 +211,8 @@ bool callCandidate(const Candidate& c, const GemmShape& sh, const T* a, const T*
 #ifdef COHORT_BENCH_HAVE_EIGEN
   if (c.eigen) {
     using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-    Eigen::Map<const Mat> A(a, sh.ta ? sh.k : sh.m, sh.ta ? sh.m : sh.k), B(b, sh.tb ? sh.n : sh.k, sh.tb ? sh.k : sh.n);
+    Eigen::Map<const Mat> A(a, sh.ta ? sh.k : sh.m, sh.ta ? sh.m : sh.k),
+        B(b, sh.tb ? sh.n : sh.k, sh.tb ? sh.k : sh.n);
     Eigen::Map<Mat> C(out, sh.m, sh.n);
     if (sh.ta && sh.tb) C.noalias() = A.transpose() * B.transpose();
     else if (sh.ta) C.noalias() = A.transpose() * B;
@@ -231,8 +230,14 @@ int main(int argc, char** argv) {
   using namespace cohort;
   std::vector<int64_t> sizes = {256, 512, 1024, 2048};
   std::vector<std::string> dtypes = {"f32", "f64"};
-  std::vector<std::string> keys = {"openblas",          "openblas:Prescott",   "openblas:Haswell", "openblas:Zen",
-                                   "openblas:SkylakeX", "openblas:CooperLake", "blis",             "onednn",
+  std::vector<std::string> keys = {"openblas",
+                                   "openblas:Prescott",
+                                   "openblas:Haswell",
+                                   "openblas:Zen",
+                                   "openblas:SkylakeX",
+                                   "openblas:CooperLake",
+                                   "blis",
+                                   "onednn",
                                    "eigen"};
   int rounds = 3;
   bool mlp = true;
@@ -256,14 +261,11 @@ int main(int argc, char** argv) {
       rounds = std::max(1, std::atoi(next().c_str()));
     } else if (a == "--candidates") {
       std::string v = next();
-      if (v == "none")
-        keys.clear();
-      else if (v != "all")
-        keys = splitList(v);
+      if (v == "none") keys.clear();
+      else if (v != "all") keys = splitList(v);
     } else {
-      std::fprintf(stderr,
-                   "usage: gemm [--sizes 256,512,1024,2048] [--mlp on|off] [--dtypes f32,f64] [--rounds 3] "
-                   "[--candidates all|none|openblas,openblas:Haswell,blis,onednn,eigen,...]\n");
+      std::fprintf(stderr, "usage: gemm [--sizes 256,512,1024,2048] [--mlp on|off] [--dtypes f32,f64] [--rounds 3] "
+                           "[--candidates all|none|openblas,openblas:Haswell,blis,onednn,eigen,...]\n");
       return 2;
     }
   }
@@ -296,10 +298,8 @@ int main(int argc, char** argv) {
   std::vector<Candidate> cands;
   for (const auto& k : keys) {
     Candidate c = loadCandidate(k, libPath, tmpDir);
-    if (!c.why.empty())
-      std::printf("  candidate %s not available: %s\n", k.c_str(), c.why.c_str());
-    else
-      cands.push_back(c);
+    if (!c.why.empty()) std::printf("  candidate %s not available: %s\n", k.c_str(), c.why.c_str());
+    else cands.push_back(c);
   }
   rmdir(tmpDir.c_str());
   if (!userCoreStr.empty()) setenv("OPENBLAS_CORETYPE", userCoreStr.c_str(), 1);
@@ -378,17 +378,17 @@ int main(int argc, char** argv) {
           t[s].push_back(seconds(t0));
           tc[s].push_back(cpuNow() - c0);
         }
-      std::printf("%s %s  %s (%d repetitions)          GFLOP/s: wall-clock   CPU-time\n", dt.c_str(),
-                  sh.name().c_str(), sh.label.c_str(), reps);
+      std::printf("%s %s  %s (%d repetitions)          GFLOP/s: wall-clock   CPU-time\n", dt.c_str(), sh.name().c_str(),
+                  sh.label.c_str(), reps);
       auto row = [&](const std::string& name, size_t s) {
         double g = gflops(sh, median(t[s])), gc = gflops(sh, median(tc[s]));
         std::printf("  %-58s %8.1f %10.1f\n", name.c_str(), g, gc);
         return std::make_pair(g, gc);
       };
       auto [mmG, mmC] = row("cohort::mm (allocates its output)", 0);
-      auto [blasG, blasC] = row(std::string("cohort::blas::") + (dtype == DType::Float32 ? "sgemm" : "dgemm") +
-                                    " (preallocated output)",
-                                1);
+      auto [blasG, blasC] =
+          row(std::string("cohort::blas::") + (dtype == DType::Float32 ? "sgemm" : "dgemm") + " (preallocated output)",
+              1);
       double fallbackC = 0;
       if (has[2]) fallbackC = row("cohort::blas::sgemmOn(OpenBlas) (the fallback)", 2).second;
       double best = 0, bestC = 0;

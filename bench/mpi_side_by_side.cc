@@ -26,8 +26,8 @@
 #endif
 #include <mpi.h>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <cohort/cohort.h>
 #include <cohort/distributed/init.h>
@@ -119,9 +119,11 @@ int main(int argc, char** argv) {
     auto pg = dist::initProcessGroup(init);
     const int n = pg->size();
     if (pg->rank() == 0) {
-      std::printf("# cohort mpi backend vs bare MPI on MPI_COMM_WORLD, alternating in one process: %d ranks, %d rounds\n",
-                  n, rounds);
-      std::printf("%-16s %12s %12s %12s %10s %15s\n", "# op", "size(B)", "cohort(us)", "mpi(us)", "ratio", "ratio range");
+      std::printf(
+          "# cohort mpi backend vs bare MPI on MPI_COMM_WORLD, alternating in one process: %d ranks, %d rounds\n", n,
+          rounds);
+      std::printf("%-16s %12s %12s %12s %10s %15s\n", "# op", "size(B)", "cohort(us)", "mpi(us)", "ratio",
+                  "ratio range");
     }
     for (const auto& op : splitCsv(sweep.ops)) {
       for (size_t bytes : sizeList(op, sweep.minBytes, sweep.maxBytes, sweep.factor, n)) {

@@ -36,7 +36,8 @@ int main(int argc, char** argv) {
   app.add_option("--concurrent", concurrent, "rpcAsync calls in flight at once");
   app.add_option("--reps", reps, "repetitions (medians are reported)");
   app.add_flag("--no-shm", noShm, "use TCP (uv) between the two processes");
-  app.add_option("--copy-threads", copyThreads, "threads reading one large tensor (RpcOptions::copyThreads; 0: one per core, at most 4)")
+  app.add_option("--copy-threads", copyThreads,
+                 "threads reading one large tensor (RpcOptions::copyThreads; 0: one per core, at most 4)")
       ->check(CLI::Range(0, 64));
   CLI11_PARSE(app, argc, argv);
 
@@ -64,7 +65,7 @@ int main(int argc, char** argv) {
 
   std::vector<double> tiny, send16, echo16, conc, perCall;
   perCall.reserve(static_cast<size_t>(iters) * reps);
-  Tensor big = ones({4 * 1024 * 1024});  // 16 MiB of float32
+  Tensor big = ones({4 * 1024 * 1024});                                      // 16 MiB of float32
   for (int i = 0; i < 200; ++i) rpc::rpcSync<int64_t>("server", "noop", i);  // warm-up
   rpc::rpcSync<int64_t>("server", "nbytes", big);
   for (int r = 0; r < reps; ++r) {
@@ -105,7 +106,9 @@ int main(int argc, char** argv) {
   std::printf("%-44s %12s %14s\n", "", "cohort", "PyTorch 1.13");
   std::printf("%-44s %9.1f us %11s us\n", "rpcSync of a tiny function (round trip)", median(tiny) * 1e6, "373");
   std::sort(perCall.begin(), perCall.end());
-  auto pct = [&](double q) { return perCall[std::min(perCall.size() - 1, static_cast<size_t>(q * perCall.size()))] * 1e6; };
+  auto pct = [&](double q) {
+    return perCall[std::min(perCall.size() - 1, static_cast<size_t>(q * perCall.size()))] * 1e6;
+  };
   std::printf("%-44s %9.1f us / %.1f us / %.1f us\n", "  its p50 / p90 / p99 over all calls", pct(0.5), pct(0.9),
               pct(0.99));
   std::printf("%-44s %9.2f ms %11s ms  (%.2f GB/s vs 4.3)\n", "16 MiB tensor sent, callee returns its size",

@@ -1,8 +1,8 @@
 // Training-step time of the two reference models (issue 3), one thread, for a side-by-side ratio
 // against PyTorch 1.13 (bench/torch_train_step.py runs the same models and shapes):
 //   MLP 784-1024-1024-10, batch 64, SGD;  GPT 6 layers, 6 heads, width 384, block 256, batch 8, AdamW.
-// Prints one JSON line per model: {"model": "mlp", "ms_per_step": ...} (process CPU time per step). With --profile, also the
-// time per op family (forward, backward, optimizer) for the "where does the time go" question.
+// Prints one JSON line per model: {"model": "mlp", "ms_per_step": ...} (process CPU time per step). With --profile,
+// also the time per op family (forward, backward, optimizer) for the "where does the time go" question.
 //
 //   build/bench/train_step [--steps N] [--model mlp|gpt|all] [--profile]
 #include <CLI/CLI.hpp>
@@ -91,8 +91,8 @@ int main(int argc, char** argv) {
 
   if (which == "mlp" || which == "all") {
     manualSeed(0);
-    auto model = std::make_shared<nn::Sequential>(nn::Linear(784, 1024), nn::ReLU(), nn::Linear(1024, 1024),
-                                                  nn::ReLU(), nn::Linear(1024, 10));
+    auto model = std::make_shared<nn::Sequential>(nn::Linear(784, 1024), nn::ReLU(), nn::Linear(1024, 1024), nn::ReLU(),
+                                                  nn::Linear(1024, 10));
     optim::SGD opt(model->parameters(), {.lr = 0.01});
     Tensor x = randn({64, 784});
     Tensor y = randint(0, 10, {64});

@@ -27,8 +27,8 @@ void Backend::allgather(std::vector<Tensor>&, const Tensor&, const AllgatherOpti
 void Backend::allgatherIntoTensor(Tensor&, const Tensor&, const AllgatherOptions&, const WorkPtr&) {
   unsupported(OpType::AllgatherIntoTensor);
 }
-void Backend::allgatherCoalesced(std::vector<std::vector<Tensor>>&, const std::vector<Tensor>&,
-                                 const AllgatherOptions&, const WorkPtr&) {
+void Backend::allgatherCoalesced(std::vector<std::vector<Tensor>>&, const std::vector<Tensor>&, const AllgatherOptions&,
+                                 const WorkPtr&) {
   unsupported(OpType::AllgatherCoalesced);
 }
 void Backend::reduceScatter(Tensor&, std::vector<Tensor>&, const ReduceScatterOptions&, const WorkPtr&) {
@@ -96,8 +96,9 @@ BackendPtr createBackend(const std::string& name, const StorePtr& store, int ran
     if (it == r.factories.end()) {
       std::vector<std::string> names;
       for (const auto& [n, f] : r.factories) names.push_back(n);
-      throw NotSupportedError(fmt::format("no collective backend named '{}' in this build (available: {})", name,
-                                          names.empty() ? std::string("none") : fmt::format("{}", fmt::join(names, ", "))));
+      throw NotSupportedError(
+          fmt::format("no collective backend named '{}' in this build (available: {})", name,
+                      names.empty() ? std::string("none") : fmt::format("{}", fmt::join(names, ", "))));
     }
     factory = it->second;
   }

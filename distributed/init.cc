@@ -54,10 +54,10 @@ void rendezvous(Store& store, const env::LaunchEnvironment& e, const std::string
   const std::string prefix = fmt::format("cohort_init/{}/", group);
   int64_t claims = store.add(fmt::format("{}claim/{}", prefix, e.rank), 1);
   if (claims > 1) {
-    throw DistError(fmt::format(
-        "initProcessGroup: rank {} of group '{}' was already claimed by another process at the store {} "
-        "(two processes were given the same rank, or the store is left over from an earlier run)",
-        e.rank, group, where));
+    throw DistError(
+        fmt::format("initProcessGroup: rank {} of group '{}' was already claimed by another process at the store {} "
+                    "(two processes were given the same rank, or the store is left over from an earlier run)",
+                    e.rank, group, where));
   }
   store.set(fmt::format("{}rank/{}", prefix, e.rank),
             fmt::format("world={} host={} pid={}", e.worldSize, hostName(), ::getpid()));

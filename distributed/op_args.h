@@ -74,7 +74,6 @@ class Checker {
   const std::string& group_;
 };
 
-
 // The cross-rank fingerprint of a call (COHORT_DEBUG=DETAIL), built only when the check runs.
 std::function<CollectiveFingerprint()> fp(OpType op, std::vector<Tensor> ts, std::optional<ReduceOp> reduceOp = {},
                                           int root = -1);

@@ -40,8 +40,8 @@ namespace cohort::dist {
 
 // What an op touches, for running ops side by side (see above).
 struct OpFootprint {
-  bool exclusive = true;                // runs alone
-  std::vector<const void*> storages;    // shareable ops: the storages it reads or writes
+  bool exclusive = true;              // runs alone
+  std::vector<const void*> storages;  // shareable ops: the storages it reads or writes
 };
 
 class OpQueue {

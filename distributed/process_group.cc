@@ -149,7 +149,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(StorePtr store, int rank, int
   std::vector<int> global(size);
   for (int i = 0; i < size; ++i) global[i] = i;
   auto prefixed = std::make_shared<PrefixStore>(opts.name, std::move(store));
-  std::shared_ptr<ProcessGroup> pg(new ProcessGroup(std::move(prefixed), rank, size, std::move(opts), std::move(global)));
+  std::shared_ptr<ProcessGroup> pg(
+      new ProcessGroup(std::move(prefixed), rank, size, std::move(opts), std::move(global)));
   pg->initBackends();
   return pg;
 }
@@ -160,14 +161,14 @@ ProcessGroup::ProcessGroup(StorePtr store, int rank, int size, ProcessGroupOptio
   if (kRecorderEntriesKnob.raw()) {
     const int64_t n = kRecorderEntriesKnob.integer();
     if (n < 0 || n > kMaxRecorderEntries) {
-      throw ValueError(fmt::format("COHORT_FLIGHT_RECORDER_ENTRIES must be between 0 and {}, got {}",
-                                   kMaxRecorderEntries, n));
+      throw ValueError(
+          fmt::format("COHORT_FLIGHT_RECORDER_ENTRIES must be between 0 and {}, got {}", kMaxRecorderEntries, n));
     }
     opts_.flightRecorderEntries = static_cast<size_t>(n);
   }
   if (opts_.timeout.count() <= 0) {
-    throw ValueError(fmt::format("process group '{}': timeout must be positive, got {} ms", opts_.name,
-                                 opts_.timeout.count()));
+    throw ValueError(
+        fmt::format("process group '{}': timeout must be positive, got {} ms", opts_.name, opts_.timeout.count()));
   }
   recorder_ = std::make_shared<FlightRecorder>(opts_.name, opts_.flightRecorderEntries);
   progress_ = std::make_shared<Progress>(store_, fmt::format("progress/{}", rank_));
@@ -199,13 +200,12 @@ void ProcessGroup::initBackends() {
     } else if (hasBackend("gloo")) {
       name = "gloo";
       why = oneNode ? "every rank is on one node, but this build has no shm backend"
-                    : (sharedNode ? "several nodes, but this build has no hierarchical backend"
-                                  : "one rank per node");
+                    : (sharedNode ? "several nodes, but this build has no hierarchical backend" : "one rank per node");
     } else {
       auto names = availableBackends();
-      throw NotSupportedError(fmt::format(
-          "process group '{}': backend \"auto\" needs gloo, which this build lacks (available: {})", opts_.name,
-          names.empty() ? std::string("none") : fmt::format("{}", fmt::join(names, ", "))));
+      throw NotSupportedError(
+          fmt::format("process group '{}': backend \"auto\" needs gloo, which this build lacks (available: {})",
+                      opts_.name, names.empty() ? std::string("none") : fmt::format("{}", fmt::join(names, ", "))));
     }
     if (rank_ == 0) {
       COHORT_LOG(Info, "process group '{}': backend auto chose {} for CPU tensors: {} ({} ranks on {} nodes)",
@@ -302,7 +302,8 @@ class ProcessGroup::Observer : public Work::Observer {
 WorkPtr ProcessGroup::startWork(OpType op, Millis timeout, RecordFn record, FingerprintFn fingerprint,
                                 std::string p2pLabel) {
   Millis t = timeout.count() < 0 ? opts_.timeout : timeout;
-  if (t.count() == 0) throw ValueError(fmt::format("{} in group '{}': timeout must be positive", opTypeName(op), opts_.name));
+  if (t.count() == 0)
+    throw ValueError(fmt::format("{} in group '{}': timeout must be positive", opTypeName(op), opts_.name));
   bool collective = p2pLabel.empty();
   uint64_t seq = collective ? ++seq_ : 0;
   const auto start = std::chrono::steady_clock::now();  // one reading for the Work and its entry
@@ -393,7 +394,8 @@ std::string ProcessGroup::diagnose(const Work& work) const {
                       fmt::join(last, ", "));
   } else if (!silent.empty()) {
     msg = fmt::format("every rank reached it; ranks that started it but neither finished nor reported an error "
-                      "(dead or stalled): [{}]", names(silent));
+                      "(dead or stalled): [{}]",
+                      names(silent));
   } else {
     msg = "every rank reached it";
   }
@@ -415,7 +417,13 @@ WorkPtr ProcessGroup::allreduce(Tensor& tensor, const AllreduceOptions& opts) {
   c.tensor(tensor, "tensor");
   c.reduction(opts.op, tensor);
   const BackendPtr& b = backendFor(OpType::Allreduce, tensor.device().type());
-  auto work = startWork(OpType::Allreduce, opts.timeout, [&](std::string& s, std::string& d) { appendShapes(s, tensor); reduceDetail(d, opts.op); }, [&] { return fp(OpType::Allreduce, {tensor}, opts.op)(); });
+  auto work = startWork(
+      OpType::Allreduce, opts.timeout,
+      [&](std::string& s, std::string& d) {
+        appendShapes(s, tensor);
+        reduceDetail(d, opts.op);
+      },
+      [&] { return fp(OpType::Allreduce, {tensor}, opts.op)(); });
   return launch(work, b, [&] { b->allreduce(tensor, opts, work); });
 }
 
@@ -428,7 +436,13 @@ WorkPtr ProcessGroup::allreduceCoalesced(std::vector<Tensor>& tensors, const All
   }
   c.reduction(opts.op, tensors[0]);
   const BackendPtr& b = backendFor(OpType::AllreduceCoalesced, tensors[0].device().type());
-  auto work = startWork(OpType::AllreduceCoalesced, opts.timeout, [&](std::string& s, std::string& d) { appendShapes(s, tensors); reduceDetail(d, opts.op); }, [&] { return fp(OpType::AllreduceCoalesced, tensors, opts.op)(); });
+  auto work = startWork(
+      OpType::AllreduceCoalesced, opts.timeout,
+      [&](std::string& s, std::string& d) {
+        appendShapes(s, tensors);
+        reduceDetail(d, opts.op);
+      },
+      [&] { return fp(OpType::AllreduceCoalesced, tensors, opts.op)(); });
   return launch(work, b, [&] { b->allreduceCoalesced(tensors, opts, work); });
 }
 
@@ -437,7 +451,13 @@ WorkPtr ProcessGroup::broadcast(Tensor& tensor, const BroadcastOptions& opts) {
   c.tensor(tensor, "tensor");
   c.rank(opts.root, size_, "root");
   const BackendPtr& b = backendFor(OpType::Broadcast, tensor.device().type());
-  auto work = startWork(OpType::Broadcast, opts.timeout, [&](std::string& s, std::string& d) { appendShapes(s, tensor); d = rootDetail(opts.root); }, [&] { return fp(OpType::Broadcast, {tensor}, std::nullopt, opts.root)(); });
+  auto work = startWork(
+      OpType::Broadcast, opts.timeout,
+      [&](std::string& s, std::string& d) {
+        appendShapes(s, tensor);
+        d = rootDetail(opts.root);
+      },
+      [&] { return fp(OpType::Broadcast, {tensor}, std::nullopt, opts.root)(); });
   return launch(work, b, [&] { b->broadcast(tensor, opts, work); });
 }
 
@@ -447,7 +467,14 @@ WorkPtr ProcessGroup::reduce(Tensor& tensor, const ReduceOptions& opts) {
   c.rank(opts.root, size_, "root");
   c.reduction(opts.op, tensor);
   const BackendPtr& b = backendFor(OpType::Reduce, tensor.device().type());
-  auto work = startWork(OpType::Reduce, opts.timeout, [&](std::string& s, std::string& d) { appendShapes(s, tensor); reduceDetail(d, opts.op); d += " " + rootDetail(opts.root); }, [&] { return fp(OpType::Reduce, {tensor}, opts.op, opts.root)(); });
+  auto work = startWork(
+      OpType::Reduce, opts.timeout,
+      [&](std::string& s, std::string& d) {
+        appendShapes(s, tensor);
+        reduceDetail(d, opts.op);
+        d += " " + rootDetail(opts.root);
+      },
+      [&] { return fp(OpType::Reduce, {tensor}, opts.op, opts.root)(); });
   return launch(work, b, [&] { b->reduce(tensor, opts, work); });
 }
 
@@ -457,7 +484,9 @@ WorkPtr ProcessGroup::allgather(std::vector<Tensor>& outputs, const Tensor& inpu
   c.count(outputs.size(), size_, "output tensors");
   for (size_t i = 0; i < outputs.size(); ++i) c.like(outputs[i], input, fmt::format("output {}", i), "the input");
   const BackendPtr& b = backendFor(OpType::Allgather, input.device().type());
-  auto work = startWork(OpType::Allgather, opts.timeout, [&](std::string& s, std::string&) { appendShapes(s, input); }, [&] { return fp(OpType::Allgather, {input})(); });
+  auto work = startWork(
+      OpType::Allgather, opts.timeout, [&](std::string& s, std::string&) { appendShapes(s, input); },
+      [&] { return fp(OpType::Allgather, {input})(); });
   return launch(work, b, [&] { b->allgather(outputs, input, opts, work); });
 }
 
@@ -471,7 +500,11 @@ WorkPtr ProcessGroup::allgatherIntoTensor(Tensor& output, const Tensor& input, c
                        shapeStr(input.sizes()), input.numel() * size_, output.numel()));
   }
   const BackendPtr& b = backendFor(OpType::AllgatherIntoTensor, input.device().type());
-  auto work = startWork(OpType::AllgatherIntoTensor, opts.timeout, [&](std::string& s, std::string&) { appendShapes(s, output, input); }, [&] { return fp(OpType::AllgatherIntoTensor, {output, input})(); });
+  auto work = startWork(
+      OpType::AllgatherIntoTensor, opts.timeout, [&](std::string& s, std::string&) { appendShapes(s, output, input); },
+      [&] {
+        return fp(OpType::AllgatherIntoTensor, {output, input})();
+      });
   return launch(work, b, [&] { b->allgatherIntoTensor(output, input, opts, work); });
 }
 
@@ -494,7 +527,9 @@ WorkPtr ProcessGroup::allgatherCoalesced(std::vector<std::vector<Tensor>>& outpu
     }
   }
   const BackendPtr& b = backendFor(OpType::AllgatherCoalesced, inputs[0].device().type());
-  auto work = startWork(OpType::AllgatherCoalesced, opts.timeout, [&](std::string& s, std::string&) { appendShapes(s, inputs); }, [&] { return fp(OpType::AllgatherCoalesced, inputs)(); });
+  auto work = startWork(
+      OpType::AllgatherCoalesced, opts.timeout, [&](std::string& s, std::string&) { appendShapes(s, inputs); },
+      [&] { return fp(OpType::AllgatherCoalesced, inputs)(); });
   return launch(work, b, [&] { b->allgatherCoalesced(outputs, inputs, opts, work); });
 }
 
@@ -505,7 +540,13 @@ WorkPtr ProcessGroup::reduceScatter(Tensor& output, std::vector<Tensor>& inputs,
   for (size_t i = 0; i < inputs.size(); ++i) c.like(inputs[i], output, fmt::format("input {}", i), "the output");
   c.reduction(opts.op, output);
   const BackendPtr& b = backendFor(OpType::ReduceScatter, output.device().type());
-  auto work = startWork(OpType::ReduceScatter, opts.timeout, [&](std::string& s, std::string& d) { appendShapes(s, output); reduceDetail(d, opts.op); }, [&] { return fp(OpType::ReduceScatter, {output}, opts.op)(); });
+  auto work = startWork(
+      OpType::ReduceScatter, opts.timeout,
+      [&](std::string& s, std::string& d) {
+        appendShapes(s, output);
+        reduceDetail(d, opts.op);
+      },
+      [&] { return fp(OpType::ReduceScatter, {output}, opts.op)(); });
   return launch(work, b, [&] { b->reduceScatter(output, inputs, opts, work); });
 }
 
@@ -520,7 +561,15 @@ WorkPtr ProcessGroup::reduceScatterTensor(Tensor& output, const Tensor& input, c
   }
   c.reduction(opts.op, output);
   const BackendPtr& b = backendFor(OpType::ReduceScatterTensor, output.device().type());
-  auto work = startWork(OpType::ReduceScatterTensor, opts.timeout, [&](std::string& s, std::string& d) { appendShapes(s, output, input); reduceDetail(d, opts.op); }, [&] { return fp(OpType::ReduceScatterTensor, {output, input}, opts.op)(); });
+  auto work = startWork(
+      OpType::ReduceScatterTensor, opts.timeout,
+      [&](std::string& s, std::string& d) {
+        appendShapes(s, output, input);
+        reduceDetail(d, opts.op);
+      },
+      [&] {
+        return fp(OpType::ReduceScatterTensor, {output, input}, opts.op)();
+      });
   return launch(work, b, [&] { b->reduceScatterTensor(output, input, opts, work); });
 }
 
@@ -566,7 +615,11 @@ WorkPtr ProcessGroup::alltoall(Tensor& output, const Tensor& input, const Alltoa
                        shapeStr(output.sizes())));
   }
   const BackendPtr& b = backendFor(op, input.device().type());
-  auto work = startWork(op, opts.timeout, [&](std::string& s, std::string&) { appendShapes(s, output, input); }, [&] { return (uneven ? fpDtypeOnly(op, input) : fp(op, {output, input}))(); });
+  auto work = startWork(
+      op, opts.timeout, [&](std::string& s, std::string&) { appendShapes(s, output, input); },
+      [&] {
+        return (uneven ? fpDtypeOnly(op, input) : fp(op, {output, input}))();
+      });
   return launch(work, b, [&] { b->alltoall(output, input, opts, work); });
 }
 
@@ -582,7 +635,9 @@ WorkPtr ProcessGroup::alltoallList(std::vector<Tensor>& outputs, std::vector<Ten
     c.sameDtype(outputs[i], inputs[0], fmt::format("output {}", i), "input 0");
   }
   const BackendPtr& b = backendFor(OpType::AlltoallList, inputs[0].device().type());
-  auto work = startWork(OpType::AlltoallList, opts.timeout, [&](std::string& s, std::string&) { appendShapes(s, inputs); }, [&] { return fpDtypeOnly(OpType::AlltoallList, inputs[0])(); });
+  auto work = startWork(
+      OpType::AlltoallList, opts.timeout, [&](std::string& s, std::string&) { appendShapes(s, inputs); },
+      [&] { return fpDtypeOnly(OpType::AlltoallList, inputs[0])(); });
   return launch(work, b, [&] { b->alltoallList(outputs, inputs, opts, work); });
 }
 
@@ -595,7 +650,13 @@ WorkPtr ProcessGroup::gather(std::vector<Tensor>& outputs, const Tensor& input, 
     for (size_t i = 0; i < outputs.size(); ++i) c.like(outputs[i], input, fmt::format("output {}", i), "the input");
   }
   const BackendPtr& b = backendFor(OpType::Gather, input.device().type());
-  auto work = startWork(OpType::Gather, opts.timeout, [&](std::string& s, std::string& d) { appendShapes(s, input); d = rootDetail(opts.root); }, [&] { return fp(OpType::Gather, {input}, std::nullopt, opts.root)(); });
+  auto work = startWork(
+      OpType::Gather, opts.timeout,
+      [&](std::string& s, std::string& d) {
+        appendShapes(s, input);
+        d = rootDetail(opts.root);
+      },
+      [&] { return fp(OpType::Gather, {input}, std::nullopt, opts.root)(); });
   return launch(work, b, [&] { b->gather(outputs, input, opts, work); });
 }
 
@@ -608,19 +669,27 @@ WorkPtr ProcessGroup::scatter(Tensor& output, const std::vector<Tensor>& inputs,
     for (size_t i = 0; i < inputs.size(); ++i) c.like(inputs[i], output, fmt::format("input {}", i), "the output");
   }
   const BackendPtr& b = backendFor(OpType::Scatter, output.device().type());
-  auto work = startWork(OpType::Scatter, opts.timeout, [&](std::string& s, std::string& d) { appendShapes(s, output); d = rootDetail(opts.root); }, [&] { return fp(OpType::Scatter, {output}, std::nullopt, opts.root)(); });
+  auto work = startWork(
+      OpType::Scatter, opts.timeout,
+      [&](std::string& s, std::string& d) {
+        appendShapes(s, output);
+        d = rootDetail(opts.root);
+      },
+      [&] { return fp(OpType::Scatter, {output}, std::nullopt, opts.root)(); });
   return launch(work, b, [&] { b->scatter(output, inputs, opts, work); });
 }
 
 Tensor ProcessGroup::allocateCommBuffer(const Shape& sizes, DType dtype) {
   if (std::any_of(sizes.begin(), sizes.end(), [](int64_t d) { return d < 0; }))
-    throw ValueError(fmt::format("allocateCommBuffer in group '{}': negative size in shape {}", opts_.name, shapeStr(sizes)));
+    throw ValueError(
+        fmt::format("allocateCommBuffer in group '{}': negative size in shape {}", opts_.name, shapeStr(sizes)));
   return backend(DeviceType::CPU).allocateCommBuffer(sizes, dtype, opts_.timeout);
 }
 
 WorkPtr ProcessGroup::barrier(const BarrierOptions& opts) {
   const BackendPtr& b = backendFor(OpType::Barrier, DeviceType::CPU);
-  auto work = startWork(OpType::Barrier, opts.timeout, [](std::string&, std::string&) {}, [&] { return fp(OpType::Barrier, {})(); });
+  auto work = startWork(
+      OpType::Barrier, opts.timeout, [](std::string&, std::string&) {}, [&] { return fp(OpType::Barrier, {})(); });
   return launch(work, b, [&] { b->barrier(opts, work); });
 }
 
@@ -631,7 +700,9 @@ WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, const SendRecvOptions&
   if (dst == rank_) c.fail(fmt::format("rank {} cannot send to itself", rank_));
   if (opts.tag < 0) c.fail(fmt::format("tag must be non-negative, got {}", opts.tag));
   const BackendPtr& b = backendFor(OpType::Send, tensor.device().type());
-  auto work = startWork(OpType::Send, opts.timeout, [&](std::string& s, std::string&) { appendShapes(s, tensor); }, {}, fmt::format("to rank {}, tag {}", rankName(dst), opts.tag));
+  auto work = startWork(
+      OpType::Send, opts.timeout, [&](std::string& s, std::string&) { appendShapes(s, tensor); }, {},
+      fmt::format("to rank {}, tag {}", rankName(dst), opts.tag));
   return launch(work, b, [&] { b->send(tensor, dst, opts, work); });
 }
 
@@ -642,7 +713,9 @@ WorkPtr ProcessGroup::recv(Tensor& tensor, int src, const SendRecvOptions& opts)
   if (src == rank_) c.fail(fmt::format("rank {} cannot receive from itself", rank_));
   if (opts.tag < 0) c.fail(fmt::format("tag must be non-negative, got {}", opts.tag));
   const BackendPtr& b = backendFor(OpType::Recv, tensor.device().type());
-  auto work = startWork(OpType::Recv, opts.timeout, [&](std::string& s, std::string&) { appendShapes(s, tensor); }, {}, fmt::format("from rank {}, tag {}", rankName(src), opts.tag));
+  auto work = startWork(
+      OpType::Recv, opts.timeout, [&](std::string& s, std::string&) { appendShapes(s, tensor); }, {},
+      fmt::format("from rank {}, tag {}", rankName(src), opts.tag));
   return launch(work, b, [&] { b->recv(tensor, src, opts, work); });
 }
 
@@ -656,8 +729,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::makeSubgroup(const std::string& pref
   std::vector<int> global;
   for (int r : parentRanks) global.push_back(globalRanks_[r]);
   auto store = std::make_shared<PrefixStore>(prefix, store_);
-  std::shared_ptr<ProcessGroup> pg(
-      new ProcessGroup(std::move(store), subRank, static_cast<int>(parentRanks.size()), std::move(opts), std::move(global)));
+  std::shared_ptr<ProcessGroup> pg(new ProcessGroup(std::move(store), subRank, static_cast<int>(parentRanks.size()),
+                                                    std::move(opts), std::move(global)));
   pg->initBackends();
   return pg;
 }
@@ -668,8 +741,9 @@ std::shared_ptr<ProcessGroup> ProcessGroup::newGroup(const std::vector<int>& ran
   std::set<int> seen;
   for (int r : ranks) {
     if (r < 0 || r >= size_) {
-      throw ValueError(fmt::format("newGroup in group '{}': rank {} is out of range for a group of size {} (ranks [{}])",
-                                   opts_.name, r, size_, fmt::join(ranks, ", ")));
+      throw ValueError(
+          fmt::format("newGroup in group '{}': rank {} is out of range for a group of size {} (ranks [{}])", opts_.name,
+                      r, size_, fmt::join(ranks, ", ")));
     }
     if (!seen.insert(r).second) {
       throw ValueError(fmt::format("newGroup in group '{}': rank {} is listed twice (ranks [{}])", opts_.name, r,

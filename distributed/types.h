@@ -12,7 +12,7 @@
 namespace cohort::dist {
 
 using Millis = std::chrono::milliseconds;
-inline constexpr Millis kDefaultTimeout{-1};             // use the group's timeout
+inline constexpr Millis kDefaultTimeout{-1};            // use the group's timeout
 inline constexpr Millis kDefaultGroupTimeout{600'000};  // 10 minutes
 
 enum class ReduceOp : uint8_t { Sum, Avg, Product, Min, Max };

@@ -18,7 +18,8 @@ Millis effectiveTimeout(Millis t) { return t.count() < 0 ? kDefaultGroupTimeout 
 }  // namespace
 
 Work::Work(OpType op, uint64_t seq, std::string groupName, Millis timeout, std::chrono::steady_clock::time_point start)
-    : op_(op), seq_(seq), group_(std::move(groupName)), timeout_(effectiveTimeout(timeout)), deadline_(start + timeout_) {}
+    : op_(op), seq_(seq), group_(std::move(groupName)), timeout_(effectiveTimeout(timeout)),
+      deadline_(start + timeout_) {}
 
 Millis Work::remaining() const {
   auto left = std::chrono::duration_cast<Millis>(deadline_ - std::chrono::steady_clock::now());

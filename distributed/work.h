@@ -53,9 +53,7 @@ class Work {
   bool isCompleted() const { return state_.load(std::memory_order_acquire) != kPending; }
   bool isSuccess() const { return state_.load(std::memory_order_acquire) == kSucceeded; }
   // The op's error; nullptr while pending or after success.
-  std::exception_ptr exception() const {
-    return state_.load(std::memory_order_acquire) == kFailed ? error_ : nullptr;
-  }
+  std::exception_ptr exception() const { return state_.load(std::memory_order_acquire) == kFailed ? error_ : nullptr; }
   // Waits up to the op's timeout (or the given one); throws as described above.
   void wait();
   void wait(Millis timeout);

@@ -12,11 +12,11 @@
 #include <CLI/CLI.hpp>
 
 #include <cohort/cohort.h>
-#include <cohort/distributed.h>
 #include <cohort/core/data/data_loader.h>
 #include <cohort/core/data/digits.h>
 #include <cohort/core/nn/nn.h>
 #include <cohort/core/optim/optim.h>
+#include <cohort/distributed.h>
 
 #include "common/checksum.h"
 #include "common/progress.h"
@@ -34,17 +34,16 @@ std::shared_ptr<nn::Module> makeModel(const std::string& kind, int64_t hidden) {
     Unflatten() : nn::Module("Unflatten") {}
     Tensor forward(const Tensor& x) override { return x.reshape({-1, 1, 8, 8}); }
   };
-  return std::make_shared<nn::Sequential>(
-      Unflatten(), nn::Conv2d(1, 16, 3, {.padding = {1, 1}}), nn::ReLU(), nn::MaxPool2d(2),
-      nn::Conv2d(16, 32, 3, {.padding = {1, 1}}), nn::ReLU(), nn::MaxPool2d(2), nn::Flatten(), nn::Linear(128, hidden),
-      nn::ReLU(), nn::Linear(hidden, 10));
+  return std::make_shared<nn::Sequential>(Unflatten(), nn::Conv2d(1, 16, 3, {.padding = {1, 1}}), nn::ReLU(),
+                                          nn::MaxPool2d(2), nn::Conv2d(16, 32, 3, {.padding = {1, 1}}), nn::ReLU(),
+                                          nn::MaxPool2d(2), nn::Flatten(), nn::Linear(128, hidden), nn::ReLU(),
+                                          nn::Linear(hidden, 10));
 }
 
 double accuracy(nn::Module& model, data::Dataset& ds) {
   autograd::NoGradGuard ng;
   model.eval();
-  data::DataLoader loader(std::shared_ptr<const data::Dataset>(&ds, [](const data::Dataset*) {}),
-                          {.batchSize = 256});
+  data::DataLoader loader(std::shared_ptr<const data::Dataset>(&ds, [](const data::Dataset*) {}), {.batchSize = 256});
   int64_t correct = 0, total = 0;
   for (auto& batch : loader) {
     Tensor pred = model(batch.data).argmax(1);
@@ -94,16 +93,17 @@ int main(int argc, char** argv) {
     int64_t total = epochs * loader.numBatches(), step = 0;
     const bool talk = rank == 0;
     if (talk)
-      fmt::print("train_digits: {} ({} parameters), {} train / {} test images, {} epochs of {} steps{}\n", model,
-                 [&] {
-                   int64_t n = 0;
-                   for (auto& p : net->parameters()) n += p.numel();
-                   return n;
-                 }(),
-                 train->size(), test->size(), epochs, loader.numBatches(),
-                 pg ? fmt::format(" on {} ranks ({} backend, global batch {})", world,
-                                  pg->backend(DeviceType::CPU).name(), batchSize * world)
-                    : std::string());
+      fmt::print(
+          "train_digits: {} ({} parameters), {} train / {} test images, {} epochs of {} steps{}\n", model,
+          [&] {
+            int64_t n = 0;
+            for (auto& p : net->parameters()) n += p.numel();
+            return n;
+          }(),
+          train->size(), test->size(), epochs, loader.numBatches(),
+          pg ? fmt::format(" on {} ranks ({} backend, global batch {})", world, pg->backend(DeviceType::CPU).name(),
+                           batchSize * world)
+             : std::string());
     examples::Progress progress(total, "samples");
     for (int64_t epoch = 0; epoch < epochs; ++epoch) {
       loader.setEpoch(epoch);

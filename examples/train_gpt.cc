@@ -20,12 +20,12 @@
 #include <filesystem>
 
 #include <cohort/cohort.h>
-#include <cohort/distributed.h>
 #include <cohort/core/data/data_loader.h>
 #include <cohort/core/data/text.h>
 #include <cohort/core/io/checkpoint.h>
 #include <cohort/core/nn/nn.h>
 #include <cohort/core/optim/optim.h>
+#include <cohort/distributed.h>
 #include <cohort/fsdp/fully_sharded_data_parallel.h>
 #include <cohort/fsdp/state_dict.h>
 
@@ -110,8 +110,8 @@ int main(int argc, char** argv) {
     cfg.vocabSize = vocab.size();
     size_t split = text.size() * 9 / 10;
     auto train = std::make_shared<data::CharDataset>(vocab, std::string_view(text).substr(0, split), cfg.blockSize);
-    auto val = std::make_shared<data::CharDataset>(vocab, std::string_view(text).substr(split), cfg.blockSize,
-                                                   cfg.blockSize);
+    auto val =
+        std::make_shared<data::CharDataset>(vocab, std::string_view(text).substr(split), cfg.blockSize, cfg.blockSize);
     auto gpt = std::make_shared<nn::GPT>(cfg);
     nn::GPT& model = *gpt;
     std::shared_ptr<nn::Module> trained = gpt;
@@ -134,13 +134,15 @@ int main(int argc, char** argv) {
     int64_t step = 0;
     if (resume && std::filesystem::exists(checkpoint)) {
       if (sharded) fsdp::loadShardedCheckpoint(*sharded, shardDir, &opt);
-      io::TrainingState st = io::restoreCheckpoint(
-          checkpoint, {.model = sharded ? nullptr : &model, .optimizer = sharded ? nullptr : &opt,
-                       .scheduler = &sched, .loader = &loader, .generator = &defaultGenerator()});
+      io::TrainingState st = io::restoreCheckpoint(checkpoint, {.model = sharded ? nullptr : &model,
+                                                                .optimizer = sharded ? nullptr : &opt,
+                                                                .scheduler = &sched,
+                                                                .loader = &loader,
+                                                                .generator = &defaultGenerator()});
       step = st.step;
       if (talk)
         fmt::print("resumed from {} at step {} (epoch {}, batch {})\n", checkpoint, step, st.dataPosition.epoch,
-                 st.dataPosition.batch);
+                   st.dataPosition.batch);
     }
     int64_t params = 0;
     for (auto& p : model.parameters()) params += p.numel();

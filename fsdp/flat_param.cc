@@ -17,12 +17,8 @@ Tensor viewOfStorage(const std::shared_ptr<Storage>& storage, int64_t offset, co
 
 FlatParamHandle::FlatParamHandle(std::string label, std::vector<FlatParamInfo> params, FlatParamGroups groups,
                                  DType masterDtype, DType computeDtype, DType reduceDtype)
-    : label_(std::move(label)),
-      params_(std::move(params)),
-      groups_(std::move(groups)),
-      masterDtype_(masterDtype),
-      computeDtype_(computeDtype),
-      reduceDtype_(reduceDtype) {
+    : label_(std::move(label)), params_(std::move(params)), groups_(std::move(groups)), masterDtype_(masterDtype),
+      computeDtype_(computeDtype), reduceDtype_(reduceDtype) {
   COHORT_CHECK(!params_.empty(), "FlatParamHandle '{}': a unit needs at least one parameter", label_);
   autograd::NoGradGuard noGrad;
   for (auto& p : params_) {
@@ -51,8 +47,8 @@ FlatParamHandle::FlatParamHandle(std::string label, std::vector<FlatParamInfo> p
     fullStorage_ = shard_.storage();
     gathered_ = true;
   } else {
-    fullStorage_ = std::make_shared<Storage>(static_cast<size_t>(paddedNumel_) * elementSize(computeDtype_),
-                                             Device::cpu());
+    fullStorage_ =
+        std::make_shared<Storage>(static_cast<size_t>(paddedNumel_) * elementSize(computeDtype_), Device::cpu());
     fullStorage_->release();
   }
   fullFlat_ = viewOfStorage(fullStorage_, 0, {paddedNumel_}, computeDtype_);
@@ -78,7 +74,8 @@ int FlatParamHandle::shardRank() const { return groups_.shard ? groups_.shard->r
 void FlatParamHandle::startGather() {
   if (aliased_ || gathered_ || pending_) return;
   autograd::NoGradGuard noGrad;
-  if (fullStorage_->released()) fullStorage_->reallocate(static_cast<size_t>(paddedNumel_) * elementSize(computeDtype_));
+  if (fullStorage_->released())
+    fullStorage_->reallocate(static_cast<size_t>(paddedNumel_) * elementSize(computeDtype_));
   gatherInput_ = computeDtype_ == masterDtype_ ? shard_.detach() : shard_.detach().to(computeDtype_);
   if (shardSize() == 1) {
     fullFlat_.copy_(gatherInput_);

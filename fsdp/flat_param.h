@@ -50,8 +50,8 @@ struct FlatParamInfo {
   Shape shape;
   int64_t offset = 0;  // in the flat buffer, elements
   int64_t numel = 0;
-  Tensor original;     // the module's parameter before wrapping (values copied in; then dropped)
-  Tensor full;         // a leaf (no grad) viewing fullStorage: what the module holds between steps
+  Tensor original;  // the module's parameter before wrapping (values copied in; then dropped)
+  Tensor full;      // a leaf (no grad) viewing fullStorage: what the module holds between steps
 };
 
 struct FlatParamGroups {

@@ -40,15 +40,16 @@ AutoWrapPolicy wrapBySize(int64_t minNumel) {
   return [minNumel](const nn::Module&, const std::string&, int64_t unwrapped) { return unwrapped >= minNumel; };
 }
 
-FullyShardedDataParallel::FullyShardedDataParallel(nn::ModulePtr module, dist::ProcessGroupPtr pg,
-                                                   FSDPOptions options)
-    : nn::Module("FullyShardedDataParallel"), module_(std::move(module)), pg_(std::move(pg)), opts_(std::move(options)) {
+FullyShardedDataParallel::FullyShardedDataParallel(nn::ModulePtr module, dist::ProcessGroupPtr pg, FSDPOptions options)
+    : nn::Module("FullyShardedDataParallel"), module_(std::move(module)), pg_(std::move(pg)),
+      opts_(std::move(options)) {
   if (module_ == nullptr) throw ValueError("FullyShardedDataParallel: the module is null");
   if (pg_ == nullptr) pg_ = dist::defaultProcessGroup();
   for (const auto& [name, p] : module_->namedParameters()) {
     if (p.device().type() != DeviceType::CPU)
       throw NotSupportedError(fmt::format("FullyShardedDataParallel: parameter '{}' is on {}; only CPU parameters "
-                                          "are supported in this build", name, p.device()));
+                                          "are supported in this build",
+                                          name, p.device()));
     if (!p.requiresGrad())
       throw NotSupportedError(fmt::format("FullyShardedDataParallel: parameter '{}' does not require grad; frozen "
                                           "parameters inside a flat parameter are not supported (make it a buffer)",
@@ -81,16 +82,13 @@ FullyShardedDataParallel::~FullyShardedDataParallel() {
 void FullyShardedDataParallel::buildGroups() {
   switch (opts_.strategy) {
     case ShardingStrategy::FullShard:
-    case ShardingStrategy::ShardGradOp:
-      groups_.shard = pg_;
-      break;
-    case ShardingStrategy::NoShard:
-      groups_.replicate = pg_;
-      break;
+    case ShardingStrategy::ShardGradOp: groups_.shard = pg_; break;
+    case ShardingStrategy::NoShard: groups_.replicate = pg_; break;
     case ShardingStrategy::HybridShard: {
       if (opts_.shardGroup || opts_.replicateGroup) {
         if (!opts_.shardGroup || !opts_.replicateGroup)
-          throw ValueError("FullyShardedDataParallel(HYBRID_SHARD): give both shardGroup and replicateGroup, or neither");
+          throw ValueError(
+              "FullyShardedDataParallel(HYBRID_SHARD): give both shardGroup and replicateGroup, or neither");
         if (opts_.shardGroup->size() * opts_.replicateGroup->size() != pg_->size())
           throw ValueError(fmt::format("FullyShardedDataParallel(HYBRID_SHARD): shard group of {} ranks times "
                                        "replicate group of {} is not the world's {}",
@@ -100,8 +98,8 @@ void FullyShardedDataParallel::buildGroups() {
         break;
       }
       const std::string prefix = fmt::format("fsdp/nodes/{}/", pg_->sequenceNumber());
-      auto ids = dist::exchangeNodeIds(*pg_->store(), prefix, pg_->rank(), pg_->size(),
-                                       dist::localNodeId(opts_.nodeId), pg_->timeout());
+      auto ids = dist::exchangeNodeIds(*pg_->store(), prefix, pg_->rank(), pg_->size(), dist::localNodeId(opts_.nodeId),
+                                       pg_->timeout());
       auto layout = dist::NodeLayout::fromIds(ids);
       for (const auto& node : layout.nodes) {
         if (node.size() != layout.nodes[0].size()) {
@@ -129,10 +127,11 @@ void FullyShardedDataParallel::buildUnits() {
   std::unordered_set<const nn::Module*> wrapped;
   std::unordered_set<const nn::Module*> visited;
   std::function<int64_t(nn::Module&, const std::string&, bool)> pick = [&](nn::Module& m, const std::string& path,
-                                                                          bool isRoot) -> int64_t {
+                                                                           bool isRoot) -> int64_t {
     if (!visited.insert(&m).second) return 0;
     int64_t n = 0;
-    for (const auto& [name, child] : m.namedChildren()) n += pick(*child, path.empty() ? name : path + "." + name, false);
+    for (const auto& [name, child] : m.namedChildren())
+      n += pick(*child, path.empty() ? name : path + "." + name, false);
     for (const auto& [name, p] : m.namedParameters(false)) n += p.numel();
     if (!isRoot && opts_.autoWrapPolicy && n > 0 && opts_.autoWrapPolicy(m, path, n)) {
       wrapped.insert(&m);
@@ -153,7 +152,7 @@ void FullyShardedDataParallel::buildUnits() {
   std::vector<std::pair<const TensorImpl*, std::pair<nn::Module*, std::string>>> extraSlots;
   visited.clear();
   std::function<void(nn::Module&, const std::string&, size_t)> assign = [&](nn::Module& m, const std::string& path,
-                                                                           size_t unit) {
+                                                                            size_t unit) {
     if (!visited.insert(&m).second) return;
     if (wrapped.contains(&m)) {
       pending.push_back({path, &m, {}});
@@ -209,8 +208,8 @@ void FullyShardedDataParallel::buildUnits() {
     unit.path = pu.path;
     unit.module = pu.module;
     if (k == 0) hasRootUnit_ = true;
-    unit.handle = std::make_unique<FlatParamHandle>(pu.path.empty() ? "<root>" : pu.path, std::move(pu.params),
-                                                    groups_, masterDt, compute, reduce);
+    unit.handle = std::make_unique<FlatParamHandle>(pu.path.empty() ? "<root>" : pu.path, std::move(pu.params), groups_,
+                                                    masterDt, compute, reduce);
     units_.push_back(std::move(unit));
   }
   if (units_.empty()) throw ValueError("FullyShardedDataParallel: the module has no parameters");
@@ -223,7 +222,8 @@ void FullyShardedDataParallel::buildUnits() {
       return std::nullopt;
     });
     if (unit.module != nullptr) {
-      unit.hooks.push_back(unit.module->registerForwardPreHook([this, u](nn::Module&, nn::TensorList&) { preForward(u); }));
+      unit.hooks.push_back(
+          unit.module->registerForwardPreHook([this, u](nn::Module&, nn::TensorList&) { preForward(u); }));
       unit.hooks.push_back(unit.module->registerForwardHook(
           [this, u](nn::Module&, const nn::TensorList&, nn::TensorList& out) { postForward(u, out); }));
     }
@@ -402,7 +402,8 @@ void FullyShardedDataParallel::releaseAll() {
 }
 
 double FullyShardedDataParallel::clipGradNorm(double maxNorm, double normType) {
-  if (!(normType > 0)) throw ValueError(fmt::format("FullyShardedDataParallel::clipGradNorm: normType must be > 0, got {}", normType));
+  if (!(normType > 0))
+    throw ValueError(fmt::format("FullyShardedDataParallel::clipGradNorm: normType must be > 0, got {}", normType));
   const bool inf = std::isinf(normType);
   double local = 0;
   {
@@ -449,8 +450,8 @@ FullyShardedDataParallel::SummonFullParams::~SummonFullParams() {
 }
 
 std::string FullyShardedDataParallel::extraRepr() const {
-  std::string s = fmt::format("strategy={}, world_size={}, units={}", strategyName(opts_.strategy), pg_->size(),
-                              units_.size());
+  std::string s =
+      fmt::format("strategy={}, world_size={}, units={}", strategyName(opts_.strategy), pg_->size(), units_.size());
   for (size_t u = 0; u < units_.size(); ++u)
     s += fmt::format("\n  unit {} '{}': {} parameters, {} elements ({} padded), shard {}", u,
                      units_[u].path.empty() ? "<root>" : units_[u].path, units_[u].handle->params().size(),

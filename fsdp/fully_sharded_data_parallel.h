@@ -32,8 +32,8 @@
  * freed unit when the gradient of one of its outputs arrives (a tensor hook: just before the
  * unit's backward). The end of backward (autograd::queueCallback) reduces units that ran forward
  * but got no gradient at all (zeros, so peers are not left waiting), frees everything and puts
- * the resting parameters (leaves viewing the released buffer) back into the module. Prefetch: with forwardPrefetch, a unit's pre-hook
- * starts the next unit's all-gather (the order recorded at the first forward); with
+ * the resting parameters (leaves viewing the released buffer) back into the module. Prefetch: with forwardPrefetch, a
+ * unit's pre-hook starts the next unit's all-gather (the order recorded at the first forward); with
  * BackwardPrefetch::BackwardPre, a unit's pre-backward starts the all-gather of the unit whose
  * backward comes next.
  *
@@ -44,9 +44,9 @@
  *
  * Construction is collective over the group: rank 0's parameters and buffers are copied to every
  * rank first. The wrapped module's parameters stay views of the units' (released) buffers for
- * good, also after the wrapper is destroyed: take fullStateDict (state_dict.h) to get them back. Every rank must run the same units in the same order in each forward and backward
- * (the same model and the same control flow), as with any collective.
- * Threads: one thread drives forward and backward.
+ * good, also after the wrapper is destroyed: take fullStateDict (state_dict.h) to get them back. Every rank must run
+ * the same units in the same order in each forward and backward (the same model and the same control flow), as with any
+ * collective. Threads: one thread drives forward and backward.
  */
 #pragma once
 

@@ -123,13 +123,14 @@ void loadFullStateDict(FullyShardedDataParallel& f, const nn::StateDict& dict) {
     const Shape want = shapes.contains(key) ? shapes[key] : t.sizes();
     if (v == nullptr) problems.push_back(fmt::format("missing key '{}'", key));
     else if (v->sizes() != want)
-      problems.push_back(fmt::format("'{}' has shape {} in the dict, {} in the model", key, shapeStr(v->sizes()),
-                                     shapeStr(want)));
+      problems.push_back(
+          fmt::format("'{}' has shape {} in the dict, {} in the model", key, shapeStr(v->sizes()), shapeStr(want)));
   }
   for (const auto& [key, t] : dict)
     if (!current.contains(key)) problems.push_back(fmt::format("unexpected key '{}'", key));
   if (!problems.empty())
-    throw ValueError(fmt::format("FSDP loadFullStateDict: the dict does not match the model: {}", joinProblems(problems)));
+    throw ValueError(
+        fmt::format("FSDP loadFullStateDict: the dict does not match the model: {}", joinProblems(problems)));
 
   autograd::NoGradGuard noGrad;
   for (size_t u = 0; u < f.numUnits(); ++u) {
@@ -249,8 +250,8 @@ void checkTiling(std::vector<Piece>& pieces, int64_t numel, const std::string& w
     cur = p.end;
   }
   if (cur != numel)
-    throw CheckpointError(fmt::format("FSDP sharded checkpoint '{}': {} elements [{}, {}) are in no shard file", dir,
-                                      what, cur, numel));
+    throw CheckpointError(
+        fmt::format("FSDP sharded checkpoint '{}': {} elements [{}, {}) are in no shard file", dir, what, cur, numel));
 }
 
 }  // namespace
@@ -290,7 +291,8 @@ void loadShardedCheckpoint(FullyShardedDataParallel& f, const std::string& dir, 
     const auto& md = files[i].metadata;
     auto get = [&](const char* key) -> std::string {
       auto it = md.find(key);
-      if (it == md.end()) throw CheckpointError(fmt::format("{}: not an FSDP shard file (no metadata '{}')", file, key));
+      if (it == md.end())
+        throw CheckpointError(fmt::format("{}: not an FSDP shard file (no metadata '{}')", file, key));
       return it->second;
     };
     if (get("format") != kShardedFormat)
@@ -329,8 +331,8 @@ void loadShardedCheckpoint(FullyShardedDataParallel& f, const std::string& dir, 
         const Tensor* t = files[i].tensors.find("param/" + name);
         if (t == nullptr || t->dim() != 1 || t->numel() != piece.end - piece.start || piece.start < 0 ||
             piece.end > shapeNumel(shape))
-          throw CheckpointError(fmt::format("{}: the layout's range [{}, {}) of '{}' does not match its tensor {}", file,
-                                            piece.start, piece.end, name, t ? shapeStr(t->sizes()) : "(absent)"));
+          throw CheckpointError(fmt::format("{}: the layout's range [{}, {}) of '{}' does not match its tensor {}",
+                                            file, piece.start, piece.end, name, t ? shapeStr(t->sizes()) : "(absent)"));
         piece.data = *t;
         auto [it, fresh] = ck.try_emplace(name);
         if (fresh) it->second.shape = shape;
@@ -371,7 +373,8 @@ void loadShardedCheckpoint(FullyShardedDataParallel& f, const std::string& dir, 
     }
   }
   for (const auto& [name, c] : ck)
-    if (!modelNames.contains(name)) problems.push_back(fmt::format("the checkpoint's parameter '{}' is not in the model", name));
+    if (!modelNames.contains(name))
+      problems.push_back(fmt::format("the checkpoint's parameter '{}' is not in the model", name));
   // Buffers (file 0).
   std::set<std::string> paramNames = parameterNames(f);
   nn::StateDict current = f.module().stateDict();
@@ -384,8 +387,8 @@ void loadShardedCheckpoint(FullyShardedDataParallel& f, const std::string& dir, 
                                      shapeStr(b->sizes()), shapeStr(t.sizes())));
   }
   if (!problems.empty())
-    throw CheckpointError(fmt::format("FSDP sharded checkpoint '{}' does not match this model: {}", dir,
-                                      joinProblems(problems)));
+    throw CheckpointError(
+        fmt::format("FSDP sharded checkpoint '{}' does not match this model: {}", dir, joinProblems(problems)));
   for (auto& [name, c] : ck) checkTiling(c.pieces, shapeNumel(c.shape), fmt::format("parameter '{}'", name), dir);
 
   // This rank's new shards, built aside.
@@ -433,14 +436,15 @@ void loadShardedCheckpoint(FullyShardedDataParallel& f, const std::string& dir, 
                                             "have different optimizer steps or state",
                                             dir, h.params().front().name, p.name));
       }
-      osd.tensors[fmt::format("state.{}.step", u)] = full(Shape{}, static_cast<double>(*first.step), {.dtype = DType::Float32});
+      osd.tensors[fmt::format("state.{}.step", u)] =
+          full(Shape{}, static_cast<double>(*first.step), {.dtype = DType::Float32});
       for (const auto& [key, unused] : first.state) {
         Tensor s = zeros({h.shardNumel()}, {.dtype = h.shard().dtype()});
         for (const auto& p : h.params()) {
           auto pit = ck.at(p.name).state.find(key);
           if (pit == ck.at(p.name).state.end())
-            throw CheckpointError(fmt::format("FSDP sharded checkpoint '{}': no optimizer state '{}' for '{}'", dir, key,
-                                              p.name));
+            throw CheckpointError(
+                fmt::format("FSDP sharded checkpoint '{}': no optimizer state '{}' for '{}'", dir, key, p.name));
           std::vector<Piece> pieces = pit->second;
           checkTiling(pieces, p.numel, fmt::format("optimizer state '{}' of '{}'", key, p.name), dir);
           for (const Piece& piece : pieces) copyIntoShard(s, lo, p.offset, piece.start, piece.data);
@@ -453,7 +457,8 @@ void loadShardedCheckpoint(FullyShardedDataParallel& f, const std::string& dir, 
     } catch (const CheckpointError&) {
       throw;
     } catch (const Error& e) {
-      throw CheckpointError(fmt::format("FSDP sharded checkpoint '{}': the optimizer does not match: {}", dir, e.what()));
+      throw CheckpointError(
+          fmt::format("FSDP sharded checkpoint '{}': the optimizer does not match: {}", dir, e.what()));
     }
   }
 

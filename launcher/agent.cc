@@ -71,9 +71,19 @@ int drainWake() {
 void say(const std::string& msg) { fmt::print(stderr, "cohortrun: {}\n", msg); }
 
 std::vector<std::string> baseEnvironment() {
-  static const char* kOverridden[] = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                                      "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                                      "COHORT_RUN_ID", "COHORT_RESTART_COUNT", "COHORT_MAX_RESTARTS",
+  static const char* kOverridden[] = {"RANK",
+                                      "LOCAL_RANK",
+                                      "WORLD_SIZE",
+                                      "LOCAL_WORLD_SIZE",
+                                      "GROUP_RANK",
+                                      "GROUP_WORLD_SIZE",
+                                      "ROLE_RANK",
+                                      "ROLE_WORLD_SIZE",
+                                      "MASTER_ADDR",
+                                      "MASTER_PORT",
+                                      "COHORT_RUN_ID",
+                                      "COHORT_RESTART_COUNT",
+                                      "COHORT_MAX_RESTARTS",
                                       "COHORT_STORE_HOSTED_BY_LAUNCHER"};
   std::vector<std::string> out;
   for (char** e = environ; *e; ++e) {
@@ -176,8 +186,8 @@ int runAgent(const LaunchOptions& o) {
       return 1;
     }
     say(fmt::format("{}node {} of {}: ranks {}..{} of {}{}, store {}:{}, run '{}'",
-                    round > 0 ? fmt::format("restart {} of {}: ", round, o.maxRestarts) : std::string(),
-                    info.groupRank, info.numNodes, info.rankOffset, info.rankOffset + o.nproc - 1, info.worldSize,
+                    round > 0 ? fmt::format("restart {} of {}: ", round, o.maxRestarts) : std::string(), info.groupRank,
+                    info.numNodes, info.rankOffset, info.rankOffset + o.nproc - 1, info.worldSize,
                     rdzv->isHost() ? " (hosting the rendezvous at " + rdzv->endpoint().str() + ")" : std::string(),
                     info.masterAddr, info.masterPort, o.rdzvId));
     LogConfig logs;
@@ -195,8 +205,8 @@ int runAgent(const LaunchOptions& o) {
       return 1;
     }
 
-    const auto interval = std::chrono::duration_cast<std::chrono::milliseconds>(
-        std::chrono::duration<double>(o.monitorInterval));
+    const auto interval =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::duration<double>(o.monitorInterval));
     auto nextCheck = Clock::now();
     bool markedDone = false;
     std::optional<Outcome> outcome;

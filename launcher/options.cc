@@ -5,13 +5,13 @@
 #include <sstream>
 #include <thread>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <cohort/config.h>
 #include <cohort/core/tensor/device.h>
-#include <cohort/core/util/env.h>
 #include <cohort/core/util/check.h>
+#include <cohort/core/util/env.h>
 #include <cohort/core/util/error.h>
 
 namespace cohort::launcher {
@@ -140,8 +140,8 @@ void finish(Parsed& p, const std::vector<std::string>& remaining) {
   }
   o.nproc = resolveNproc(o.nprocPerNode);
   if (o.nodeRank && (*o.nodeRank < 0 || *o.nodeRank >= o.maxNodes)) {
-    throw ValueError(fmt::format("--node-rank {} is outside [0, {}) for --nnodes {}", *o.nodeRank, o.maxNodes,
-                                 p.nnodes));
+    throw ValueError(
+        fmt::format("--node-rank {} is outside [0, {}) for --nnodes {}", *o.nodeRank, o.maxNodes, p.nnodes));
   }
   o.redirects = parseStreamSpec(p.redirects, "--redirects");
   o.tee = parseStreamSpec(p.tee, "--tee");
@@ -182,8 +182,8 @@ StreamSpec parseStreamSpec(const std::string& text, const char* flag) {
   StreamSpec s;
   auto bitsOf = [&](const std::string& v) {
     int b = parseInt(v, flag);
-    if (b > 3) throw ValueError(fmt::format("{} {}: stream values are 0 (none), 1 (stdout), 2 (stderr), 3 (both)",
-                                            flag, text));
+    if (b > 3)
+      throw ValueError(fmt::format("{} {}: stream values are 0 (none), 1 (stdout), 2 (stderr), 3 (both)", flag, text));
     return b;
   };
   if (text.find(':') == std::string::npos) {
@@ -268,11 +268,10 @@ std::string helpEnvText() {
 }
 
 std::optional<LaunchOptions> parseCommandLine(int argc, char** argv, int* exitCode) {
-  CLI::App app{
-      "cohortrun: starts and supervises the worker processes of a cohort job on this node.\n"
-      "  cohortrun --standalone --nproc-per-node 2 ./train\n"
-      "  cohortrun --nnodes 2 --node-rank 0 --rdzv-endpoint node0:29400 --nproc-per-node 8 ./train --epochs 3",
-      "cohortrun"};
+  CLI::App app{"cohortrun: starts and supervises the worker processes of a cohort job on this node.\n"
+               "  cohortrun --standalone --nproc-per-node 2 ./train\n"
+               "  cohortrun --nnodes 2 --node-rank 0 --rdzv-endpoint node0:29400 --nproc-per-node 8 ./train --epochs 3",
+               "cohortrun"};
   Parsed p;
   declare(app, p);
   app.footer("Workers get RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, MASTER_ADDR, "

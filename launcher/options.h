@@ -64,7 +64,7 @@ struct LaunchOptions {
 // The rendezvous address chosen from the options (see the header comment).
 struct Endpoint {
   std::string host;
-  uint16_t port = 0;  // 0: pick a free one (standalone)
+  uint16_t port = 0;   // 0: pick a free one (standalone)
   std::string origin;  // "--rdzv-endpoint", "--master-addr/--master-port", "--standalone", ...
   std::string str() const;
 };

@@ -22,9 +22,7 @@ using dist::Millis;
 
 Millis toMillis(double seconds) { return Millis(static_cast<int64_t>(seconds * 1000.0)); }
 
-double secondsSince(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+double secondsSince(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 dist::Bytes bytes(const std::string& s) { return dist::Bytes(s.begin(), s.end()); }
 

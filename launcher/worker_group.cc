@@ -82,7 +82,7 @@ std::string resolveProgram(const std::string& program) {
 }
 
 struct WorkerGroup::Stream {
-  int fd = -1;       // read end of the pipe, -1 once closed
+  int fd = -1;        // read end of the pipe, -1 once closed
   int consoleFd = 1;  // 1 or 2
   bool console = true;
   int fileFd = -1;
@@ -290,7 +290,8 @@ std::vector<WorkerExit> WorkerGroup::stop(double graceSeconds) {
   std::vector<WorkerExit> exits;
   if (numRunning() > 0 && graceSeconds > 0) {
     signalAll(SIGTERM);
-    auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(graceSeconds));
+    auto deadline =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(graceSeconds));
     while (numRunning() > 0 && Clock::now() < deadline) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       for (auto& e : poll(std::min(left, std::chrono::milliseconds(20)), -1)) exits.push_back(e);

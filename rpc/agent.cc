@@ -60,7 +60,9 @@ void collectRRefs(const Value& v, std::vector<std::shared_ptr<RRefHandle>>& out)
   }
 }
 
-Value idValue(const RRefId& id) { return Value(List{Value(int64_t{id.creator}), Value(static_cast<int64_t>(id.local))}); }
+Value idValue(const RRefId& id) {
+  return Value(List{Value(int64_t{id.creator}), Value(static_cast<int64_t>(id.local))});
+}
 RRefId idFrom(const Value& v) {
   const List& l = v.toList();
   if (l.size() < 2) throw RpcError("malformed rref request: no rref id");
@@ -116,10 +118,12 @@ RpcAgent::RpcAgent(WorkerInfo self, int worldSize, RpcOptions options)
   }
   if (options_.numWorkerThreads < 1) throw ValueError("rpc::init: numWorkerThreads must be at least 1");
   if (options_.workerPoll.count() < 0 || options_.workerPoll > std::chrono::milliseconds(100)) {
-    throw ValueError(fmt::format("rpc::init: workerPoll must be 0 to 100000 µs, got {} µs", options_.workerPoll.count()));
+    throw ValueError(
+        fmt::format("rpc::init: workerPoll must be 0 to 100000 µs, got {} µs", options_.workerPoll.count()));
   }
   if (options_.copyThreads < 0 || options_.copyThreads > 64) {
-    throw ValueError(fmt::format("rpc::init: copyThreads must be 0 (one per core) to 64, got {}", options_.copyThreads));
+    throw ValueError(
+        fmt::format("rpc::init: copyThreads must be 0 (one per core) to 64, got {}", options_.copyThreads));
   }
   out_.resize(worldSize_);
 }
@@ -188,7 +192,8 @@ void RpcAgent::failOnPool(Future<Value> f, std::exception_ptr e) {
 
 Future<Value> RpcAgent::send(int rank, Op op, const std::string& fn, Value body, Millis timeout) {
   if (timeout.count() <= 0) timeout = options_.rpcTimeout;
-  if (rank < 0 || rank >= worldSize_) return Future<Value>::failed(std::make_exception_ptr(RpcError(fmt::format("no RPC worker has rank {}", rank))));
+  if (rank < 0 || rank >= worldSize_)
+    return Future<Value>::failed(std::make_exception_ptr(RpcError(fmt::format("no RPC worker has rank {}", rank))));
   std::string what = describeCall(rank, op, fn);
   if (state_.load() != State::Running) {
     return Future<Value>::failed(std::make_exception_ptr(RpcError(what + " failed: the agent has shut down")));
@@ -201,8 +206,9 @@ Future<Value> RpcAgent::send(int rank, Op op, const std::string& fn, Value body,
           Future<Value> r = dispatchCall(fn, std::move(body));
           r.addCallback([out, fn, this](Future<Value> d) mutable {
             if (auto e = d.exception()) {
-              out.setError(std::make_exception_ptr(RpcError(fmt::format("rpc '{}' on worker '{}' raised {}: {}", fn,
-                                                                         self_.name, errorTypeName(e), describeException(e)))));
+              out.setError(
+                  std::make_exception_ptr(RpcError(fmt::format("rpc '{}' on worker '{}' raised {}: {}", fn, self_.name,
+                                                               errorTypeName(e), describeException(e)))));
             } else {
               out.setValue(d.value());
             }
@@ -257,7 +263,8 @@ Future<Value> RpcAgent::send(int rank, Op op, const std::string& fn, Value body,
     }
     if (e) {
       if (auto p = takePending(id)) {
-        failOnPool(p->future, std::make_exception_ptr(RpcError(fmt::format("{} failed: {}", p->what, describeException(e)))));
+        failOnPool(p->future,
+                   std::make_exception_ptr(RpcError(fmt::format("{} failed: {}", p->what, describeException(e)))));
       }
     }
     std::lock_guard<std::mutex> lock(outMu_);
@@ -278,7 +285,8 @@ std::pair<uint64_t, Future<Value>> RpcAgent::registerPending(int rank, const std
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (auto it = deadPeers_.find(rank); it != deadPeers_.end()) {
-      return {0, Future<Value>::failed(std::make_exception_ptr(RpcError(fmt::format("{} failed: {}", what, it->second))))};
+      return {0,
+              Future<Value>::failed(std::make_exception_ptr(RpcError(fmt::format("{} failed: {}", what, it->second))))};
     }
     auto deadline = Clock::now() + timeout;
     pending_.emplace(id, Pending{fut, rank, what, deadline, timeout});
@@ -367,7 +375,8 @@ void RpcAgent::onResponse(int from, Frame frame) {
   auto p = takePending(frame.id);
   if (!p) return;  // timed out meanwhile
   if (p->rank != from) {
-    failOnPool(p->future, std::make_exception_ptr(RpcError(fmt::format("{}: the response came from rank {}", p->what, from))));
+    failOnPool(p->future,
+               std::make_exception_ptr(RpcError(fmt::format("{}: the response came from rank {}", p->what, from))));
     return;
   }
   if (frame.kind == FrameKind::Response) {
@@ -421,8 +430,8 @@ void RpcAgent::timerLoop() {
     pending_.erase(it);
     if (pending_.empty()) pendingCv_.notify_all();
     lock.unlock();
-    failOnPool(p.future, std::make_exception_ptr(RpcTimeoutError(
-                             fmt::format("{} timed out after {} ms", p.what, p.timeout.count()))));
+    failOnPool(p.future, std::make_exception_ptr(
+                             RpcTimeoutError(fmt::format("{} timed out after {} ms", p.what, p.timeout.count()))));
     lock.lock();
   }
 }
@@ -443,7 +452,8 @@ Future<Value> RpcAgent::dispatchCall(const std::string& fn, Value args) {
   try {
     auto f = FunctionRegistry::global().find(fn);
     if (!f) throw RpcError(fmt::format("no function named '{}' is registered", fn));
-    if (args.kind() != Kind::List) throw RpcError(fmt::format("'{}': the arguments are a {}, not a list", fn, kindName(args.kind())));
+    if (args.kind() != Kind::List)
+      throw RpcError(fmt::format("'{}': the arguments are a {}, not a list", fn, kindName(args.kind())));
     return f->handler(std::move(args.toList()));
   } catch (...) {
     return Future<Value>::failed(std::current_exception());
@@ -452,9 +462,9 @@ Future<Value> RpcAgent::dispatchCall(const std::string& fn, Value args) {
 
 void RpcAgent::respondWith(int to, const Frame& request, Future<Value> result, Respond respond) {
   uint64_t id = request.id;
-  std::string fn = request.op == Op::Call ? request.function
-                                          : (request.function.empty() ? std::string(opName(request.op))
-                                                                      : request.function);
+  std::string fn = request.op == Op::Call
+                       ? request.function
+                       : (request.function.empty() ? std::string(opName(request.op)) : request.function);
   result.addCallback([this, to, id, fn, respond = std::move(respond)](Future<Value> done) {
     Frame r;
     r.id = id;
@@ -462,7 +472,8 @@ void RpcAgent::respondWith(int to, const Frame& request, Future<Value> result, R
     r.worker = self_.name;
     if (auto e = done.exception()) {
       r.kind = FrameKind::Error;
-      r.message = fmt::format("rpc '{}' on worker '{}' raised {}: {}", fn, self_.name, errorTypeName(e), describeException(e));
+      r.message =
+          fmt::format("rpc '{}' on worker '{}' raised {}: {}", fn, self_.name, errorTypeName(e), describeException(e));
     } else {
       r.kind = FrameKind::Response;
       r.body = done.value();
@@ -470,8 +481,9 @@ void RpcAgent::respondWith(int to, const Frame& request, Future<Value> result, R
     encodeFor(to, std::move(r), options_.rpcTimeout, [this, id, fn, respond](std::exception_ptr e, EncodedFrame enc) {
       if (e) {
         // The result could not be sent (a CUDA tensor, over the limits): the caller learns why.
-        respond(errorFrame(id, fn, fmt::format("rpc '{}' on worker '{}': its result could not be sent: {}", fn,
-                                               self_.name, describeException(e))));
+        respond(errorFrame(id, fn,
+                           fmt::format("rpc '{}' on worker '{}': its result could not be sent: {}", fn, self_.name,
+                                       describeException(e))));
         return;
       }
       respond(std::move(enc));
@@ -501,7 +513,8 @@ void RpcAgent::onRequest(int from, Frame frame, Respond respond) {
         const List& l = frame.body.toList();
         if (l.size() != 4) throw RpcError("malformed rref create request");
         RRefId id = idFrom(frame.body);
-        if (id.creator != from) throw RpcError(fmt::format("rank {} created an rref in the name of rank {}", from, id.creator));
+        if (id.creator != from)
+          throw RpcError(fmt::format("rank {} created an rref in the name of rank {}", from, id.creator));
         Future<Value> value;
         {
           std::lock_guard<std::mutex> lock(rrefMu_);
@@ -520,7 +533,8 @@ void RpcAgent::onRequest(int from, Frame frame, Respond respond) {
           respondWith(from, frame, r.then([](Future<Value> d) {
             d.wait();
             return Value();
-          }), respond);
+          }),
+                      respond);
         };
         if (!pool_->run(task)) respond(errorFrame(reqId, fn, "the agent has shut down"));
         return;
@@ -594,8 +608,8 @@ void RpcAgent::ownerDecRef(const RRefId& id) {
     std::lock_guard<std::mutex> lock(rrefMu_);
     auto it = owned_.find(id);
     if (it == owned_.end()) {
-      throw RpcError(fmt::format("rref ({}, {}) released on '{}' more often than it was counted", id.creator,
-                                 id.local, self_.name));
+      throw RpcError(fmt::format("rref ({}, {}) released on '{}' more often than it was counted", id.creator, id.local,
+                                 self_.name));
     }
     if (--it->second.count == 0) {
       dying = std::move(it->second.value);

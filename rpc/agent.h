@@ -188,8 +188,7 @@ class RpcAgent : public std::enable_shared_from_this<RpcAgent> {
   Future<Value> dispatchCall(const std::string& fn, Value args);
   void respondWith(int to, const Frame& request, Future<Value> result, Respond respond);
   // Encodes `frame` for `to`, first counting the rrefs it carries at their owners; then `done`.
-  void encodeFor(int to, Frame frame, Millis timeout,
-                 std::function<void(std::exception_ptr, EncodedFrame)> done);
+  void encodeFor(int to, Frame frame, Millis timeout, std::function<void(std::exception_ptr, EncodedFrame)> done);
   void completeOnPool(Future<Value> f, Value v);
   void failOnPool(Future<Value> f, std::exception_ptr e);
   std::optional<Pending> takePending(uint64_t id);

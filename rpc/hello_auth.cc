@@ -112,7 +112,8 @@ std::string checkHelloProof(const std::string& secret, const std::string& from, 
   unsigned char nonce[kNonceBytes];
   unsigned char got[kMacBytes];
   if (!fromHex(nonceHex, nonce, kNonceBytes) || !fromHex(macHex, got, kMacBytes)) return wrong;
-  if (timeStr.empty() || timeStr.size() > 18 || timeStr.find_first_not_of("0123456789") != std::string::npos) return wrong;
+  if (timeStr.empty() || timeStr.size() > 18 || timeStr.find_first_not_of("0123456789") != std::string::npos)
+    return wrong;
   const int64_t timeMs = std::strtoll(timeStr.c_str(), nullptr, 10);
   auto want = mac(secret, from, to, nonceHex, timeMs);
   if (CRYPTO_memcmp(want.data(), got, kMacBytes) != 0) return wrong;

@@ -109,7 +109,8 @@ Future<Value> invoke(const std::function<R(Args...)>& fn, const List& args, cons
   // the one reported.
   auto convert = [&] {
     try {
-      return std::tuple<std::decay_t<Args>...>{fromValue<std::decay_t<Args>>(args[I], fmt::format("argument {}", I + 1))...};
+      return std::tuple<std::decay_t<Args>...>{
+          fromValue<std::decay_t<Args>>(args[I], fmt::format("argument {}", I + 1))...};
     } catch (const RpcError& e) {
       throw RpcError(fmt::format("'{}' {}: {}", name, sig, e.what()));
     }

@@ -77,7 +77,8 @@ R rpcSync(const std::string& to, const std::string& fn, Args&&... args) {
 // Runs fn(args...) on `to` and returns a reference to its result, which stays there.
 template <typename T, typename... Args>
 RRef<T> remote(const std::string& to, const std::string& fn, Args&&... args) {
-  return RRef<T>(currentAgent()->createRemote(to, fn, List{toValue(std::forward<Args>(args))...}, typeName<T>(), Millis(0)));
+  return RRef<T>(
+      currentAgent()->createRemote(to, fn, List{toValue(std::forward<Args>(args))...}, typeName<T>(), Millis(0)));
 }
 
 }  // namespace cohort::rpc

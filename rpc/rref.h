@@ -75,7 +75,9 @@ class RRef {
 
   // A copy of the value (on the owner: the value itself, once the creating function finished).
   Future<T> toHereAsync(Millis timeout = Millis(0)) const {
-    return agentOf()->fetchRRef(h_, timeout).then([](Future<Value> f) { return fromValue<T>(f.value(), "rref value"); });
+    return agentOf()->fetchRRef(h_, timeout).then([](Future<Value> f) {
+      return fromValue<T>(f.value(), "rref value");
+    });
   }
   T toHere(Millis timeout = Millis(0)) const { return toHereAsync(timeout).value(); }
 

@@ -4,8 +4,8 @@
  * `maxThreads`, when it stalls: tasks are queued, every thread is busy and none finished a task
  * for 10 ms (a monitor thread checks). User functions may block on nested calls whose responses
  * need a pool thread to complete, and a fixed pool full of such waiters would deadlock; a pool
- * that merely has a backlog of short tasks does not grow. Tasks must not throw (the agent wraps them). stop() lets queued tasks
- * finish and joins; tasks queued after stop() are dropped.
+ * that merely has a backlog of short tasks does not grow. Tasks must not throw (the agent wraps them). stop() lets
+ * queued tasks finish and joins; tasks queued after stop() are dropped.
  */
 #pragma once
 
@@ -13,8 +13,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -115,7 +115,8 @@ class ThreadPool {
     if (poll_.count() <= 0) return;
     const auto until = std::chrono::steady_clock::now() + poll_;
     ++spinning_;
-    while (queued_.load() == 0 && !stopping_.load(std::memory_order_relaxed) && std::chrono::steady_clock::now() < until) {
+    while (queued_.load() == 0 && !stopping_.load(std::memory_order_relaxed) &&
+           std::chrono::steady_clock::now() < until) {
       std::this_thread::yield();
     }
     --spinning_;

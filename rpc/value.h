@@ -273,7 +273,9 @@ struct Convert<std::tuple<Ts...>> {
 
 template <typename A, typename B>
 struct Convert<std::pair<A, B>> {
-  static Value to(const std::pair<A, B>& p) { return Convert<std::tuple<A, B>>::to(std::tuple<A, B>(p.first, p.second)); }
+  static Value to(const std::pair<A, B>& p) {
+    return Convert<std::tuple<A, B>>::to(std::tuple<A, B>(p.first, p.second));
+  }
   static std::pair<A, B> from(const Value& v, const std::string& where) {
     auto t = Convert<std::tuple<A, B>>::from(v, where);
     return {std::move(std::get<0>(t)), std::move(std::get<1>(t))};

@@ -80,13 +80,16 @@ class Writer {
 
  private:
   void count(size_t n) {
-    if (n > std::numeric_limits<uint32_t>::max()) throw RpcError(fmt::format("a container of {} elements is too large to send", n));
+    if (n > std::numeric_limits<uint32_t>::max())
+      throw RpcError(fmt::format("a container of {} elements is too large to send", n));
     pod<uint32_t>(static_cast<uint32_t>(n));
   }
   void tensor(const Tensor& t) {
     if (!t.defined()) throw RpcError("an undefined tensor cannot be sent");
-    if (!t.device().isCpu()) throw RpcError(fmt::format("only CPU tensors can be sent, got one on {}", t.device().str()));
-    if (t.dim() > limits_.maxDims) throw RpcError(fmt::format("a tensor of {} dims exceeds the limit of {}", t.dim(), limits_.maxDims));
+    if (!t.device().isCpu())
+      throw RpcError(fmt::format("only CPU tensors can be sent, got one on {}", t.device().str()));
+    if (t.dim() > limits_.maxDims)
+      throw RpcError(fmt::format("a tensor of {} dims exceeds the limit of {}", t.dim(), limits_.maxDims));
     pod<uint8_t>(static_cast<uint8_t>(t.dtype()));
     pod<uint8_t>(static_cast<uint8_t>(t.dim()));
     for (int64_t s : t.sizes()) pod<int64_t>(s);
@@ -217,14 +220,15 @@ class Reader {
                                                  contiguousStrides(sizes), dtype));
     }
     if (overflow) fail(fmt::format("tensor {} exceeds the byte limit", shapeStr(sizes)));
-    if (index >= tensors_.size()) fail(fmt::format("tensor index {} but the message has {} tensors", index, tensors_.size()));
+    if (index >= tensors_.size())
+      fail(fmt::format("tensor index {} but the message has {} tensors", index, tensors_.size()));
     if (used_[index]) fail(fmt::format("message tensor {} is referenced twice", index));
     used_[index] = true;
     const auto& storage = tensors_[index];
     uint64_t bytes = numel * elementSize(dtype);
     if (storage->nbytes() != bytes) {
-      fail(fmt::format("tensor {} {} needs {} bytes but message tensor {} has {}", dtype, shapeStr(sizes), bytes,
-                       index, storage->nbytes()));
+      fail(fmt::format("tensor {} {} needs {} bytes but message tensor {} has {}", dtype, shapeStr(sizes), bytes, index,
+                       storage->nbytes()));
     }
     return Tensor(std::make_shared<TensorImpl>(storage, 0, sizes, contiguousStrides(sizes), dtype));
   }
@@ -272,7 +276,8 @@ void checkMessageShape(size_t numPayloads, size_t payloadBytes, const std::vecto
                                limits.maxPayloadBytes));
   }
   if (tensorBytes.size() > limits.maxTensors) {
-    throw RpcError(fmt::format("RPC message with {} tensors exceeds the limit of {}", tensorBytes.size(), limits.maxTensors));
+    throw RpcError(
+        fmt::format("RPC message with {} tensors exceeds the limit of {}", tensorBytes.size(), limits.maxTensors));
   }
   size_t total = 0;
   for (size_t i = 0; i < tensorBytes.size(); ++i) {

@@ -55,10 +55,10 @@ struct Frame {
 
 // Limits a receiver enforces before it allocates anything.
 struct WireLimits {
-  size_t maxPayloadBytes = size_t{256} << 20;   // the encoded tree (strings, lists, metadata)
-  size_t maxTensorBytes = size_t{4} << 30;      // all tensors of one message together
+  size_t maxPayloadBytes = size_t{256} << 20;  // the encoded tree (strings, lists, metadata)
+  size_t maxTensorBytes = size_t{4} << 30;     // all tensors of one message together
   size_t maxTensors = 65536;
-  int maxDepth = 64;                            // nesting of lists, dicts
+  int maxDepth = 64;  // nesting of lists, dicts
   int maxDims = 16;
 };
 

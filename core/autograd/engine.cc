@@ -41,8 +41,7 @@ thread_local TaskFrame* tTask = nullptr;
 
 struct TaskScope {
   TaskFrame frame;
-  TaskScope(std::unordered_map<Node*, std::vector<Tensor>>& b, std::unordered_map<Node*, int>& d)
-      : frame{b, d, tTask} {
+  TaskScope(std::unordered_map<Node*, std::vector<Tensor>>& b, std::unordered_map<Node*, int>& d) : frame{b, d, tTask} {
     tTask = &frame;
   }
   ~TaskScope() { tTask = frame.outer; }
@@ -91,7 +90,8 @@ void setGradTarget(const Tensor& leaf, const Tensor& target) {
   if (!leaf.isLeaf() || !leaf.requiresGrad())
     throw ValueError(fmt::format("setGradTarget: only leaf tensors that require grad accumulate gradients (got a "
                                  "tensor of shape {} that {})",
-                                 shapeStr(leaf.sizes()), leaf.requiresGrad() ? "is not a leaf" : "does not require grad"));
+                                 shapeStr(leaf.sizes()),
+                                 leaf.requiresGrad() ? "is not a leaf" : "does not require grad"));
   if (target.defined() && !fits(target, *leaf.impl()))
     throw ValueError(fmt::format("setGradTarget: the target (shape {}, {}, {}) must be a contiguous tensor of the "
                                  "leaf's shape {} and dtype {}",

@@ -58,16 +58,15 @@ bool needsGrad(const std::vector<Tensor>& inputs);
 // Records an op (see above). Undefined inputs are allowed (optional args like bias) and get no
 // edge. Outputs must be freshly made by the op (or views of inputs). Returns the node, or null
 // when nothing was recorded.
-std::shared_ptr<Node> record(const char* name, const std::vector<Tensor>& inputs,
-                             const std::vector<Tensor>& outputs, const std::vector<Tensor>& saved,
-                             BackwardFn backward);
+std::shared_ptr<Node> record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                             const std::vector<Tensor>& saved, BackwardFn backward);
 
 // For in-place ops: `self` was modified in place by op `name` using `others`. Bumps the version
 // counter and, when history must be recorded, makes self the output of a new node whose inputs
 // are self's previous history and `others`. In-place ops on a leaf that requires grad, or on a
 // view of a tensor that requires grad, are errors naming the op (as in PyTorch).
 void checkInplace(const char* name, const Tensor& self);
-void recordInplace(const char* name, Tensor& self, const std::vector<Tensor>& others,
-                   const std::vector<Tensor>& saved, BackwardFn backward);
+void recordInplace(const char* name, Tensor& self, const std::vector<Tensor>& others, const std::vector<Tensor>& saved,
+                   BackwardFn backward);
 
 }  // namespace cohort::autograd

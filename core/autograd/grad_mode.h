@@ -31,4 +31,4 @@ class EnableGradGuard {
   bool prev_;
 };
 
-}  // namespace cohort
+}  // namespace cohort::autograd

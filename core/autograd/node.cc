@@ -42,7 +42,9 @@ int Node::addPreHook(uint32_t outputNr, GradHook hook) {
 void Node::removePreHook(int handle) {
   std::erase_if(preHooks_, [&](const PreHook& h) { return h.handle == handle; });
 }
-void Node::addRetainGrad(uint32_t outputNr, std::weak_ptr<TensorImpl> t) { retainGrad_.emplace_back(outputNr, std::move(t)); }
+void Node::addRetainGrad(uint32_t outputNr, std::weak_ptr<TensorImpl> t) {
+  retainGrad_.emplace_back(outputNr, std::move(t));
+}
 
 void Node::runPreHooks(std::vector<Tensor>& grads) {
   for (auto& h : preHooks_) {
@@ -87,8 +89,8 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   } else if (!meta.grad.defined()) {
     // Take the incoming gradient when nobody else can see it; otherwise copy it, so that later
     // in-place accumulation into .grad cannot change another tensor.
-    bool exclusive = g.implPtr().use_count() == 1 && g.storage().use_count() == 1 && g.isContiguous() &&
-                     g.sizes() == leaf.sizes();
+    bool exclusive =
+        g.implPtr().use_count() == 1 && g.storage().use_count() == 1 && g.isContiguous() && g.sizes() == leaf.sizes();
     meta.grad = exclusive ? g : g.expand(leaf.sizes()).clone();
   } else {
     // In place, so a .grad that is a view into a bucket (DDP) stays that view.

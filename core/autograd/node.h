@@ -43,7 +43,10 @@ class SavedTensor {
   // The saved tensor; throws when it was released (backward ran twice without retainGraph) or
   // modified in place since it was saved.
   Tensor unpack(const Node& owner) const;
-  void release() { data_ = Tensor(); released_ = true; }
+  void release() {
+    data_ = Tensor();
+    released_ = true;
+  }
   bool defined() const { return data_.defined() || released_; }
 
  private:

@@ -16,8 +16,9 @@
 namespace cohort::blas {
 namespace {
 
-COHORT_ENV_KNOB(kCoreType, "OPENBLAS_CORETYPE", "",
-                "OpenBLAS kernel family; when unset cohort picks one from the CPU's features (see docs/benchmarks.md).");
+COHORT_ENV_KNOB(
+    kCoreType, "OPENBLAS_CORETYPE", "",
+    "OpenBLAS kernel family; when unset cohort picks one from the CPU's features (see docs/benchmarks.md).");
 COHORT_ENV_KNOB(kBlasLib, "COHORT_BLAS_LIBRARY", "libopenblas.so.0", "The OpenBLAS shared library cohort loads.");
 COHORT_ENV_KNOB(kBackendKnob, "COHORT_BLAS", "auto",
                 "Which library runs float32 GEMM: auto (oneDNN's dnnl_sgemm when it loads, else OpenBLAS), openblas, "
@@ -118,8 +119,8 @@ const OpenBlas& openblas() {
 // dnnl_sgemm from oneDNN's C API (dnnl.h; declared here so the build needs no oneDNN headers):
 // row-major C[M,N] = alpha * op(A)[M,K] * op(B)[K,N] + beta * C, transa/transb 'N' or 'T', 64-bit
 // dimensions, returns dnnl_status_t (0 = success).
-using DnnlSgemmFn = int (*)(char, char, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
-                            int64_t, float, float*, int64_t);
+using DnnlSgemmFn = int (*)(char, char, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,
+                            float, float*, int64_t);
 struct DnnlVersion {  // dnnl_version_t
   int major, minor, patch;
   const char* hash;
@@ -237,8 +238,8 @@ Choice chooseBackend() {
   std::string mode = kBackendKnob.str();
   std::transform(mode.begin(), mode.end(), mode.begin(), [](unsigned char c) { return std::tolower(c); });
   if (mode != "auto" && mode != "openblas" && mode != "onednn")
-    throw ValueError(fmt::format("environment variable COHORT_BLAS='{}' is not one of auto, openblas, onednn",
-                                 kBackendKnob.str()));
+    throw ValueError(
+        fmt::format("environment variable COHORT_BLAS='{}' is not one of auto, openblas, onednn", kBackendKnob.str()));
   if (mode == "openblas") {
     COHORT_LOG(Debug, "BLAS: float32 and float64 GEMM on OpenBLAS (COHORT_BLAS=openblas)");
     return {Backend::OpenBlas, "OpenBLAS (COHORT_BLAS=openblas)"};
@@ -249,8 +250,7 @@ Choice chooseBackend() {
       throw NotSupportedError(fmt::format("COHORT_BLAS=onednn but oneDNN cannot be used: {} (install Debian's "
                                           "libdnnl2, or set COHORT_BLAS=auto to fall back to OpenBLAS)",
                                           d.error));
-    COHORT_LOG(Debug, "BLAS: float32 and float64 GEMM on OpenBLAS (COHORT_BLAS=auto; oneDNN unavailable: {})",
-               d.error);
+    COHORT_LOG(Debug, "BLAS: float32 and float64 GEMM on OpenBLAS (COHORT_BLAS=auto; oneDNN unavailable: {})", d.error);
     return {Backend::OpenBlas, fmt::format("OpenBLAS (oneDNN unavailable: {})", d.error)};
   }
   COHORT_LOG(Debug, "BLAS: float32 GEMM on {} (COHORT_BLAS={}); float64 on OpenBLAS", d.lib->desc, mode);
@@ -274,8 +274,8 @@ void checkArgs(const char* op, Trans ta, Trans tb, int64_t m, int64_t n, int64_t
   COHORT_CHECK_T(ValueError, ldb >= std::max<int64_t>(1, bCols),
                  "{}: ldb={} is less than the {} columns B is stored with (m={} n={} k={}, B {})", op, ldb, bCols, m, n,
                  k, tb == Trans::No ? "not transposed" : "transposed");
-  COHORT_CHECK_T(ValueError, ldc >= std::max<int64_t>(1, n), "{}: ldc={} is less than n={} (m={} k={})", op, ldc, n,
-                 m, k);
+  COHORT_CHECK_T(ValueError, ldc >= std::max<int64_t>(1, n), "{}: ldc={} is less than n={} (m={} k={})", op, ldc, n, m,
+                 k);
 }
 
 // C = beta * C without reading C when beta == 0 (the k == 0 / alpha == 0 case of GEMM).
@@ -284,8 +284,7 @@ void scaleC(T beta, T* c, int64_t m, int64_t n, int64_t ldc) {
   if (beta == T(1)) return;
   for (int64_t i = 0; i < m; ++i) {
     T* row = c + i * ldc;
-    if (beta == T(0))
-      std::fill(row, row + n, T(0));
+    if (beta == T(0)) std::fill(row, row + n, T(0));
     else
       for (int64_t j = 0; j < n; ++j) row[j] *= beta;
   }
@@ -309,8 +308,8 @@ void sgemmOpenBlas(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float al
 void sgemmOneDnn(const Dnnl& d, Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   applyOmpThreads(d);
-  int status = d.sgemm(ta == Trans::Yes ? 'T' : 'N', tb == Trans::Yes ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb,
-                       beta, c, ldc);
+  int status =
+      d.sgemm(ta == Trans::Yes ? 'T' : 'N', tb == Trans::Yes ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   if (status != 0)
     throw Error(fmt::format("sgemm: oneDNN's dnnl_sgemm failed with status {} ({}) for m={} n={} k={} lda={} ldb={} "
                             "ldc={}",

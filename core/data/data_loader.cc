@@ -28,8 +28,9 @@ struct DataLoader::State {
 
   State(std::shared_ptr<const Dataset> d, DataLoaderOptions o)
       : dataset(std::move(d)), options(std::move(o)), random(options.seed) {
-    sampler = options.sampler ? options.sampler.get() : options.shuffle ? static_cast<const Sampler*>(&random)
-                                                                        : &sequential;
+    sampler = options.sampler   ? options.sampler.get()
+              : options.shuffle ? static_cast<const Sampler*>(&random)
+                                : &sequential;
   }
   int64_t numSamples() const { return sampler->numSamples(dataset->size()); }
   int64_t numBatches() const {
@@ -141,8 +142,7 @@ struct DataLoader::Run {
       if (timeout.count() > 0) {
         if (!consumerCv.wait_for(lock, timeout, have))
           throw TimeoutError(fmt::format("DataLoader: batch {} of epoch {} was not ready after {} ms ({}, {} workers)",
-                                         b, epoch, timeout.count(), state->dataset->name(),
-                                         state->options.numWorkers));
+                                         b, epoch, timeout.count(), state->dataset->name(), state->options.numWorkers));
       } else {
         consumerCv.wait(lock, have);
       }
@@ -168,7 +168,8 @@ struct DataLoader::Run {
   }
 
   [[noreturn]] void rethrowWithContext(const Error& e, int64_t b) {
-    std::string where = fmt::format(" (DataLoader: building batch {} of epoch {} from {})", b, epoch, state->dataset->name());
+    std::string where =
+        fmt::format(" (DataLoader: building batch {} of epoch {} from {})", b, epoch, state->dataset->name());
     std::string msg = e.what() + where;
     if (dynamic_cast<const IndexError*>(&e)) throw IndexError(msg);
     if (dynamic_cast<const ValueError*>(&e)) throw ValueError(msg);
@@ -181,14 +182,15 @@ struct DataLoader::Run {
 DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options) {
   COHORT_CHECK_T(ValueError, dataset != nullptr, "DataLoader: the dataset is null");
   COHORT_CHECK_T(ValueError, options.batchSize >= 1, "DataLoader: batchSize must be >= 1, got {}", options.batchSize);
-  COHORT_CHECK_T(ValueError, options.numWorkers >= 1, "DataLoader: numWorkers must be >= 1, got {}", options.numWorkers);
+  COHORT_CHECK_T(ValueError, options.numWorkers >= 1, "DataLoader: numWorkers must be >= 1, got {}",
+                 options.numWorkers);
   COHORT_CHECK_T(ValueError, options.prefetchFactor >= 1, "DataLoader: prefetchFactor must be >= 1, got {}",
                  options.prefetchFactor);
   COHORT_CHECK_T(ValueError, options.timeout.count() >= 0, "DataLoader: timeout must be >= 0 ms, got {}",
                  options.timeout.count());
   if (options.sampler && options.shuffle && !options.sampler->shuffles())
-    throw ValueError(fmt::format("DataLoader: shuffle = true, but the sampler {} does not shuffle",
-                                 options.sampler->describe()));
+    throw ValueError(
+        fmt::format("DataLoader: shuffle = true, but the sampler {} does not shuffle", options.sampler->describe()));
   state_ = std::make_shared<State>(std::move(dataset), std::move(options));
 }
 
@@ -256,8 +258,9 @@ DataPosition DataLoader::position() const {
 void DataLoader::setPosition(DataPosition p) {
   const int64_t nb = numBatches();
   if (p.epoch < 0 || p.batch < 0 || p.batch > nb)
-    throw ValueError(fmt::format("DataLoader::setPosition: position (epoch {}, batch {}) is outside an epoch of {} batches",
-                                 p.epoch, p.batch, nb));
+    throw ValueError(
+        fmt::format("DataLoader::setPosition: position (epoch {}, batch {}) is outside an epoch of {} batches", p.epoch,
+                    p.batch, nb));
   if (p.batch == nb && nb > 0) p = {p.epoch + 1, 0};
   std::lock_guard<std::mutex> lock(state_->mu);
   if (state_->active) throw Error("DataLoader::setPosition: called while an iteration over this loader is alive");

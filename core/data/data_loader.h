@@ -58,10 +58,10 @@ struct DataLoaderOptions {
   // shuffle = true only asserts that it shuffles (a non-shuffling sampler is then a ValueError).
   bool shuffle = false;
   uint64_t seed = 0;
-  bool dropLast = false;  // drop a last batch smaller than batchSize
-  SamplerRef sampler;     // e.g. DistributedSampler({.rank = r, .worldSize = w})
-  int numWorkers = 1;     // >= 1 background threads
-  int prefetchFactor = 2; // batches in flight per worker (>= 1)
+  bool dropLast = false;                 // drop a last batch smaller than batchSize
+  SamplerRef sampler;                    // e.g. DistributedSampler({.rank = r, .worldSize = w})
+  int numWorkers = 1;                    // >= 1 background threads
+  int prefetchFactor = 2;                // batches in flight per worker (>= 1)
   std::chrono::milliseconds timeout{0};  // > 0: longest wait for one batch before TimeoutError
 };
 
@@ -72,8 +72,7 @@ class DataLoader {
  public:
   DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options = {});
   template <typename D>
-    requires std::derived_from<std::remove_cvref_t<D>, Dataset>
-  DataLoader(D&& dataset, DataLoaderOptions options = {})
+  requires std::derived_from<std::remove_cvref_t<D>, Dataset> DataLoader(D&& dataset, DataLoaderOptions options = {})
       : DataLoader(std::shared_ptr<const Dataset>(std::make_shared<std::remove_cvref_t<D>>(std::forward<D>(dataset))),
                    std::move(options)) {}
   ~DataLoader();

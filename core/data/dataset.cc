@@ -8,7 +8,8 @@ namespace cohort::data {
 
 void checkIndex(const Dataset& dataset, int64_t index) {
   if (index < 0 || index >= dataset.size())
-    throw IndexError(fmt::format("{}: index {} is out of range for {} examples", dataset.name(), index, dataset.size()));
+    throw IndexError(
+        fmt::format("{}: index {} is out of range for {} examples", dataset.name(), index, dataset.size()));
 }
 
 TensorDataset::TensorDataset(Tensor data, Tensor targets) : data_(std::move(data)), targets_(std::move(targets)) {

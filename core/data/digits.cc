@@ -44,8 +44,7 @@ Parsed parseDigits(const std::string& path, const std::string& text) {
           throw ValueError(fmt::format("digits: {}:{}: pixel {} = {} is outside 0..16", path, lineNo, field + 1, v));
         out.pixels.push_back(static_cast<float>(v) / 16.0f);
       } else if (field == kPixels) {
-        if (v < 0 || v > 9)
-          throw ValueError(fmt::format("digits: {}:{}: label {} is outside 0..9", path, lineNo, v));
+        if (v < 0 || v > 9) throw ValueError(fmt::format("digits: {}:{}: label {} is outside 0..9", path, lineNo, v));
         out.labels.push_back(v);
       }
       ++field;
@@ -55,8 +54,8 @@ Parsed parseDigits(const std::string& path, const std::string& text) {
       ++p;
     }
     if (field != kPixels + 1)
-      throw ValueError(
-          fmt::format("digits: {}:{}: expected {} fields (64 pixels and a label), got {}", path, lineNo, kPixels + 1, field));
+      throw ValueError(fmt::format("digits: {}:{}: expected {} fields (64 pixels and a label), got {}", path, lineNo,
+                                   kPixels + 1, field));
   }
   return out;
 }
@@ -95,6 +94,8 @@ std::shared_ptr<TensorDataset> digitsFromFile(const std::string& path, const std
   return std::make_shared<TensorDataset>(std::move(x), std::move(y));
 }
 
-std::shared_ptr<TensorDataset> digits(const std::string& split) { return digitsFromFile(dataFile("digits.csv"), split); }
+std::shared_ptr<TensorDataset> digits(const std::string& split) {
+  return digitsFromFile(dataFile("digits.csv"), split);
+}
 
 }  // namespace cohort::data

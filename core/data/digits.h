@@ -5,7 +5,8 @@
  * a torch.Generator seeded with 0 (torchRandperm(1797, 0), so Python can rebuild it); "train" is its
  * first 1,437 entries, "test" the last 360, "all" the file in order. The file's lines are ordered by
  * writer, so a split by position tests on writers never seen in training (about 91% for an MLP);
- * the shuffled split is the usual train_test_split setting. The returned dataset is immutable and may be shared between loaders.
+ * the shuffled split is the usual train_test_split setting. The returned dataset is immutable and may be shared between
+ * loaders.
  */
 #pragma once
 

@@ -97,8 +97,7 @@ class SamplerRef {
   SamplerRef() = default;
   SamplerRef(std::shared_ptr<const Sampler> s) : ptr_(std::move(s)) {}  // NOLINT(implicit)
   template <typename S>
-    requires std::derived_from<std::remove_cvref_t<S>, Sampler>
-  SamplerRef(S&& s)  // NOLINT(implicit)
+  requires std::derived_from<std::remove_cvref_t<S>, Sampler> SamplerRef(S&& s)  // NOLINT(implicit)
       : ptr_(std::make_shared<std::remove_cvref_t<S>>(std::forward<S>(s))) {}
   explicit operator bool() const { return ptr_ != nullptr; }
   const Sampler* get() const { return ptr_.get(); }

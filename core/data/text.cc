@@ -44,7 +44,8 @@ CharVocab CharVocab::fromChars(std::string_view chars) {
 
 int64_t CharVocab::id(char c) const {
   int32_t i = ids_[static_cast<unsigned char>(c)];
-  if (i < 0) throw ValueError(fmt::format("CharVocab: {} is not in the vocabulary of {} characters", printable(c), size()));
+  if (i < 0)
+    throw ValueError(fmt::format("CharVocab: {} is not in the vocabulary of {} characters", printable(c), size()));
   return i;
 }
 
@@ -77,19 +78,20 @@ std::string CharVocab::decode(const std::vector<int64_t>& ids) const {
 
 std::string CharVocab::decode(const Tensor& ids) const {
   COHORT_CHECK_T(ValueError, ids.defined() && isIntegral(ids.dtype()),
-                 "CharVocab::decode: expected an integer tensor, got {}", ids.defined() ? dtypeName(ids.dtype()) : "undefined");
+                 "CharVocab::decode: expected an integer tensor, got {}",
+                 ids.defined() ? dtypeName(ids.dtype()) : "undefined");
   return decode(ids.toVector<int64_t>());
 }
 
 CharDataset::CharDataset(std::vector<int64_t> tokens, int64_t blockSize, int64_t stride)
-    : tokens_(std::make_shared<const std::vector<int64_t>>(std::move(tokens))),
-      blockSize_(blockSize),
+    : tokens_(std::make_shared<const std::vector<int64_t>>(std::move(tokens))), blockSize_(blockSize),
       stride_(stride == 0 ? blockSize : stride) {
   COHORT_CHECK_T(ValueError, blockSize_ >= 1, "CharDataset: blockSize must be >= 1, got {}", blockSize_);
   COHORT_CHECK_T(ValueError, stride_ >= 1, "CharDataset: stride must be >= 1, got {}", stride_);
   int64_t n = static_cast<int64_t>(tokens_->size());
   if (n < blockSize_ + 1)
-    throw ValueError(fmt::format("CharDataset: {} tokens are fewer than one window of blockSize+1 = {}", n, blockSize_ + 1));
+    throw ValueError(
+        fmt::format("CharDataset: {} tokens are fewer than one window of blockSize+1 = {}", n, blockSize_ + 1));
   size_ = (n - blockSize_ - 1) / stride_ + 1;
 }
 

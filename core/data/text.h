@@ -27,7 +27,7 @@ class CharVocab {
   int64_t size() const { return static_cast<int64_t>(chars_.size()); }
   const std::string& chars() const { return chars_; }  // id -> char, in id order
   bool contains(char c) const { return ids_[static_cast<unsigned char>(c)] >= 0; }
-  int64_t id(char c) const;  // ValueError naming the character when it is not in the vocabulary
+  int64_t id(char c) const;       // ValueError naming the character when it is not in the vocabulary
   char charOf(int64_t id) const;  // IndexError when out of range
 
   std::vector<int64_t> encode(std::string_view text) const;

@@ -37,7 +37,8 @@ void AtomicWriter::write(const void* data, size_t n) {
     ssize_t w = ::write(fd_, p, n);
     if (w < 0) {
       if (errno == EINTR) continue;
-      throw CheckpointError(fmt::format("writing '{}': write failed after {} bytes: {}", path_, written_, osError(errno)));
+      throw CheckpointError(
+          fmt::format("writing '{}': write failed after {} bytes: {}", path_, written_, osError(errno)));
     }
     p += w;
     n -= static_cast<size_t>(w);
@@ -84,13 +85,14 @@ void writeFileAtomically(const std::string& path, const std::function<void(Atomi
   // Make the rename itself durable.
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0)
-    throw CheckpointError(fmt::format("writing '{}': cannot open folder '{}' to fsync it: {}", path, dir.string(),
-                                      osError(errno)));
+    throw CheckpointError(
+        fmt::format("writing '{}': cannot open folder '{}' to fsync it: {}", path, dir.string(), osError(errno)));
   int rc = ::fsync(dfd);
   int err = errno;
   ::close(dfd);
   if (rc != 0 && err != EINVAL)  // some file systems cannot fsync a folder
-    throw CheckpointError(fmt::format("writing '{}': fsync of folder '{}' failed: {}", path, dir.string(), osError(err)));
+    throw CheckpointError(
+        fmt::format("writing '{}': fsync of folder '{}' failed: {}", path, dir.string(), osError(err)));
 }
 
 }  // namespace cohort::io

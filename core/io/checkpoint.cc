@@ -36,7 +36,8 @@ T field(const std::string& file, const json& obj, const char* key, const std::st
   const json& v = obj.at(key);
   bool ok = false;
   if constexpr (std::is_same_v<T, int64_t>) ok = v.is_number_integer();
-  else if constexpr (std::is_same_v<T, uint64_t>) ok = v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0);
+  else if constexpr (std::is_same_v<T, uint64_t>)
+    ok = v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0);
   else if constexpr (std::is_same_v<T, double>) ok = v.is_number();
   if (!ok) fail(file, fmt::format("\"{}\" in {} has the wrong type: {}", key, where, v.dump()));
   return v.get<T>();
@@ -73,15 +74,14 @@ std::string saveCheckpoint(const std::string& path, const TrainingState& st) {
   } else {
     state["optimizer"] = nullptr;
   }
-  if (st.scheduler)
-    state["scheduler"] = {{"last_step", st.scheduler->lastStep}, {"base_lrs", st.scheduler->baseLrs}};
-  else
-    state["scheduler"] = nullptr;
+  if (st.scheduler) state["scheduler"] = {{"last_step", st.scheduler->lastStep}, {"base_lrs", st.scheduler->baseLrs}};
+  else state["scheduler"] = nullptr;
   json extraGroups = json::array();
   for (const auto& [group, dict] : st.extraTensors) {
     if (group.empty() || group.find('/') != std::string::npos)
-      throw ValueError(fmt::format("saveCheckpoint '{}': extra tensor group name '{}' must be non-empty and free of '/'",
-                                   file, group));
+      throw ValueError(
+          fmt::format("saveCheckpoint '{}': extra tensor group name '{}' must be non-empty and free of '/'", file,
+                      group));
     extraGroups.push_back(group);
     for (const auto& [k, t] : dict) all.insert("extra/" + group + "/" + k, t);
   }
@@ -170,7 +170,8 @@ TrainingState loadCheckpoint(const std::string& path) {
     } else if (name.starts_with("extra/")) {
       size_t slash = name.find('/', 6);
       std::string group = slash == std::string::npos ? "" : name.substr(6, slash - 6);
-      if (!groups.count(group)) fail(file, fmt::format("tensor '{}' names an extra group that the state does not list", name));
+      if (!groups.count(group))
+        fail(file, fmt::format("tensor '{}' names an extra group that the state does not list", name));
       st.extraTensors[group].insert(name.substr(slash + 1), t);
     } else {
       fail(file, fmt::format("tensor '{}' has no known group prefix (model/, optimizer/, extra/)", name));
@@ -188,7 +189,8 @@ void checkModel(const std::string& file, const nn::Module& model, const TensorDi
     const Tensor* s = saved.find(k);
     if (!s) missing.push_back(k);
     else if (s->sizes() != t.sizes())
-      mismatched.push_back(fmt::format("{}: {} in the checkpoint, {} in the model", k, shapeStr(s->sizes()), shapeStr(t.sizes())));
+      mismatched.push_back(
+          fmt::format("{}: {} in the checkpoint, {} in the model", k, shapeStr(s->sizes()), shapeStr(t.sizes())));
     else if (s->isFloatingPoint() != t.isFloatingPoint())
       mismatched.push_back(fmt::format("{}: dtype {} in the checkpoint, {} in the model", k, s->dtype(), t.dtype()));
   }
@@ -204,7 +206,8 @@ void checkModel(const std::string& file, const nn::Module& model, const TensorDi
 
 void checkOptimizer(const std::string& file, const optim::Optimizer& opt, const optim::OptimizerStateDict& saved) {
   if (saved.type != opt.type())
-    fail(file, fmt::format("the checkpoint holds a {} optimizer, the program has a {}; nothing was restored", saved.type, opt.type()));
+    fail(file, fmt::format("the checkpoint holds a {} optimizer, the program has a {}; nothing was restored",
+                           saved.type, opt.type()));
   const auto& groups = opt.paramGroups();
   if (saved.groups.size() != groups.size())
     fail(file, fmt::format("the checkpoint's optimizer has {} parameter groups, the program's {}; nothing was restored",
@@ -212,8 +215,9 @@ void checkOptimizer(const std::string& file, const optim::Optimizer& opt, const 
   std::vector<Tensor> params;
   for (size_t g = 0; g < groups.size(); ++g) {
     if (saved.groups[g].params.size() != groups[g].params.size())
-      fail(file, fmt::format("optimizer group {} has {} parameters in the checkpoint, {} in the program; nothing was restored",
-                             g, saved.groups[g].params.size(), groups[g].params.size()));
+      fail(file, fmt::format(
+                     "optimizer group {} has {} parameters in the checkpoint, {} in the program; nothing was restored",
+                     g, saved.groups[g].params.size(), groups[g].params.size()));
     params.insert(params.end(), groups[g].params.begin(), groups[g].params.end());
   }
   for (const auto& [name, t] : saved.tensors) {
@@ -248,13 +252,14 @@ TrainingState restoreCheckpoint(const std::string& path, const RestoreTargets& t
     if (!st.scheduler) fail(file, "a scheduler was given, but the checkpoint holds no scheduler state");
     size_t groups = targets.optimizer ? targets.optimizer->paramGroups().size() : st.scheduler->baseLrs.size();
     if (st.scheduler->baseLrs.size() != groups)
-      fail(file, fmt::format("the scheduler state has {} base lrs for {} optimizer groups", st.scheduler->baseLrs.size(), groups));
+      fail(file, fmt::format("the scheduler state has {} base lrs for {} optimizer groups",
+                             st.scheduler->baseLrs.size(), groups));
   }
   if (targets.loader) {
     const auto& p = st.dataPosition;
     if (p.epoch < 0 || p.batch < 0 || p.batch > targets.loader->numBatches())
-      fail(file, fmt::format("data position (epoch {}, batch {}) does not fit the loader's {} batches per epoch", p.epoch,
-                             p.batch, targets.loader->numBatches()));
+      fail(file, fmt::format("data position (epoch {}, batch {}) does not fit the loader's {} batches per epoch",
+                             p.epoch, p.batch, targets.loader->numBatches()));
   }
   if (targets.generator && !st.generators.count("cpu"))
     fail(file, "a generator was given, but the checkpoint holds no \"cpu\" generator state");

@@ -40,7 +40,7 @@ namespace cohort::io {
 inline constexpr const char* kCheckpointFileName = "checkpoint.safetensors";
 
 struct TrainingState {
-  TensorDict model;                                  // nn::Module::stateDict()
+  TensorDict model;  // nn::Module::stateDict()
   std::optional<optim::OptimizerStateDict> optimizer;
   std::optional<optim::SchedulerState> scheduler;
   int64_t step = 0;

@@ -71,7 +71,8 @@ Header parseHeader(const std::string& what, uint64_t fileSize, const ReadAt& rea
     fail(what, fmt::format("the header length field says {} bytes, but only {} bytes follow it (truncated, or not a "
                            "safetensors file)",
                            n, fileSize - 8));
-  if (n > kMaxHeaderBytes) fail(what, fmt::format("the header length {} exceeds the {} byte limit", n, kMaxHeaderBytes));
+  if (n > kMaxHeaderBytes)
+    fail(what, fmt::format("the header length {} exceeds the {} byte limit", n, kMaxHeaderBytes));
   if (n < 2) fail(what, fmt::format("the header is {} bytes, too short for a JSON object", n));
   std::string text(n, '\0');
   readAt(8, n, text.data());
@@ -128,17 +129,19 @@ Header parseHeader(const std::string& what, uint64_t fileSize, const ReadAt& rea
       if (v > static_cast<uint64_t>(INT64_MAX)) fail(what, fmt::format("{}: shape entry {} is too large", where, v));
       e.shape.push_back(static_cast<int64_t>(v));
       numel *= v;
-      if (numel > (static_cast<unsigned __int128>(1) << 62)) fail(what, fmt::format("{}: shape {} is too large", where, shape.dump()));
+      if (numel > (static_cast<unsigned __int128>(1) << 62))
+        fail(what, fmt::format("{}: shape {} is too large", where, shape.dump()));
     }
     const json& off = val["data_offsets"];
     if (!off.is_array() || off.size() != 2)
       fail(what, fmt::format("{}: data_offsets must be [begin, end], got {}", where, off.dump()));
     e.begin = jsonU64(off[0], what, where + " data_offsets[0]");
     e.end = jsonU64(off[1], what, where + " data_offsets[1]");
-    if (e.begin > e.end) fail(what, fmt::format("{}: data_offsets [{}, {}] end before they begin", where, e.begin, e.end));
+    if (e.begin > e.end)
+      fail(what, fmt::format("{}: data_offsets [{}, {}] end before they begin", where, e.begin, e.end));
     if (e.end > bufferSize)
-      fail(what, fmt::format("{}: data_offsets [{}, {}] reach past the end of the {}-byte data buffer (truncated?)", where,
-                             e.begin, e.end, bufferSize));
+      fail(what, fmt::format("{}: data_offsets [{}, {}] reach past the end of the {}-byte data buffer (truncated?)",
+                             where, e.begin, e.end, bufferSize));
     const unsigned __int128 expect = numel * elementSize(e.dtype);
     if (expect != e.end - e.begin)
       fail(what, fmt::format("{}: dtype {} and shape {} need {} bytes, but data_offsets [{}, {}] hold {}", where,
@@ -147,17 +150,17 @@ Header parseHeader(const std::string& what, uint64_t fileSize, const ReadAt& rea
     out.entries.push_back(std::move(e));
   }
 
-  std::sort(out.entries.begin(), out.entries.end(), [](const Entry& a, const Entry& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-  });
+  std::sort(out.entries.begin(), out.entries.end(),
+            [](const Entry& a, const Entry& b) { return a.begin != b.begin ? a.begin < b.begin : a.end < b.end; });
   uint64_t pos = 0;
   const Entry* prev = nullptr;
   for (const Entry& e : out.entries) {
     if (e.begin < pos)
-      fail(what, fmt::format("tensor '{}' (bytes [{}, {})) overlaps tensor '{}' (bytes [{}, {}))", e.name, e.begin, e.end,
-                             prev->name, prev->begin, prev->end));
+      fail(what, fmt::format("tensor '{}' (bytes [{}, {})) overlaps tensor '{}' (bytes [{}, {}))", e.name, e.begin,
+                             e.end, prev->name, prev->begin, prev->end));
     if (e.begin > pos)
-      fail(what, fmt::format("bytes [{}, {}) of the data buffer before tensor '{}' belong to no tensor", pos, e.begin, e.name));
+      fail(what, fmt::format("bytes [{}, {}) of the data buffer before tensor '{}' belong to no tensor", pos, e.begin,
+                             e.name));
     pos = e.end;
     prev = &e;
   }
@@ -178,7 +181,8 @@ SafetensorsContents readAll(const std::string& what, uint64_t fileSize, const Re
     if (e.dtype == DType::Bool) {
       const unsigned char* p = static_cast<const unsigned char*>(t.dataPtr());
       for (size_t i = 0; i < nbytes; ++i)
-        if (p[i] > 1) fail(what, fmt::format("tensor '{}': bool element {} has byte value {} (not 0 or 1)", e.name, i, p[i]));
+        if (p[i] > 1)
+          fail(what, fmt::format("tensor '{}': bool element {} has byte value {} (not 0 or 1)", e.name, i, p[i]));
     }
     out.tensors.insert(e.name, std::move(t));
   }
@@ -257,15 +261,17 @@ const char* safetensorsDType(DType dtype) {
 }
 
 DType dtypeFromSafetensors(const std::string& name) {
-  static const std::pair<const char*, DType> kTable[] = {
-      {"F32", DType::Float32}, {"F64", DType::Float64}, {"F16", DType::Float16}, {"BF16", DType::BFloat16},
-      {"I64", DType::Int64},   {"I32", DType::Int32},   {"U8", DType::UInt8},    {"BOOL", DType::Bool}};
+  static const std::pair<const char*, DType> kTable[] = {{"F32", DType::Float32}, {"F64", DType::Float64},
+                                                         {"F16", DType::Float16}, {"BF16", DType::BFloat16},
+                                                         {"I64", DType::Int64},   {"I32", DType::Int32},
+                                                         {"U8", DType::UInt8},    {"BOOL", DType::Bool}};
   for (const auto& [n, d] : kTable)
     if (name == n) return d;
   static const char* kKnownOther[] = {"I8", "I16", "U16", "U32", "U64", "F8_E5M2", "F8_E4M3"};
   for (const char* o : kKnownOther)
     if (name == o)
-      throw CheckpointError(fmt::format("dtype '{}' has no cohort equivalent (cohort reads F64 F32 F16 BF16 I64 I32 U8 BOOL)", name));
+      throw CheckpointError(
+          fmt::format("dtype '{}' has no cohort equivalent (cohort reads F64 F32 F16 BF16 I64 I32 U8 BOOL)", name));
   throw CheckpointError(fmt::format("unknown dtype '{}' (cohort reads F64 F32 F16 BF16 I64 I32 U8 BOOL)", name));
 }
 
@@ -276,7 +282,8 @@ std::string serializeSafetensors(const TensorDict& tensors, const Metadata& meta
 }
 
 SafetensorsContents parseSafetensors(std::string_view bytes, const std::string& what) {
-  return readAll(what, bytes.size(), [&](uint64_t off, size_t n, void* dst) { std::memcpy(dst, bytes.data() + off, n); });
+  return readAll(what, bytes.size(),
+                 [&](uint64_t off, size_t n, void* dst) { std::memcpy(dst, bytes.data() + off, n); });
 }
 
 void saveSafetensors(const std::string& path, const TensorDict& tensors, const Metadata& metadata) {

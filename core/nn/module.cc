@@ -14,12 +14,8 @@ namespace cohort::nn {
 void HookHandle::remove() {
   auto table = table_.lock();
   if (!table) return;
-  std::erase_if(table->pre, [&](const auto& h) {
-    return h.first == id_;
-  });
-  std::erase_if(table->post, [&](const auto& h) {
-    return h.first == id_;
-  });
+  std::erase_if(table->pre, [&](const auto& h) { return h.first == id_; });
+  std::erase_if(table->post, [&](const auto& h) { return h.first == id_; });
   table_.reset();
 }
 
@@ -39,10 +35,8 @@ HookHandle Module::registerForwardPreHook(ForwardPreHook hook, bool prepend) {
   if (!hook) throw ValueError(fmt::format("{}.registerForwardPreHook: the hook is empty", name_));
   int id = hooks_->nextId++;
   auto entry = std::make_pair(id, std::move(hook));
-  if (prepend)
-    hooks_->pre.insert(hooks_->pre.begin(), std::move(entry));
-  else
-    hooks_->pre.push_back(std::move(entry));
+  if (prepend) hooks_->pre.insert(hooks_->pre.begin(), std::move(entry));
+  else hooks_->pre.push_back(std::move(entry));
   return HookHandle(hooks_, id);
 }
 
@@ -50,10 +44,8 @@ HookHandle Module::registerForwardHook(ForwardHook hook, bool prepend) {
   if (!hook) throw ValueError(fmt::format("{}.registerForwardHook: the hook is empty", name_));
   int id = hooks_->nextId++;
   auto entry = std::make_pair(id, std::move(hook));
-  if (prepend)
-    hooks_->post.insert(hooks_->post.begin(), std::move(entry));
-  else
-    hooks_->post.push_back(std::move(entry));
+  if (prepend) hooks_->post.insert(hooks_->post.begin(), std::move(entry));
+  else hooks_->post.push_back(std::move(entry));
   return HookHandle(hooks_, id);
 }
 
@@ -135,10 +127,9 @@ Tensor Module::registerParameter(const std::string& name, Tensor tensor, bool re
     throw ValueError(fmt::format("{}.registerParameter('{}'): parameters must be floating point, got {}", name_, name,
                                  tensor.dtype()));
   if (!tensor.isLeaf())
-    throw ValueError(
-        fmt::format("{}.registerParameter('{}'): the tensor has autograd history; register a leaf "
-                    "(detach() it first)",
-                    name_, name));
+    throw ValueError(fmt::format("{}.registerParameter('{}'): the tensor has autograd history; register a leaf "
+                                 "(detach() it first)",
+                                 name_, name));
   tensor.setRequiresGrad(requiresGrad);
   params_.insert(name, tensor);
   return tensor;

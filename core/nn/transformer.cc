@@ -36,16 +36,13 @@ CausalSelfAttention::CausalSelfAttention(int64_t nEmbd, int64_t nHead, int64_t b
 
 Tensor CausalSelfAttention::forward(const Tensor& x) {
   if (x.dim() != 3 || x.size(2) != nEmbd_ || x.size(1) > blockSize_ || x.size(1) < 1)
-    throw ValueError(
-        fmt::format("CausalSelfAttention(n_embd={}, n_head={}, block_size={}): expected input [B, T, {}] "
-                    "with 1 <= T <= {}, got {}",
-                    nEmbd_, nHead_, blockSize_, nEmbd_, blockSize_, shapeStr(x.sizes())));
+    throw ValueError(fmt::format("CausalSelfAttention(n_embd={}, n_head={}, block_size={}): expected input [B, T, {}] "
+                                 "with 1 <= T <= {}, got {}",
+                                 nEmbd_, nHead_, blockSize_, nEmbd_, blockSize_, shapeStr(x.sizes())));
   const int64_t B = x.size(0), T = x.size(1), C = nEmbd_, hs = C / nHead_;
   Tensor qkv = (*child("c_attn"))(x);  // [B, T, 3C]
   std::vector<Tensor> parts = qkv.split(C, 2);
-  auto heads = [&](const Tensor& t) {
-    return t.reshape({B, T, nHead_, hs}).transpose(1, 2);
-  };  // [B, nh, T, hs]
+  auto heads = [&](const Tensor& t) { return t.reshape({B, T, nHead_, hs}).transpose(1, 2); };  // [B, nh, T, hs]
   Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
   Tensor att = matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hs)));  // [B, nh, T, T]
   att = att + buffer("mask").slice(0, 0, T).slice(1, 0, T);
@@ -99,10 +96,8 @@ GPT::GPT(GPTConfig config, Generator* gen) : Module("GPT"), config_(config) {
                                  c.vocabSize, c.blockSize, c.nLayer));
   auto lmHead = std::make_shared<Linear>(c.nEmbd, c.vocabSize, /*bias=*/false, gen);
   auto transformer = registerModule("transformer", ModuleDict());
-  if (c.tieWeights)
-    transformer->insert("wte", Embedding(lmHead->weight()));
-  else
-    transformer->insert("wte", Embedding(c.vocabSize, c.nEmbd, gen));
+  if (c.tieWeights) transformer->insert("wte", Embedding(lmHead->weight()));
+  else transformer->insert("wte", Embedding(c.vocabSize, c.nEmbd, gen));
   transformer->insert("wpe", Embedding(c.blockSize, c.nEmbd, gen));
   transformer->insert("drop", Dropout(c.dropout, gen));
   auto h = transformer->insert("h", ModuleList());
@@ -175,9 +170,8 @@ Tensor GPT::generate(const Tensor& idx, int64_t maxNewTokens, double temperature
       double cutoff = -std::numeric_limits<double>::infinity();
       if (topK > 0 && topK < V) {
         std::iota(order.begin(), order.end(), int64_t{0});
-        std::nth_element(order.begin(), order.begin() + (topK - 1), order.end(), [&](int64_t a, int64_t c) {
-          return row[a] > row[c];
-        });
+        std::nth_element(order.begin(), order.begin() + (topK - 1), order.end(),
+                         [&](int64_t a, int64_t c) { return row[a] > row[c]; });
         cutoff = row[order[static_cast<size_t>(topK - 1)]];
       }
       double mx = -std::numeric_limits<double>::infinity();

@@ -57,11 +57,14 @@ Tensor silu(const Tensor& a) {
   Tensor out = detail::simd::unary(a, detail::simd::Unary::Silu);
   if (!out.defined()) out = detail::unaryFloatOp(a, "silu", [](auto x) COHORT_KERNEL_FN { return vm::silu(x); });
   autograd::record("silu", {a}, {out}, {a}, [](Ctx& ctx, const GradList& g) -> GradList {
-    return {detail::binaryFloatOp(g[0], ctx.saved(0), "silu backward", [](auto gv, auto x) COHORT_KERNEL_FN {
-      using A = decltype(gv);
-      const A s = vm::sigmoid(x);
-      return gv * s * (A(1) + x * (A(1) - s));
-    }, detail::kComputeBoundGrain)};
+    return {detail::binaryFloatOp(
+        g[0], ctx.saved(0), "silu backward",
+        [](auto gv, auto x) COHORT_KERNEL_FN {
+          using A = decltype(gv);
+          const A s = vm::sigmoid(x);
+          return gv * s * (A(1) + x * (A(1) - s));
+        },
+        detail::kComputeBoundGrain)};
   });
   return out;
 }
@@ -73,22 +76,28 @@ Tensor gelu(const Tensor& a, bool tanhApprox) {
                      : detail::unaryFloatOp(a, "gelu", [](auto x) COHORT_KERNEL_FN { return vm::geluErf(x); });
   autograd::record("gelu", {a}, {out}, {a}, [tanhApprox](Ctx& ctx, const GradList& g) -> GradList {
     if (tanhApprox)
-      return {detail::binaryFloatOp(g[0], ctx.saved(0), "gelu backward", [](auto gv, auto x) COHORT_KERNEL_FN {
-        using A = decltype(gv);
-        const A kBeta = A(0.79788456080286535588), kKappa = A(0.044715);
-        const A x2 = x * x;
-        const A t = vm::tanh(kBeta * (x + kKappa * x2 * x));
-        const A left = A(0.5) * x;
-        const A right = A(1) + t;
-        const A dRight = left * (A(1) - t * t) * kBeta * (A(1) + A(3) * kKappa * x2);
-        return gv * (A(0.5) * right + dRight);
-      }, detail::kComputeBoundGrain)};
-    return {detail::binaryFloatOp(g[0], ctx.saved(0), "gelu backward", [](auto gv, auto x) COHORT_KERNEL_FN {
-      using A = decltype(gv);
-      const A cdf = A(0.5) * (A(1) + vm::erf(x * A(0.70710678118654752440)));
-      const A pdf = vm::exp(A(-0.5) * x * x) * A(0.39894228040143267794);  // 1/sqrt(2 pi)
-      return gv * (cdf + x * pdf);
-    }, detail::kComputeBoundGrain)};
+      return {detail::binaryFloatOp(
+          g[0], ctx.saved(0), "gelu backward",
+          [](auto gv, auto x) COHORT_KERNEL_FN {
+            using A = decltype(gv);
+            const A kBeta = A(0.79788456080286535588), kKappa = A(0.044715);
+            const A x2 = x * x;
+            const A t = vm::tanh(kBeta * (x + kKappa * x2 * x));
+            const A left = A(0.5) * x;
+            const A right = A(1) + t;
+            const A dRight = left * (A(1) - t * t) * kBeta * (A(1) + A(3) * kKappa * x2);
+            return gv * (A(0.5) * right + dRight);
+          },
+          detail::kComputeBoundGrain)};
+    return {detail::binaryFloatOp(
+        g[0], ctx.saved(0), "gelu backward",
+        [](auto gv, auto x) COHORT_KERNEL_FN {
+          using A = decltype(gv);
+          const A cdf = A(0.5) * (A(1) + vm::erf(x * A(0.70710678118654752440)));
+          const A pdf = vm::exp(A(-0.5) * x * x) * A(0.39894228040143267794);  // 1/sqrt(2 pi)
+          return gv * (cdf + x * pdf);
+        },
+        detail::kComputeBoundGrain)};
   });
   return out;
 }

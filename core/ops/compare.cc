@@ -56,10 +56,11 @@ inline A minValue(A x, A y) {
 // `wins(x, y)` says whether x is the selected one.
 template <typename Wins>
 Tensor maxMinGrad(const Tensor& g, const Tensor& x, const Tensor& y, Wins wins) {
-  return detail::ternaryFloatOp(g, x, y, "maximum/minimum backward", [wins](auto gv, auto xv, auto yv) COHORT_KERNEL_FN {
-    using A = decltype(gv);
-    return xv == yv ? gv * A(0.5) : (wins(xv, yv) ? gv : A(0));
-  });
+  return detail::ternaryFloatOp(g, x, y, "maximum/minimum backward",
+                                [wins](auto gv, auto xv, auto yv) COHORT_KERNEL_FN {
+                                  using A = decltype(gv);
+                                  return xv == yv ? gv * A(0.5) : (wins(xv, yv) ? gv : A(0));
+                                });
 }
 
 Tensor maxMin(const Tensor& a, const Tensor& b, bool isMax) {
@@ -97,24 +98,27 @@ void whereKernel(const Tensor& out, const Tensor& cond, const Tensor& a, const T
                             static_cast<char*>(a.dataPtr()), static_cast<char*>(b.dataPtr())};
   std::array<Shape, 4> strides{detail::broadcastByteStrides(out, shape), detail::broadcastByteStrides(cond, shape),
                                detail::broadcastByteStrides(a, shape), detail::broadcastByteStrides(b, shape)};
-  detail::forEachStrided<4>(shape, ptrs, strides, [](std::array<char*, 4> p, const std::array<int64_t, 4>& s, int64_t n) {
-    if (s[0] == sizeof(T) && s[1] == 1 && s[2] == sizeof(T) && s[3] == sizeof(T)) {
-      T* o = reinterpret_cast<T*>(p[0]);
-      const uint8_t* c = reinterpret_cast<const uint8_t*>(p[1]);  // bool storage; uint8 vectorizes
-      const T* x = reinterpret_cast<const T*>(p[2]);
-      const T* y = reinterpret_cast<const T*>(p[3]);
-      // Both loads unconditional, so the select is branch-free and vectorizes.
-      for (int64_t i = 0; i < n; ++i) {
-        const T xv = x[i], yv = y[i];
-        o[i] = c[i] != 0 ? xv : yv;
-      }
-    } else {
-      for (int64_t i = 0; i < n; ++i)
-        *reinterpret_cast<T*>(p[0] + i * s[0]) = *reinterpret_cast<const bool*>(p[1] + i * s[1])
-                                                     ? *reinterpret_cast<const T*>(p[2] + i * s[2])
-                                                     : *reinterpret_cast<const T*>(p[3] + i * s[3]);
-    }
-  });
+  detail::forEachStrided<4>(shape, ptrs, strides,
+                            [](std::array<char*, 4> p, const std::array<int64_t, 4>& s, int64_t n) {
+                              if (s[0] == sizeof(T) && s[1] == 1 && s[2] == sizeof(T) && s[3] == sizeof(T)) {
+                                T* o = reinterpret_cast<T*>(p[0]);
+                                const uint8_t* c =
+                                    reinterpret_cast<const uint8_t*>(p[1]);  // bool storage; uint8 vectorizes
+                                const T* x = reinterpret_cast<const T*>(p[2]);
+                                const T* y = reinterpret_cast<const T*>(p[3]);
+                                // Both loads unconditional, so the select is branch-free and vectorizes.
+                                for (int64_t i = 0; i < n; ++i) {
+                                  const T xv = x[i], yv = y[i];
+                                  o[i] = c[i] != 0 ? xv : yv;
+                                }
+                              } else {
+                                for (int64_t i = 0; i < n; ++i)
+                                  *reinterpret_cast<T*>(p[0] + i * s[0]) =
+                                      *reinterpret_cast<const bool*>(p[1] + i * s[1])
+                                          ? *reinterpret_cast<const T*>(p[2] + i * s[2])
+                                          : *reinterpret_cast<const T*>(p[3] + i * s[3]);
+                              }
+                            });
 }
 
 Tensor whereRaw(const Tensor& cond, const Tensor& a, const Tensor& b, DType dt, const Shape& shape) {

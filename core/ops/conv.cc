@@ -162,8 +162,8 @@ GradList convBackward(const Tensor& x, const Tensor& w, const Tensor& gout, cons
             col = colBuf.data();
           }
           // dW_g[Coutg, K] += gout_g[Coutg, P] @ col^T
-          gemm<T>(blas::Trans::No, blas::Trans::Yes, coutg, K, P, go, P, col, P, T(1),
-                  gw.data<T>() + grp * coutg * K, K);
+          gemm<T>(blas::Trans::No, blas::Trans::Yes, coutg, K, P, go, P, col, P, T(1), gw.data<T>() + grp * coutg * K,
+                  K);
         }
         if (needX) {
           T* gxin = gx.data<T>() + (n * g.cin + grp * cg) * g.h * g.w;
@@ -197,11 +197,11 @@ struct PoolGeom {
 PoolGeom poolGeometry(const Tensor& x, const Pool2dOptions& o, const char* op) {
   if (!x.defined()) throw ValueError(fmt::format("{}: the input tensor is undefined", op));
   if (x.dim() != 3 && x.dim() != 4)
-    throw ValueError(fmt::format("{}: expects a 3-D [C, H, W] or 4-D [N, C, H, W] input, got shape {}", op,
-                                 shapeStr(x.sizes())));
+    throw ValueError(
+        fmt::format("{}: expects a 3-D [C, H, W] or 4-D [N, C, H, W] input, got shape {}", op, shapeStr(x.sizes())));
   if (!isFloating(x.dtype()))
-    throw ValueError(fmt::format("{}: expects a floating-point input, got {} (shape {})", op, x.dtype(),
-                                 shapeStr(x.sizes())));
+    throw ValueError(
+        fmt::format("{}: expects a floating-point input, got {} (shape {})", op, x.dtype(), shapeStr(x.sizes())));
   PoolGeom g;
   g.kh = o.kernel.first;
   g.kw = o.kernel.second;
@@ -349,27 +349,28 @@ Tensor maxPool2d(const Tensor& input, const Pool2dOptions& opts) {
     });
   }
   Shape inShape = input.sizes();
-  autograd::record("maxPool2d", {input}, {out}, {argmax}, [g, inShape, dt](Ctx& ctx, const GradList& grads) -> GradList {
-    // Overlapping windows may route several gradients to one input: accumulate in the compute
-    // type and round once.
-    const DType ct = computeType(dt);
-    Tensor gi = zeros(inShape, {.dtype = ct});
-    Tensor go = grads[0].to(ct).contiguous();
-    Tensor am = ctx.saved(0);
-    auto run = [&]<typename A>() {
-      const A* pg = go.data<A>();
-      const int64_t* pa = am.data<int64_t>();
-      A* px = gi.data<A>();
-      const int64_t per = g.ho * g.wo;
-      for (int64_t p = 0; p < g.planes; ++p) {
-        A* plane = px + p * g.h * g.w;
-        for (int64_t i = 0; i < per; ++i) plane[pa[p * per + i]] += pg[p * per + i];
-      }
-    };
-    if (ct == DType::Float64) run.template operator()<double>();
-    else run.template operator()<float>();
-    return {gi.to(dt)};
-  });
+  autograd::record("maxPool2d", {input}, {out}, {argmax},
+                   [g, inShape, dt](Ctx& ctx, const GradList& grads) -> GradList {
+                     // Overlapping windows may route several gradients to one input: accumulate in the compute
+                     // type and round once.
+                     const DType ct = computeType(dt);
+                     Tensor gi = zeros(inShape, {.dtype = ct});
+                     Tensor go = grads[0].to(ct).contiguous();
+                     Tensor am = ctx.saved(0);
+                     auto run = [&]<typename A>() {
+                       const A* pg = go.data<A>();
+                       const int64_t* pa = am.data<int64_t>();
+                       A* px = gi.data<A>();
+                       const int64_t per = g.ho * g.wo;
+                       for (int64_t p = 0; p < g.planes; ++p) {
+                         A* plane = px + p * g.h * g.w;
+                         for (int64_t i = 0; i < per; ++i) plane[pa[p * per + i]] += pg[p * per + i];
+                       }
+                     };
+                     if (ct == DType::Float64) run.template operator()<double>();
+                     else run.template operator()<float>();
+                     return {gi.to(dt)};
+                   });
   return out;
 }
 

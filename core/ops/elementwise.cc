@@ -37,8 +37,8 @@ Shape broadcastShapes3(const Shape& a, const Shape& b, const Shape& c, const cha
     return true;
   };
   if (!broadcastable(a, b) || !broadcastable(a, c) || !broadcastable(b, c))
-    throw ValueError(fmt::format("{}: shapes {}, {} and {} do not broadcast together", op, shapeStr(a), shapeStr(b),
-                                 shapeStr(c)));
+    throw ValueError(
+        fmt::format("{}: shapes {}, {} and {} do not broadcast together", op, shapeStr(a), shapeStr(b), shapeStr(c)));
   return broadcastShapes(broadcastShapes(a, b, op), c, op);
 }
 
@@ -58,7 +58,8 @@ Tensor add(const Tensor& a, const Tensor& b, Scalar alpha) {
   if (unitAlpha) {
     out = detail::binaryOp(a, b, "add", [](auto x, auto y) COHORT_KERNEL_FN { return x + y; });
   } else {
-    out = detail::binaryOpWithScalar(a, b, alpha, "add", [](auto x, auto y, auto s) COHORT_KERNEL_FN { return x + s * y; });
+    out = detail::binaryOpWithScalar(a, b, alpha, "add",
+                                     [](auto x, auto y, auto s) COHORT_KERNEL_FN { return x + s * y; });
   }
   double al = alpha.toDouble();
   autograd::record("add", {a, b}, {out}, {}, [al](Ctx&, const GradList& g) -> GradList {
@@ -74,7 +75,8 @@ Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) {
   if (alpha.toDouble() == 1.0) {
     out = detail::binaryOp(a, b, "sub", [](auto x, auto y) COHORT_KERNEL_FN { return x - y; });
   } else {
-    out = detail::binaryOpWithScalar(a, b, alpha, "sub", [](auto x, auto y, auto s) COHORT_KERNEL_FN { return x - s * y; });
+    out = detail::binaryOpWithScalar(a, b, alpha, "sub",
+                                     [](auto x, auto y, auto s) COHORT_KERNEL_FN { return x - s * y; });
   }
   double al = alpha.toDouble();
   autograd::record("sub", {a, b}, {out}, {}, [al](Ctx&, const GradList& g) -> GradList {
@@ -211,7 +213,8 @@ bool smallIntPowKernel(const Tensor& out, const Tensor& x, double e) {
              done = true)
           : false),
      ...);
-  }(std::make_integer_sequence<int, 2 * kMax + 1>{});
+  }
+  (std::make_integer_sequence<int, 2 * kMax + 1>{});
   return done;
 }
 
@@ -241,11 +244,11 @@ Tensor powScalarKernel(const Tensor& x, double e) {
       // The exponent's special-case flags and its float-pair split are computed once, not per
       // element; the double exponent's low part is kept (x^1.7 is not x^1.7f).
       const vm::PowExponent pe(e);
-      detail::mapKernel<T, T, 1>(out, {x}, [pe](A v) COHORT_KERNEL_FN { return vm::pow(v, pe); },
-                                 detail::kComputeBoundGrain);
+      detail::mapKernel<T, T, 1>(
+          out, {x}, [pe](A v) COHORT_KERNEL_FN { return vm::pow(v, pe); }, detail::kComputeBoundGrain);
     } else {
-      detail::mapKernel<T, T, 1>(out, {x}, [e](A v) COHORT_KERNEL_FN { return vm::pow(v, e); },
-                                 detail::kComputeBoundGrain);
+      detail::mapKernel<T, T, 1>(
+          out, {x}, [e](A v) COHORT_KERNEL_FN { return vm::pow(v, e); }, detail::kComputeBoundGrain);
     }
   });
   return out;
@@ -293,26 +296,32 @@ Tensor pow(const Tensor& a, const Tensor& b) {
   Tensor out = detail::simd::powTensor(a, b);  // AVX-512 where the CPU has it and the operands fit
   if (!out.defined())
     out = detail::binaryOp(
-      a, b, "pow",
-      [](auto x, auto y) COHORT_KERNEL_FN {
-        if constexpr (std::is_floating_point_v<decltype(x)>) return vm::pow(x, y);
-        else return intPow(x, y);
-      },
-      detail::kComputeBoundGrain);
+        a, b, "pow",
+        [](auto x, auto y) COHORT_KERNEL_FN {
+          if constexpr (std::is_floating_point_v<decltype(x)>) return vm::pow(x, y);
+          else return intPow(x, y);
+        },
+        detail::kComputeBoundGrain);
   autograd::record("pow", {a, b}, {out}, {a, b}, [](Ctx& ctx, const GradList& g) -> GradList {
     GradList r(2);
     Tensor x = ctx.saved(0), y = ctx.saved(1);
     // d/da = b a^(b-1) (0 where b == 0); d/db = a^b log(a) (0 where a == 0 and b >= 0), as torch.
     if (ctx.needsInputGrad(0))
-      r[0] = detail::ternaryFloatOp(g[0], x, y, "pow backward", [](auto gv, auto xv, auto yv) COHORT_KERNEL_FN {
-        using A = decltype(gv);
-        return yv == A(0) ? A(0) : gv * yv * vm::pow(xv, yv - A(1));
-      }, detail::kComputeBoundGrain);
+      r[0] = detail::ternaryFloatOp(
+          g[0], x, y, "pow backward",
+          [](auto gv, auto xv, auto yv) COHORT_KERNEL_FN {
+            using A = decltype(gv);
+            return yv == A(0) ? A(0) : gv * yv * vm::pow(xv, yv - A(1));
+          },
+          detail::kComputeBoundGrain);
     if (ctx.needsInputGrad(1))
-      r[1] = detail::ternaryFloatOp(g[0], x, y, "pow backward", [](auto gv, auto xv, auto yv) COHORT_KERNEL_FN {
-        using A = decltype(gv);
-        return (xv == A(0)) & (yv >= A(0)) ? A(0) : gv * vm::pow(xv, yv) * vm::log(xv);
-      }, detail::kComputeBoundGrain);
+      r[1] = detail::ternaryFloatOp(
+          g[0], x, y, "pow backward",
+          [](auto gv, auto xv, auto yv) COHORT_KERNEL_FN {
+            using A = decltype(gv);
+            return (xv == A(0)) & (yv >= A(0)) ? A(0) : gv * vm::pow(xv, yv) * vm::log(xv);
+          },
+          detail::kComputeBoundGrain);
     return r;
   });
   return out;
@@ -323,18 +332,16 @@ Tensor pow(const Tensor& a, const Tensor& b) {
 Tensor exp(const Tensor& a) {
   Tensor out = detail::simd::unary(a, detail::simd::Unary::Exp);
   if (!out.defined()) out = detail::unaryFloatOp(a, "exp", [](auto x) COHORT_KERNEL_FN { return vm::exp(x); });
-  autograd::record("exp", {a}, {out}, {out}, [](Ctx& ctx, const GradList& g) -> GradList {
-    return {g[0] * ctx.saved(0)};
-  });
+  autograd::record("exp", {a}, {out}, {out},
+                   [](Ctx& ctx, const GradList& g) -> GradList { return {g[0] * ctx.saved(0)}; });
   return out;
 }
 
 Tensor log(const Tensor& a) {
   Tensor out = detail::simd::unary(a, detail::simd::Unary::Log);
   if (!out.defined()) out = detail::unaryFloatOp(a, "log", [](auto x) COHORT_KERNEL_FN { return vm::log(x); });
-  autograd::record("log", {a}, {out}, {a}, [](Ctx& ctx, const GradList& g) -> GradList {
-    return {g[0] / ctx.saved(0)};
-  });
+  autograd::record("log", {a}, {out}, {a},
+                   [](Ctx& ctx, const GradList& g) -> GradList { return {g[0] / ctx.saved(0)}; });
   return out;
 }
 
@@ -393,7 +400,8 @@ void clampKernel(const Tensor& out, const Tensor& x, const std::optional<Scalar>
   COHORT_DISPATCH_NUMERIC(out.dtype(), op, [&]<typename T>() {
     using A = Acc<T>;
     const A l = lo ? lo->to<A>() : A(0), h = hi ? hi->to<A>() : A(0);
-    if (lo && hi) mapKernel<T, T, 1>(out, {x}, [l, h](A v) COHORT_KERNEL_FN { return clampValue(v, l, h, true, true); });
+    if (lo && hi)
+      mapKernel<T, T, 1>(out, {x}, [l, h](A v) COHORT_KERNEL_FN { return clampValue(v, l, h, true, true); });
     else if (lo) mapKernel<T, T, 1>(out, {x}, [l](A v) COHORT_KERNEL_FN { return v < l ? l : v; });
     else mapKernel<T, T, 1>(out, {x}, [h](A v) COHORT_KERNEL_FN { return v > h ? h : v; });
   });

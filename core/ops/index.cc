@@ -23,8 +23,8 @@ void requireDefined(const Tensor& t, const char* op, const char* what) {
 
 void requireIndexDType(const Tensor& index, const char* op) {
   if (index.dtype() != DType::Int64 && index.dtype() != DType::Int32)
-    throw ValueError(fmt::format("{}: index must be int64 or int32, got {} (shape {})", op, index.dtype(),
-                                 shapeStr(index.sizes())));
+    throw ValueError(
+        fmt::format("{}: index must be int64 or int32, got {} (shape {})", op, index.dtype(), shapeStr(index.sizes())));
 }
 
 // Checks every value of a contiguous index array against [0, size).
@@ -89,7 +89,8 @@ Tensor indexAddIntoZeros(const Shape& shape, DType dt, int64_t dim, const Tensor
         for (int64_t i = 0; i < n; ++i) {
           T* d = dst + (o * len + static_cast<int64_t>(idx[i])) * inner;
           const T* s = src + (o * n + i) * inner;
-          for (int64_t r = 0; r < inner; ++r) d[r] = static_cast<T>(static_cast<Acc<T>>(d[r]) + static_cast<Acc<T>>(s[r]));
+          for (int64_t r = 0; r < inner; ++r)
+            d[r] = static_cast<T>(static_cast<Acc<T>>(d[r]) + static_cast<Acc<T>>(s[r]));
         }
     });
   });
@@ -238,9 +239,8 @@ Tensor triangle(const Tensor& a, int64_t k, bool lower) {
     autograd::NoGradGuard ng;
     out = triangleKernel(a, k, lower);
   }
-  autograd::record(op, {a}, {out}, {}, [k, lower](Ctx&, const GradList& g) -> GradList {
-    return {triangleKernel(g[0], k, lower)};
-  });
+  autograd::record(op, {a}, {out}, {},
+                   [k, lower](Ctx&, const GradList& g) -> GradList { return {triangleKernel(g[0], k, lower)}; });
   return out;
 }
 
@@ -258,8 +258,8 @@ Tensor indexSelect(const Tensor& a, int64_t dim, const Tensor& index) {
   if (a.dim() == 0) {
     // A 0-d input behaves as one element along dim 0; the result stays 0-d (as in torch).
     if (index.numel() != 1)
-      throw ValueError(fmt::format("indexSelect: a 0-d input needs exactly one index, got shape {}",
-                                   shapeStr(index.sizes())));
+      throw ValueError(
+          fmt::format("indexSelect: a 0-d input needs exactly one index, got shape {}", shapeStr(index.sizes())));
     autograd::NoGradGuard ng;
     out = indexSelectKernel(a.reshape({1}), 0, index.reshape({1})).reshape({});
   } else {
@@ -318,25 +318,24 @@ Tensor scatterAdd(const Tensor& a, int64_t dim, const Tensor& index, const Tenso
     scatterAddInto(out, dim, index, src, "scatterAdd");
   }
   Shape srcShape = src.sizes();
-  autograd::record("scatterAdd", {a, src}, {out}, {index},
-                   [dim, srcShape](Ctx& ctx, const GradList& g) -> GradList {
-                     GradList r(2);
-                     if (ctx.needsInputGrad(0)) r[0] = g[0];
-                     if (ctx.needsInputGrad(1)) {
-                       Tensor idx = ctx.saved(0);
-                       Tensor gs = gatherKernel(g[0], dim, idx);
-                       if (gs.sizes() != srcShape) {
-                         // src is larger than index: its elements outside index's extent got no use.
-                         Tensor full = zeros(srcShape, {.dtype = gs.dtype()});
-                         Tensor region = full;
-                         for (int64_t d = 0; d < idx.dim(); ++d) region = region.narrow(d, 0, idx.sizes()[d]);
-                         region.copy_(gs);
-                         gs = full;
-                       }
-                       r[1] = gs;
-                     }
-                     return r;
-                   });
+  autograd::record("scatterAdd", {a, src}, {out}, {index}, [dim, srcShape](Ctx& ctx, const GradList& g) -> GradList {
+    GradList r(2);
+    if (ctx.needsInputGrad(0)) r[0] = g[0];
+    if (ctx.needsInputGrad(1)) {
+      Tensor idx = ctx.saved(0);
+      Tensor gs = gatherKernel(g[0], dim, idx);
+      if (gs.sizes() != srcShape) {
+        // src is larger than index: its elements outside index's extent got no use.
+        Tensor full = zeros(srcShape, {.dtype = gs.dtype()});
+        Tensor region = full;
+        for (int64_t d = 0; d < idx.dim(); ++d) region = region.narrow(d, 0, idx.sizes()[d]);
+        region.copy_(gs);
+        gs = full;
+      }
+      r[1] = gs;
+    }
+    return r;
+  });
   return out;
 }
 
@@ -344,8 +343,8 @@ Tensor maskedFill(const Tensor& a, const Tensor& mask, Scalar value) {
   requireDefined(a, "maskedFill", "input");
   requireDefined(mask, "maskedFill", "mask");
   if (mask.dtype() != DType::Bool)
-    throw ValueError(fmt::format("maskedFill: mask must be bool, got {} (shape {})", mask.dtype(),
-                                 shapeStr(mask.sizes())));
+    throw ValueError(
+        fmt::format("maskedFill: mask must be bool, got {} (shape {})", mask.dtype(), shapeStr(mask.sizes())));
   Shape shape = broadcastShapes(a.sizes(), mask.sizes(), "maskedFill");
   Tensor out = empty(shape, {.dtype = a.dtype(), .device = a.device()});
   if (out.numel() > 0) {
@@ -355,26 +354,28 @@ Tensor maskedFill(const Tensor& a, const Tensor& mask, Scalar value) {
                                 static_cast<char*>(mask.dataPtr())};
       std::array<Shape, 3> st{detail::broadcastByteStrides(out, shape), detail::broadcastByteStrides(a, shape),
                               detail::broadcastByteStrides(mask, shape)};
-      detail::forEachStrided<3>(shape, ptrs, st, [&](std::array<char*, 3> p, const std::array<int64_t, 3>& s, int64_t n) {
-        T* o = reinterpret_cast<T*>(p[0]);
-        const T* x = reinterpret_cast<const T*>(p[1]);
-        const bool* m = reinterpret_cast<const bool*>(p[2]);
-        if (s[0] == sizeof(T) && s[1] == sizeof(T) && s[2] == 1) {
-          for (int64_t i = 0; i < n; ++i) o[i] = m[i] ? v : x[i];
-        } else if (s[0] == sizeof(T) && s[1] == sizeof(T) && s[2] == 0) {
-          if (m[0]) std::fill(o, o + n, v);
-          else std::memcpy(o, x, static_cast<size_t>(n) * sizeof(T));
-        } else {
-          for (int64_t i = 0; i < n; ++i)
-            *reinterpret_cast<T*>(p[0] + i * s[0]) =
-                *reinterpret_cast<const bool*>(p[2] + i * s[2]) ? v : *reinterpret_cast<const T*>(p[1] + i * s[1]);
-        }
-      });
+      detail::forEachStrided<3>(shape, ptrs, st,
+                                [&](std::array<char*, 3> p, const std::array<int64_t, 3>& s, int64_t n) {
+                                  T* o = reinterpret_cast<T*>(p[0]);
+                                  const T* x = reinterpret_cast<const T*>(p[1]);
+                                  const bool* m = reinterpret_cast<const bool*>(p[2]);
+                                  if (s[0] == sizeof(T) && s[1] == sizeof(T) && s[2] == 1) {
+                                    for (int64_t i = 0; i < n; ++i) o[i] = m[i] ? v : x[i];
+                                  } else if (s[0] == sizeof(T) && s[1] == sizeof(T) && s[2] == 0) {
+                                    if (m[0]) std::fill(o, o + n, v);
+                                    else std::memcpy(o, x, static_cast<size_t>(n) * sizeof(T));
+                                  } else {
+                                    for (int64_t i = 0; i < n; ++i)
+                                      *reinterpret_cast<T*>(p[0] + i * s[0]) =
+                                          *reinterpret_cast<const bool*>(p[2] + i * s[2])
+                                              ? v
+                                              : *reinterpret_cast<const T*>(p[1] + i * s[1]);
+                                  }
+                                });
     });
   }
-  autograd::record("maskedFill", {a}, {out}, {mask}, [](Ctx& ctx, const GradList& g) -> GradList {
-    return {maskedFill(g[0], ctx.saved(0), 0)};
-  });
+  autograd::record("maskedFill", {a}, {out}, {mask},
+                   [](Ctx& ctx, const GradList& g) -> GradList { return {maskedFill(g[0], ctx.saved(0), 0)}; });
   return out;
 }
 
@@ -393,8 +394,9 @@ Tensor oneHot(const Tensor& indices, int64_t numClasses) {
     int64_t maxLabel = -1;
     for (int64_t i = 0; i < n; ++i) {
       int64_t v = static_cast<int64_t>(idx[i]);
-      if (v < 0) throw IndexError(fmt::format("oneHot: label {} at position {} is negative (shape {})", v, i,
-                                              shapeStr(indices.sizes())));
+      if (v < 0)
+        throw IndexError(
+            fmt::format("oneHot: label {} at position {} is negative (shape {})", v, i, shapeStr(indices.sizes())));
       maxLabel = std::max(maxLabel, v);
     }
     int64_t c = numClasses;

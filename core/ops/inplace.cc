@@ -32,7 +32,8 @@ void precheck(const char* op, const Tensor& self, std::initializer_list<const Te
   for (const Tensor* o : others) {
     if (!o->defined()) throw ValueError(fmt::format("{}: an operand tensor is undefined", op));
     if (o->device() != self.device())
-      throw ValueError(fmt::format("{}: operands are on different devices ({} and {})", op, self.device(), o->device()));
+      throw ValueError(
+          fmt::format("{}: operands are on different devices ({} and {})", op, self.device(), o->device()));
     if (broadcastShapes(o->sizes(), self.sizes(), op) != self.sizes())
       throw ValueError(fmt::format("{}: an operand of shape {} would broadcast the tensor of shape {} modified in "
                                    "place to shape {}",
@@ -105,7 +106,9 @@ Tensor& Tensor::add_(const Tensor& o, Scalar alpha) {
   DType dt = withScalar(promoteTypes(dtype(), o.dtype()), alpha);
   double al = alpha.toDouble();
   if (al == 1.0) applyInplace<1>(*this, {o}, dt, "add_", [](auto x, auto y) COHORT_KERNEL_FN { return x + y; });
-  else applyInplace<1>(*this, {o}, dt, "add_", [al](auto x, auto y) COHORT_KERNEL_FN { return x + static_cast<decltype(x)>(al) * y; });
+  else
+    applyInplace<1>(*this, {o}, dt, "add_",
+                    [al](auto x, auto y) COHORT_KERNEL_FN { return x + static_cast<decltype(x)>(al) * y; });
   autograd::recordInplace("add_", *this, {o}, {}, [al](Ctx&, const GradList& g) -> GradList {
     return {g[0], al == 1.0 ? g[0] : g[0] * al};
   });
@@ -128,7 +131,9 @@ Tensor& Tensor::sub_(const Tensor& o, Scalar alpha) {
   DType dt = withScalar(promoteTypes(dtype(), o.dtype()), alpha);
   double al = alpha.toDouble();
   if (al == 1.0) applyInplace<1>(*this, {o}, dt, "sub_", [](auto x, auto y) COHORT_KERNEL_FN { return x - y; });
-  else applyInplace<1>(*this, {o}, dt, "sub_", [al](auto x, auto y) COHORT_KERNEL_FN { return x - static_cast<decltype(x)>(al) * y; });
+  else
+    applyInplace<1>(*this, {o}, dt, "sub_",
+                    [al](auto x, auto y) COHORT_KERNEL_FN { return x - static_cast<decltype(x)>(al) * y; });
   autograd::recordInplace("sub_", *this, {o}, {}, [al](Ctx&, const GradList& g) -> GradList {
     return {g[0], g[0] * (-al)};
   });
@@ -235,7 +240,8 @@ Tensor& Tensor::lerp_(const Tensor& end, Scalar weight) {
   double w = weight.toDouble();
   // torch's formula: from the nearer end, so weight 1 gives exactly `end`.
   if (std::abs(w) < 0.5)
-    applyInplace<1>(*this, {end}, dt, "lerp_", [w](auto x, auto e) COHORT_KERNEL_FN { return x + static_cast<decltype(x)>(w) * (e - x); });
+    applyInplace<1>(*this, {end}, dt, "lerp_",
+                    [w](auto x, auto e) COHORT_KERNEL_FN { return x + static_cast<decltype(x)>(w) * (e - x); });
   else
     applyInplace<1>(*this, {end}, dt, "lerp_", [w](auto x, auto e) COHORT_KERNEL_FN {
       using A = decltype(x);
@@ -276,7 +282,8 @@ Tensor& Tensor::sqrt_() {
     else return x;  // unreachable: checkCast refused non-floating tensors
   });
   autograd::recordInplace("sqrt_", *this, {}, {*this}, [](Ctx& ctx, const GradList& g) -> GradList {
-    return {detail::binaryFloatOp(g[0], ctx.saved(0), "sqrt_ backward", [](auto gv, auto y) COHORT_KERNEL_FN { return gv / (y + y); })};
+    return {detail::binaryFloatOp(g[0], ctx.saved(0), "sqrt_ backward",
+                                  [](auto gv, auto y) COHORT_KERNEL_FN { return gv / (y + y); })};
   });
   return *this;
 }
@@ -293,17 +300,21 @@ Tensor& Tensor::maskedFill_(const Tensor& mask, Scalar value) {
       const Shape& shape = sizes();
       if (numel() == 0) return;
       std::array<char*, 2> ptrs{static_cast<char*>(dataPtr()), static_cast<char*>(mask.dataPtr())};
-      std::array<Shape, 2> strides{detail::broadcastByteStrides(*this, shape), detail::broadcastByteStrides(mask, shape)};
-      detail::forEachStrided<2>(shape, ptrs, strides, [v](std::array<char*, 2> p, const std::array<int64_t, 2>& s, int64_t n) {
-        if (s[0] == sizeof(T) && s[1] == 1) {
-          T* o = reinterpret_cast<T*>(p[0]);
-          const uint8_t* m = reinterpret_cast<const uint8_t*>(p[1]);  // bool storage; uint8 vectorizes
-          for (int64_t i = 0; i < n; ++i) o[i] = m[i] != 0 ? v : o[i];
-        } else {
-          for (int64_t i = 0; i < n; ++i)
-            if (*reinterpret_cast<const bool*>(p[1] + i * s[1])) *reinterpret_cast<T*>(p[0] + i * s[0]) = v;
-        }
-      });
+      std::array<Shape, 2> strides{detail::broadcastByteStrides(*this, shape),
+                                   detail::broadcastByteStrides(mask, shape)};
+      detail::forEachStrided<2>(shape, ptrs, strides,
+                                [v](std::array<char*, 2> p, const std::array<int64_t, 2>& s, int64_t n) {
+                                  if (s[0] == sizeof(T) && s[1] == 1) {
+                                    T* o = reinterpret_cast<T*>(p[0]);
+                                    const uint8_t* m =
+                                        reinterpret_cast<const uint8_t*>(p[1]);  // bool storage; uint8 vectorizes
+                                    for (int64_t i = 0; i < n; ++i) o[i] = m[i] != 0 ? v : o[i];
+                                  } else {
+                                    for (int64_t i = 0; i < n; ++i)
+                                      if (*reinterpret_cast<const bool*>(p[1] + i * s[1]))
+                                        *reinterpret_cast<T*>(p[0] + i * s[0]) = v;
+                                  }
+                                });
     });
   }
   autograd::recordInplace("maskedFill_", *this, {mask}, {mask}, [](Ctx& ctx, const GradList& g) -> GradList {

@@ -79,7 +79,8 @@ void gemmInto(const Tensor& a, const Tensor& b, Tensor& c, double alpha, double 
         Acc<T> s = 0;
         for (int64_t p = 0; p < k; ++p) s += static_cast<Acc<T>>(pa[i * k + p]) * static_cast<Acc<T>>(pb[p * n + j]);
         Acc<T> prev = beta == 0 ? Acc<T>(0) : static_cast<Acc<T>>(pc[i * n + j]);
-        pc[i * n + j] = static_cast<T>(static_cast<Acc<T>>(alpha * static_cast<double>(s) + beta * static_cast<double>(prev)));
+        pc[i * n + j] =
+            static_cast<T>(static_cast<Acc<T>>(alpha * static_cast<double>(s) + beta * static_cast<double>(prev)));
       }
   });
 }
@@ -87,8 +88,8 @@ void gemmInto(const Tensor& a, const Tensor& b, Tensor& c, double alpha, double 
 void checkFloatOrSame(const Tensor& a, const Tensor& b, const char* op) {
   if (!a.defined() || !b.defined()) throw ValueError(fmt::format("{}: an input is undefined", op));
   if (a.dtype() != b.dtype())
-    throw ValueError(fmt::format("{}: expected both inputs to have the same dtype, got {} and {}", op, a.dtype(),
-                                 b.dtype()));
+    throw ValueError(
+        fmt::format("{}: expected both inputs to have the same dtype, got {} and {}", op, a.dtype(), b.dtype()));
 }
 
 }  // namespace
@@ -96,8 +97,8 @@ void checkFloatOrSame(const Tensor& a, const Tensor& b, const char* op) {
 Tensor mm(const Tensor& a, const Tensor& b) {
   checkFloatOrSame(a, b, "mm");
   if (a.dim() != 2 || b.dim() != 2)
-    throw ValueError(fmt::format("mm: expects 2-D tensors, got shapes {} and {}", shapeStr(a.sizes()),
-                                 shapeStr(b.sizes())));
+    throw ValueError(
+        fmt::format("mm: expects 2-D tensors, got shapes {} and {}", shapeStr(a.sizes()), shapeStr(b.sizes())));
   if (a.size(1) != b.size(0))
     throw ValueError(fmt::format("mm: shapes {} and {} cannot be multiplied ({} != {})", shapeStr(a.sizes()),
                                  shapeStr(b.sizes()), a.size(1), b.size(0)));
@@ -118,10 +119,11 @@ Tensor mm(const Tensor& a, const Tensor& b) {
 Tensor bmm(const Tensor& a, const Tensor& b) {
   checkFloatOrSame(a, b, "bmm");
   if (a.dim() != 3 || b.dim() != 3)
-    throw ValueError(fmt::format("bmm: expects 3-D tensors, got shapes {} and {}", shapeStr(a.sizes()),
-                                 shapeStr(b.sizes())));
+    throw ValueError(
+        fmt::format("bmm: expects 3-D tensors, got shapes {} and {}", shapeStr(a.sizes()), shapeStr(b.sizes())));
   if (a.size(0) != b.size(0) || a.size(2) != b.size(1))
-    throw ValueError(fmt::format("bmm: shapes {} and {} cannot be multiplied", shapeStr(a.sizes()), shapeStr(b.sizes())));
+    throw ValueError(
+        fmt::format("bmm: shapes {} and {} cannot be multiplied", shapeStr(a.sizes()), shapeStr(b.sizes())));
   int64_t batch = a.size(0);
   Tensor c = empty({batch, a.size(1), b.size(2)}, {.dtype = a.dtype()});
   {
@@ -245,12 +247,12 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
 Tensor addmm(const Tensor& self, const Tensor& a, const Tensor& b, Scalar beta, Scalar alpha) {
   checkFloatOrSame(a, b, "addmm");
   if (a.dim() != 2 || b.dim() != 2 || a.size(1) != b.size(0))
-    throw ValueError(fmt::format("addmm: shapes {} and {} cannot be multiplied", shapeStr(a.sizes()),
-                                 shapeStr(b.sizes())));
+    throw ValueError(
+        fmt::format("addmm: shapes {} and {} cannot be multiplied", shapeStr(a.sizes()), shapeStr(b.sizes())));
   Shape outShape{a.size(0), b.size(1)};
   if (broadcastShapes(self.sizes(), outShape, "addmm") != outShape)
-    throw ValueError(fmt::format("addmm: self of shape {} does not broadcast to {}", shapeStr(self.sizes()),
-                                 shapeStr(outShape)));
+    throw ValueError(
+        fmt::format("addmm: self of shape {} does not broadcast to {}", shapeStr(self.sizes()), shapeStr(outShape)));
   Tensor c = empty(outShape, {.dtype = a.dtype()});
   double be = beta.toDouble(), al = alpha.toDouble();
   {

@@ -9,8 +9,8 @@
 
 #include <cohort/core/autograd/function.h>
 #include <cohort/core/ops/functional.h>
-#include <cohort/core/ops/vec_math.h>
 #include <cohort/core/ops/reduce_impl.h>
+#include <cohort/core/ops/vec_math.h>
 #include <cohort/core/tensor/generator.h>
 
 namespace cohort {
@@ -317,37 +317,38 @@ Tensor nllImpl(const Tensor& input, const Tensor& target, Reduction reduction, i
   }
   auto validShared = std::make_shared<std::vector<uint8_t>>(std::move(valid));
   Shape inShape = input.sizes();
-  autograd::record(op, {input}, {out}, {t}, [l, validShared, reduction, count, inShape, op](Ctx& ctx,
-                                                                                         const GradList& g) -> GradList {
-    Tensor tt = ctx.saved(0);
-    Tensor gc = g[0].contiguous();
-    Tensor dx = zeros(inShape, {.dtype = gc.dtype()});
-    const std::vector<uint8_t>& v = *validShared;
-    COHORT_DISPATCH_FLOAT(gc.dtype(), op, [&]<typename T>() {
-      COHORT_DISPATCH_INDEX(tt.dtype(), op, [&]<typename Ix>() {
-        const T* gp = gc.data<T>();
-        const Ix* tp = tt.data<Ix>();
-        T* out = dx.data<T>();
-        const double scale = reduction == Reduction::Mean ? 1.0 / static_cast<double>(count) : 1.0;
-        for (int64_t n = 0; n < l.n; ++n)
-          for (int64_t d = 0; d < l.d; ++d) {
-            const int64_t k = n * l.d + d;
-            if (!v[k]) continue;
-            double gv = static_cast<double>(static_cast<Acc<T>>(gp[reduction == Reduction::None ? k : 0]));
-            out[(n * l.c + static_cast<int64_t>(tp[k])) * l.d + d] = static_cast<T>(-gv * scale);
-          }
-      });
-    });
-    return {dx};
-  });
+  autograd::record(op, {input}, {out}, {t},
+                   [l, validShared, reduction, count, inShape, op](Ctx& ctx, const GradList& g) -> GradList {
+                     Tensor tt = ctx.saved(0);
+                     Tensor gc = g[0].contiguous();
+                     Tensor dx = zeros(inShape, {.dtype = gc.dtype()});
+                     const std::vector<uint8_t>& v = *validShared;
+                     COHORT_DISPATCH_FLOAT(gc.dtype(), op, [&]<typename T>() {
+                       COHORT_DISPATCH_INDEX(tt.dtype(), op, [&]<typename Ix>() {
+                         const T* gp = gc.data<T>();
+                         const Ix* tp = tt.data<Ix>();
+                         T* out = dx.data<T>();
+                         const double scale = reduction == Reduction::Mean ? 1.0 / static_cast<double>(count) : 1.0;
+                         for (int64_t n = 0; n < l.n; ++n)
+                           for (int64_t d = 0; d < l.d; ++d) {
+                             const int64_t k = n * l.d + d;
+                             if (!v[k]) continue;
+                             double gv =
+                                 static_cast<double>(static_cast<Acc<T>>(gp[reduction == Reduction::None ? k : 0]));
+                             out[(n * l.c + static_cast<int64_t>(tp[k])) * l.d + d] = static_cast<T>(-gv * scale);
+                           }
+                       });
+                     });
+                     return {dx};
+                   });
   return out;
 }
 
 // ---- layer norm -------------------------------------------------------------------------------
 
 template <typename T>
-void layerNormForward(const T* x, const T* w, const T* b, T* y, Acc<T>* meanOut, Acc<T>* rstdOut, int64_t M,
-                      int64_t N, double eps) {
+void layerNormForward(const T* x, const T* w, const T* b, T* y, Acc<T>* meanOut, Acc<T>* rstdOut, int64_t M, int64_t N,
+                      double eps) {
   using C = Acc<T>;
   for (int64_t m = 0; m < M; ++m) {
     const T* xr = x + m * N;
@@ -374,8 +375,8 @@ void layerNormForward(const T* x, const T* w, const T* b, T* y, Acc<T>* meanOut,
 }
 
 template <typename T>
-void layerNormBackward(const T* x, const T* w, const T* g, const Acc<T>* mean, const Acc<T>* rstd, int64_t M,
-                       int64_t N, T* dx, T* dw, T* db) {
+void layerNormBackward(const T* x, const T* w, const T* g, const Acc<T>* mean, const Acc<T>* rstd, int64_t M, int64_t N,
+                       T* dx, T* dw, T* db) {
   using C = Acc<T>;
   std::vector<double> dwAcc(dw ? static_cast<size_t>(N) : 0), dbAcc(db ? static_cast<size_t>(N) : 0);
   for (int64_t m = 0; m < M; ++m) {
@@ -487,7 +488,8 @@ Tensor layerNorm(const Tensor& x, const Shape& normalizedShape, const Tensor& we
                         y.data<T>(), meanT.data<Acc<T>>(), rstdT.data<Acc<T>>(), M, N, eps);
   });
   autograd::record(op, {x, weight, bias}, {y}, {x, weight, meanT, rstdT},
-                   [M, N, normShape = normalizedShape, hasW = weight.defined(), hasB = bias.defined()](Ctx& ctx, const GradList& g) -> GradList {
+                   [M, N, normShape = normalizedShape, hasW = weight.defined(),
+                    hasB = bias.defined()](Ctx& ctx, const GradList& g) -> GradList {
                      Tensor xs = ctx.saved(0).contiguous(), ws = hasW ? ctx.saved(1).contiguous() : Tensor();
                      Tensor ms = ctx.saved(2), rs = ctx.saved(3);
                      Tensor gc = g[0].contiguous();
@@ -566,8 +568,8 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
   const char* op = "dropout";
   requireFloat(x, op, "the input");
   if (!(p >= 0.0 && p <= 1.0))
-    throw ValueError(fmt::format("{}: probability p must be in [0, 1], got {} (input shape {})", op, p,
-                                 shapeStr(x.sizes())));
+    throw ValueError(
+        fmt::format("{}: probability p must be in [0, 1], got {} (input shape {})", op, p, shapeStr(x.sizes())));
   if (!training || p == 0.0) return x;
   if (p == 1.0) return x * 0.0;
   Generator& g = gen ? *gen : defaultGenerator();

@@ -45,10 +45,11 @@ Tensor eye(int64_t n, int64_t m = -1, TensorOptions opts = {});
 Tensor rand(const Shape& shape, TensorOptions opts = {}, Generator* gen = nullptr);   // U[0,1)
 Tensor randn(const Shape& shape, TensorOptions opts = {}, Generator* gen = nullptr);  // N(0,1)
 Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts = {.dtype = DType::Int64},
-               Generator* gen = nullptr);                                              // [low, high)
+               Generator* gen = nullptr);  // [low, high)
 // Copies values into a new tensor of the given shape (1-D when shape is empty) and dtype.
 template <typename T>
-Tensor fromVector(const std::vector<T>& values, const Shape& shape = {}, TensorOptions opts = {.dtype = DTypeOf<T>::value});
+Tensor fromVector(const std::vector<T>& values, const Shape& shape = {},
+                  TensorOptions opts = {.dtype = DTypeOf<T>::value});
 Tensor scalarTensor(Scalar v, TensorOptions opts = {});
 // In-place random fills (used by nn initialisers).
 Tensor& uniform_(Tensor& t, double low, double high, Generator* gen = nullptr);

@@ -114,7 +114,6 @@ namespace {
 //   Out finish(Total)
 // where C = cohort::Acc<T> is the element's compute type.
 
-
 // Reduces n <= kRowBlock contiguous elements with kLanes independent accumulators.
 template <typename E, typename Op>
 typename Op::Acc laneBlock(const E* x, int64_t n, const Op& op) {
@@ -234,7 +233,9 @@ struct SumOp {
 
 struct Identity {
   template <typename X>
-  X operator()(X x) const { return x; }
+  X operator()(X x) const {
+    return x;
+  }
 };
 
 // Max (IsMax) or min of map(x); NaN propagates.
@@ -265,10 +266,9 @@ struct ExtremeOp {
 
 void requireFloat(const Tensor& a, const char* op) {
   if (a.defined() && !isFloating(a.dtype()))
-    throw ValueError(fmt::format("{}: expected a floating-point tensor, got {} of shape {}; convert with to() first", op,
-                                 a.dtype(), shapeStr(a.sizes())));
+    throw ValueError(fmt::format("{}: expected a floating-point tensor, got {} of shape {}; convert with to() first",
+                                 op, a.dtype(), shapeStr(a.sizes())));
 }
-
 
 // out = f(x, a, b) elementwise in x's dtype, with a and b broadcast to x's shape.
 template <typename F>
@@ -504,8 +504,8 @@ Tensor varStd(const Tensor& a, const Shape& dims, int64_t correction, bool keepd
   detail::requireFloat(a, op);
   detail::ReducePlan p = detail::planReduce(a, dims, keepdim, op);
   if (correction < 0)
-    throw ValueError(fmt::format("{}: correction must be >= 0, got {} (input shape {})", op, correction,
-                                 shapeStr(a.sizes())));
+    throw ValueError(
+        fmt::format("{}: correction must be >= 0, got {} (input shape {})", op, correction, shapeStr(a.sizes())));
   // Like PyTorch: divide by max(0, N - correction); too few elements give inf or NaN.
   const double divisor = static_cast<double>(std::max<int64_t>(0, p.reduced - correction));
   Tensor out = empty(p.outShape, {.dtype = a.dtype()});
@@ -513,8 +513,7 @@ Tensor varStd(const Tensor& a, const Shape& dims, int64_t correction, bool keepd
     if (p.outer * p.inner == 0) return;
     if constexpr (std::is_same_v<T, float> || detail::kIsHalf<T>) {
       if (p.inner == 1 && p.reduced >= 2 * detail::kLanes)
-        return varRows<T>(static_cast<const T*>(p.src.dataPtr()), p.outer, p.reduced, out.data<T>(), divisor,
-                          takeSqrt);
+        return varRows<T>(static_cast<const T*>(p.src.dataPtr()), p.outer, p.reduced, out.data<T>(), divisor, takeSqrt);
     }
     varKernel<T>(p, out.data<T>(), divisor, takeSqrt);
   });
@@ -555,20 +554,28 @@ namespace {
 
 struct AbsMap {
   template <typename X>
-  X operator()(X x) const { return x < X(0) ? -x : x; }
+  X operator()(X x) const {
+    return x < X(0) ? -x : x;
+  }
 };
 struct SquareMap {
   template <typename X>
-  X operator()(X x) const { return x * x; }
+  X operator()(X x) const {
+    return x * x;
+  }
 };
 struct NonZeroMap {
   template <typename X>
-  X operator()(X x) const { return x != X(0) ? X(1) : X(0); }
+  X operator()(X x) const {
+    return x != X(0) ? X(1) : X(0);
+  }
 };
 struct AbsPowMap {
   double p;
   template <typename X>
-  X operator()(X x) const { return static_cast<X>(std::pow(std::abs(static_cast<double>(x)), p)); }
+  X operator()(X x) const {
+    return static_cast<X>(std::pow(std::abs(static_cast<double>(x)), p));
+  }
 };
 
 // SumOp whose finish applies a power (sqrt for p = 2, 1/p in general).

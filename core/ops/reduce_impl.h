@@ -21,12 +21,12 @@
 namespace cohort::detail {
 
 struct ReducePlan {
-  Tensor src;         // contiguous; viewed as [outer, reduced, inner]
+  Tensor src;  // contiguous; viewed as [outer, reduced, inner]
   int64_t outer = 1;
   int64_t reduced = 1;
   int64_t inner = 1;
-  Shape outShape;     // result shape (with or without kept dims)
-  Shape keptShape;    // result shape with reduced dims kept as 1 (for broadcasting back)
+  Shape outShape;               // result shape (with or without kept dims)
+  Shape keptShape;              // result shape with reduced dims kept as 1 (for broadcasting back)
   std::vector<bool> isReduced;  // per input dim (one entry for a 0-dim tensor)
 };
 
@@ -39,7 +39,7 @@ ReducePlan planReduce(const Tensor& a, const Shape& dims, bool keepdim, const ch
 void requireNonEmptyReduction(const ReducePlan& p, const Tensor& a, const Shape& dims, const char* op);
 
 // Blocking shared by the reduction kernels (reduce.cc, reduce_extreme.cc).
-constexpr int64_t kLanes = 64;  // GCC vectorizes a 64-lane select (max) loop, not a 16-lane one
+constexpr int64_t kLanes = 64;         // GCC vectorizes a 64-lane select (max) loop, not a 16-lane one
 constexpr int64_t kRowBlock = 4096;    // elements per lane block (inner reductions)
 constexpr int64_t kTile = 4096;        // columns per tile (outer reductions); the Acc tile stays in L1
 constexpr int64_t kRowsPerFold = 256;  // rows accumulated in Acc before folding into Total

@@ -42,8 +42,8 @@ bool allowed() {
     std::string mode = kSimdKnob.str();
     std::transform(mode.begin(), mode.end(), mode.begin(), [](unsigned char c) { return std::tolower(c); });
     if (mode != "auto" && mode != "avx2" && mode != "avx512")
-      throw ValueError(fmt::format("environment variable COHORT_SIMD='{}' is not one of auto, avx2, avx512",
-                                   kSimdKnob.str()));
+      throw ValueError(
+          fmt::format("environment variable COHORT_SIMD='{}' is not one of auto, avx2, avx512", kSimdKnob.str()));
     if (mode == "avx2" || !avx512::built()) return false;
 #if defined(__x86_64__)
     __builtin_cpu_init();

@@ -19,12 +19,12 @@ namespace cohort::detail::simd::avx512 {
 
 bool built() { return true; }
 
-#define COHORT_SIMD_LOOP(name, expr)                                                   \
-  void name(float* __restrict out, const float* __restrict in, int64_t n) {            \
-    for (int64_t i = 0; i < n; ++i) {                                                  \
-      const float x = in[i];                                                           \
-      out[i] = expr;                                                                   \
-    }                                                                                  \
+#define COHORT_SIMD_LOOP(name, expr)                                        \
+  void name(float* __restrict out, const float* __restrict in, int64_t n) { \
+    for (int64_t i = 0; i < n; ++i) {                                       \
+      const float x = in[i];                                                \
+      out[i] = expr;                                                        \
+    }                                                                       \
   }
 
 COHORT_SIMD_LOOP(exp, vecmath::exp(x))
@@ -46,8 +46,38 @@ COHORT_SIMD_LOOP(geluTanh, vecmath::geluTanh(x))
 // |x|^y for 8 doubles: x > 0 finite (anything else is garbage that the special cases replace).
 // 1/c and log2(c) for the 16 mantissa intervals of [1, 2) (centres 1 + (i + 1/2)/16; interval 0
 // uses c = 1 exactly, so log2(1) comes out 0 and (+-1)^y exact).
-alignas(64) static const double kInv[16] = {1.0,0.9142857142857143,0.8648648648648649,0.8205128205128205,0.7804878048780488,0.7441860465116279,0.7111111111111111,0.6808510638297872,0.6530612244897959,0.6274509803921569,0.6037735849056604,0.5818181818181818,0.5614035087719298,0.5423728813559322,0.5245901639344263,0.5079365079365079};
-alignas(64) static const double kLog[16] = {0.0,0.1292830169449665,0.2094533656289497,0.28540221886224837,0.3575520046180836,0.42626475470209796,0.49185309632967467,0.5545888516776374,0.6147098441152083,0.6724253419714956,0.7279204545631992,0.7813597135246597,0.8328900141647417,0.8826430493618412,0.9307373375628862,0.9772799234999165};
+alignas(64) static const double kInv[16] = {1.0,
+                                            0.9142857142857143,
+                                            0.8648648648648649,
+                                            0.8205128205128205,
+                                            0.7804878048780488,
+                                            0.7441860465116279,
+                                            0.7111111111111111,
+                                            0.6808510638297872,
+                                            0.6530612244897959,
+                                            0.6274509803921569,
+                                            0.6037735849056604,
+                                            0.5818181818181818,
+                                            0.5614035087719298,
+                                            0.5423728813559322,
+                                            0.5245901639344263,
+                                            0.5079365079365079};
+alignas(64) static const double kLog[16] = {0.0,
+                                            0.1292830169449665,
+                                            0.2094533656289497,
+                                            0.28540221886224837,
+                                            0.3575520046180836,
+                                            0.42626475470209796,
+                                            0.49185309632967467,
+                                            0.5545888516776374,
+                                            0.6147098441152083,
+                                            0.6724253419714956,
+                                            0.7279204545631992,
+                                            0.7813597135246597,
+                                            0.8328900141647417,
+                                            0.8826430493618412,
+                                            0.9307373375628862,
+                                            0.9772799234999165};
 static inline __m512d powMag8(__m512d x, __m512d y) {
   const __m512d one = _mm512_set1_pd(1.0);
   const __m512d e = _mm512_getexp_pd(x);
@@ -95,9 +125,9 @@ static inline __m512 pow16(__m512 x, __m512 yf, __m512d ylo, __m512d yhi, __mmas
   // The common case, decided for all 16 lanes at once: every x positive and finite, every y
   // finite. Then no special case applies (x == 1 and y == 0 already give exactly 1 above: log2 1
   // is 0 and 2^0 is 1), and the selects below can be skipped.
-  const __mmask16 plain = _kand_mask16(
-      _kand_mask16(_mm512_cmp_ps_mask(x, zero, _CMP_GT_OQ), _mm512_cmp_ps_mask(x, inf, _CMP_LT_OQ)),
-      _mm512_cmp_ps_mask(_mm512_abs_ps(yf), inf, _CMP_LT_OQ));
+  const __mmask16 plain =
+      _kand_mask16(_kand_mask16(_mm512_cmp_ps_mask(x, zero, _CMP_GT_OQ), _mm512_cmp_ps_mask(x, inf, _CMP_LT_OQ)),
+                   _mm512_cmp_ps_mask(_mm512_abs_ps(yf), inf, _CMP_LT_OQ));
   if (plain == 0xffff) return r;
   const __m512 ay = _mm512_abs_ps(yf);
   const __mmask16 yNeg = _mm512_cmp_ps_mask(yf, zero, _CMP_LT_OQ);
@@ -122,7 +152,8 @@ static inline __m512 pow16(__m512 x, __m512 yf, __m512d ylo, __m512d yhi, __mmas
                                             _mm512_cmp_ps_mask(x, _mm512_set1_ps(-__builtin_inff()), _CMP_GT_OQ));
   r = _mm512_mask_blend_ps(_kandn_mask16(yInt, xNegFinite), r, nan);
   // NaN in x or y: NaN
-  const __mmask16 anyNaN = _kor_mask16(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_cmp_ps_mask(yf, yf, _CMP_UNORD_Q));
+  const __mmask16 anyNaN =
+      _kor_mask16(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_cmp_ps_mask(yf, yf, _CMP_UNORD_Q));
   r = _mm512_mask_blend_ps(anyNaN, r, nan);
   // x == -1 and |y| == inf: 1
   const __mmask16 xm1 = _kand_mask16(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-1.0f), _CMP_EQ_OQ), ayInf);
@@ -140,7 +171,8 @@ static inline void yKinds(__m512 yf, __mmask16& yInt, __mmask16& yOdd) {
   const __mmask16 isInt = _mm512_cmp_ps_mask(yr, yf, _CMP_EQ_OQ);
   yInt = _kor_mask16(_kand_mask16(isInt, small), _knot_mask16(small));
   const __m512 half = _mm512_mul_ps(yf, _mm512_set1_ps(0.5f));
-  const __mmask16 halfInt = _mm512_cmp_ps_mask(_mm512_roundscale_ps(half, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC), half, _CMP_EQ_OQ);
+  const __mmask16 halfInt =
+      _mm512_cmp_ps_mask(_mm512_roundscale_ps(half, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC), half, _CMP_EQ_OQ);
   yOdd = _kandn_mask16(halfInt, _kand_mask16(isInt, small));
 }
 

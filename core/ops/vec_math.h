@@ -216,21 +216,21 @@ COHORT_VM_INLINE float powMagnitude(float ax, float yh, float yl) {
   const float e = static_cast<float>(static_cast<int32_t>(u >> 23) - 127 - 23 * static_cast<int32_t>(sub));
   u = (u & 0x007fffffu) + 0x3f3504f3u;
   const float m = floatOf(u);
-  const float f = m - 1.0f;          // exact
+  const float f = m - 1.0f;  // exact
   const float th = m + 1.0f;
   const float tl = m - (th - 1.0f);  // m + 1 = th + tl exactly
   const float inv = 1.0f / th;
   const float sh = f * inv;
-  float r = fmaF(-sh, th, f);        // f - sh th, exact
+  float r = fmaF(-sh, th, f);  // f - sh th, exact
   r = fmaF(-sh, tl, r);
-  const float sl = r * inv;          // s = sh + sl
+  const float sl = r * inv;  // s = sh + sl
   // log m = 2s + (2/3) s^3 + s^5 (2/5 + 2/7 s^2 + 2/9 s^4 + 2/11 s^6); s^2 <= 0.0295.
   const float s2h = sh * sh;
   const float s2l = fmaF(sh, sh, -s2h);
   const float s3h = s2h * sh;
   const float s3l = fmaF(s2h, sh, -s3h) + fmaF(s2l, sh, 3.0f * s2h * sl);
   constexpr float kC3h = 0.666666686534881591796875f;  // float(2/3)
-  constexpr float kC3l = -1.9868215517249297e-08f;      // 2/3 - kC3h
+  constexpr float kC3l = -1.9868215517249297e-08f;     // 2/3 - kC3h
   const float t3h = kC3h * s3h;
   const float t3l = fmaF(kC3h, s3h, -t3h) + fmaF(kC3h, s3l, kC3l * s3h);
   float p = fmaF(0.181818181818f, s2h, 0.2222222222f);

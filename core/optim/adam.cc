@@ -98,15 +98,11 @@ template <typename T>
 void adamDispatch(bool decoupled, bool amsgrad, T* p, const T* g, T* m, T* v, T* vmax, int64_t n, const AdamScalars& s,
                   bool maximize) {
   if (decoupled) {
-    if (amsgrad)
-      adamKernel<T, true, true>(p, g, m, v, vmax, n, s, maximize);
-    else
-      adamKernel<T, true, false>(p, g, m, v, vmax, n, s, maximize);
+    if (amsgrad) adamKernel<T, true, true>(p, g, m, v, vmax, n, s, maximize);
+    else adamKernel<T, true, false>(p, g, m, v, vmax, n, s, maximize);
   } else {
-    if (amsgrad)
-      adamKernel<T, false, true>(p, g, m, v, vmax, n, s, maximize);
-    else
-      adamKernel<T, false, false>(p, g, m, v, vmax, n, s, maximize);
+    if (amsgrad) adamKernel<T, false, true>(p, g, m, v, vmax, n, s, maximize);
+    else adamKernel<T, false, false>(p, g, m, v, vmax, n, s, maximize);
   }
 }
 

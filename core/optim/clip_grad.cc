@@ -77,9 +77,8 @@ double totalNorm(const std::vector<Tensor>& grads, double p, const char* op) {
   norms.reserve(grads.size());
   for (const Tensor& g : grads) {
     Tensor c = g.contiguous();
-    COHORT_DISPATCH_FLOAT(c.dtype(), op, [&]<typename T>() {
-      norms.push_back(tensorNorm<T>(c.data<T>(), c.numel(), p));
-    });
+    COHORT_DISPATCH_FLOAT(c.dtype(), op,
+                          [&]<typename T>() { norms.push_back(tensorNorm<T>(c.data<T>(), c.numel(), p)); });
   }
   return combine(norms, p);
 }

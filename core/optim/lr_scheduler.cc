@@ -62,10 +62,9 @@ double LinearWarmup::lrAt(int64_t step, double baseLr) const {
 CosineWithWarmup::CosineWithWarmup(Optimizer& optimizer, CosineWithWarmupOptions options)
     : LRScheduler(optimizer), o_(options) {
   if (o_.warmupSteps < 0 || o_.totalSteps < 1 || o_.warmupSteps > o_.totalSteps)
-    throw ValueError(
-        fmt::format("CosineWithWarmup: need 0 <= warmupSteps <= totalSteps and totalSteps >= 1, got {} "
-                    "and {}",
-                    o_.warmupSteps, o_.totalSteps));
+    throw ValueError(fmt::format("CosineWithWarmup: need 0 <= warmupSteps <= totalSteps and totalSteps >= 1, got {} "
+                                 "and {}",
+                                 o_.warmupSteps, o_.totalSteps));
   if (!(o_.minLr >= 0.0)) throw ValueError(fmt::format("CosineWithWarmup: minLr must be >= 0, got {}", o_.minLr));
   apply();
 }

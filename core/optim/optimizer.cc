@@ -47,10 +47,9 @@ void Optimizer::addParamGroup(ParamGroup group) {
       throw ValueError(fmt::format("{}: parameter {} of the new group (shape {}) is not a leaf tensor", type_, i,
                                    shapeStr(p.sizes())));
     if (existing.count(p.impl()) || !mine.insert(p.impl()).second)
-      throw ValueError(
-          fmt::format("{}: parameter {} of the new group (shape {}) appears in more than one place; a "
-                      "parameter may be optimized by only one group, once",
-                      type_, i, shapeStr(p.sizes())));
+      throw ValueError(fmt::format("{}: parameter {} of the new group (shape {}) appears in more than one place; a "
+                                   "parameter may be optimized by only one group, once",
+                                   type_, i, shapeStr(p.sizes())));
   }
   groups_.push_back(std::move(group));
 }
@@ -164,8 +163,7 @@ void Optimizer::loadStateDict(const OptimizerStateDict& dict) {
     } else if (key == "step") {
       if (t.numel() != 1)
         problems.push_back(fmt::format("'{}' has shape {}, expected one element", name, shapeStr(t.sizes())));
-      else
-        loaded[idx].step = static_cast<int64_t>(std::llround(t.itemDouble()));
+      else loaded[idx].step = static_cast<int64_t>(std::llround(t.itemDouble()));
     } else if (t.sizes() != p.sizes()) {
       problems.push_back(fmt::format("'{}' has shape {}, parameter {} has shape {}", name, shapeStr(t.sizes()), idx,
                                      shapeStr(p.sizes())));
@@ -397,12 +395,9 @@ void OptimizerStateDict::setMetadataFromJson(const std::string& json) {
       out.params.push_back(static_cast<int64_t>(*d));
     }
     for (const auto& [k, v] : std::get<std::vector<std::pair<std::string, Json>>>(os->v)) {
-      if (const double* d = std::get_if<double>(&v.v))
-        out.options[k] = *d;
-      else if (const bool* b = std::get_if<bool>(&v.v))
-        out.options[k] = *b ? 1.0 : 0.0;
-      else
-        throw bad(fmt::format("option '{}' is not a number", k));
+      if (const double* d = std::get_if<double>(&v.v)) out.options[k] = *d;
+      else if (const bool* b = std::get_if<bool>(&v.v)) out.options[k] = *b ? 1.0 : 0.0;
+      else throw bad(fmt::format("option '{}' is not a number", k));
     }
     parsed.push_back(std::move(out));
   }

@@ -28,10 +28,9 @@ void SGD::checkOptions(const GroupOptions& o) const {
   if (!(momentum >= 0.0)) throw ValueError(fmt::format("SGD: invalid momentum {}", momentum));
   if (!(wd >= 0.0)) throw ValueError(fmt::format("SGD: invalid weight_decay {}", wd));
   if (o.at("nesterov") != 0.0 && (momentum <= 0.0 || dampening != 0.0))
-    throw ValueError(
-        fmt::format("SGD: Nesterov momentum requires a momentum > 0 and zero dampening (momentum {}, "
-                    "dampening {})",
-                    momentum, dampening));
+    throw ValueError(fmt::format("SGD: Nesterov momentum requires a momentum > 0 and zero dampening (momentum {}, "
+                                 "dampening {})",
+                                 momentum, dampening));
 }
 
 namespace {

@@ -18,7 +18,8 @@ void* Allocator::allocate(size_t nbytes) {
     throw Error(fmt::format("out of memory on {}: could not allocate {} bytes ({} bytes live in {} blocks, peak {})",
                             device(), nbytes, s.bytesLive, s.blocksLive(), s.peakBytes));
   }
-  int64_t live = live_.fetch_add(static_cast<int64_t>(nbytes), std::memory_order_relaxed) + static_cast<int64_t>(nbytes);
+  int64_t live =
+      live_.fetch_add(static_cast<int64_t>(nbytes), std::memory_order_relaxed) + static_cast<int64_t>(nbytes);
   int64_t peak = peak_.load(std::memory_order_relaxed);
   while (live > peak && !peak_.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
   }
@@ -177,7 +178,8 @@ Allocator* allocatorFor(Device d) {
                                         d));
   int count = rt->deviceCount();
   if (count == 0)
-    throw NotSupportedError(fmt::format("{} was asked for, but no CUDA device is usable: {}", d, rt->unavailableReason()));
+    throw NotSupportedError(
+        fmt::format("{} was asked for, but no CUDA device is usable: {}", d, rt->unavailableReason()));
   if (d.index() < 0 || d.index() >= count)
     throw IndexError(fmt::format("{} was asked for, but only {} CUDA device(s) are visible", d, count));
   return rt->allocator(d.index());

@@ -16,11 +16,11 @@
 namespace cohort {
 
 struct AllocatorStats {
-  int64_t bytesLive = 0;     // bytes currently allocated
-  int64_t peakBytes = 0;     // high-water mark of bytesLive since the last resetPeak()
-  int64_t allocations = 0;   // number of allocate() calls
-  int64_t frees = 0;         // number of deallocate() calls
-  int64_t cachedBytes = 0;   // freed bytes kept for reuse (not in bytesLive)
+  int64_t bytesLive = 0;    // bytes currently allocated
+  int64_t peakBytes = 0;    // high-water mark of bytesLive since the last resetPeak()
+  int64_t allocations = 0;  // number of allocate() calls
+  int64_t frees = 0;        // number of deallocate() calls
+  int64_t cachedBytes = 0;  // freed bytes kept for reuse (not in bytesLive)
   int64_t blocksLive() const { return allocations - frees; }
 };
 

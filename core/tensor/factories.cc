@@ -25,7 +25,8 @@ Tensor empty(const Shape& shape, TensorOptions opts) {
   checkShape(shape, "empty");
   int64_t n = shapeNumel(shape);
   auto storage = std::make_shared<Storage>(static_cast<size_t>(n) * elementSize(opts.dtype), opts.device);
-  return finish(Tensor(std::make_shared<TensorImpl>(std::move(storage), 0, shape, contiguousStrides(shape), opts.dtype)),
+  return finish(Tensor(
+                    std::make_shared<TensorImpl>(std::move(storage), 0, shape, contiguousStrides(shape), opts.dtype)),
                 opts);
 }
 
@@ -170,7 +171,8 @@ void fillNormal(Tensor& t, Generator& gen, double mean, double stddev) {
           double u2 = static_cast<double>(Generator::toUniformFloat(w[k + 1]));
           double r = std::sqrt(-2.0 * std::log(u1));
           if (i + k < n) p[i + k] = static_cast<T>(static_cast<float>(mean + stddev * r * std::cos(kTwoPi * u2)));
-          if (i + k + 1 < n) p[i + k + 1] = static_cast<T>(static_cast<float>(mean + stddev * r * std::sin(kTwoPi * u2)));
+          if (i + k + 1 < n)
+            p[i + k + 1] = static_cast<T>(static_cast<float>(mean + stddev * r * std::sin(kTwoPi * u2)));
         }
       }
     }

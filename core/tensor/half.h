@@ -82,7 +82,7 @@ struct Half {
     uint32_t u = floatBits(f);
     uint32_t sign = (u >> 16) & 0x8000u;
     uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+    if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
     if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf (>= 65520)
     if (a < 0x38800000u) {  // below the smallest normal half (2^-14): subnormal or zero
       // Add 0.5 so the float adder's round-to-nearest-even produces the half subnormal bits.

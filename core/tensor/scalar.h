@@ -14,7 +14,9 @@ class Scalar {
  public:
   Scalar() = default;
   template <typename T, std::enable_if_t<std::is_integral_v<T>, int> = 0>
-  Scalar(T v) : i_(static_cast<int64_t>(v)), d_(static_cast<double>(v)), isInt_(true), isBool_(std::is_same_v<T, bool>) {}  // NOLINT
+  Scalar(T v)
+      : i_(static_cast<int64_t>(v)), d_(static_cast<double>(v)), isInt_(true), isBool_(std::is_same_v<T, bool>) {
+  }  // NOLINT
   template <typename T, std::enable_if_t<std::is_floating_point_v<T>, int> = 0>
   Scalar(T v) : i_(static_cast<int64_t>(v)), d_(static_cast<double>(v)), isInt_(false) {}  // NOLINT
 

@@ -41,8 +41,8 @@ class Storage {
   void* data_ = nullptr;
   size_t nbytes_ = 0;
   Device device_;
-  Allocator* allocator_ = nullptr;          // null when wrapping external memory
-  std::function<void(void*)> deleter_;      // for external memory
+  Allocator* allocator_ = nullptr;      // null when wrapping external memory
+  std::function<void(void*)> deleter_;  // for external memory
   bool released_ = false;
 };
 

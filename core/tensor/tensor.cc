@@ -229,7 +229,8 @@ Tensor& Tensor::setRequiresGrad(bool r) {
                                  "of {}); use detach() first",
                                  impl_->autograd->gradFn->name()));
   if (r && !isFloating(dtype()))
-    throw ValueError(fmt::format("setRequiresGrad: only floating-point tensors can require gradients, got {}", dtype()));
+    throw ValueError(
+        fmt::format("setRequiresGrad: only floating-point tensors can require gradients, got {}", dtype()));
   autograd::autogradMeta(*this).requiresGrad = r;
   return *this;
 }

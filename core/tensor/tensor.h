@@ -66,7 +66,7 @@ class TensorImpl {
   DType dtype;
   int64_t numel = 0;
   bool contiguous = true;
-  bool isView = false;  // shares storage with the tensor it was made from
+  bool isView = false;                             // shares storage with the tensor it was made from
   std::shared_ptr<std::atomic<uint32_t>> version;  // shared by views and detach()
   std::unique_ptr<autograd::AutogradMeta> autograd;
 
@@ -122,8 +122,8 @@ class Tensor {
   bool requiresGrad() const;
   // Only leaves can change requiresGrad; returns *this.
   Tensor& setRequiresGrad(bool requiresGrad = true);
-  bool isLeaf() const;  // no gradFn (user-created or detached)
-  Tensor grad() const;  // undefined until backward produced one (a handle: in-place ops on it change .grad)
+  bool isLeaf() const;            // no gradFn (user-created or detached)
+  Tensor grad() const;            // undefined until backward produced one (a handle: in-place ops on it change .grad)
   void setGrad(const Tensor& g);  // undefined g clears it
   std::shared_ptr<autograd::Node> gradFn() const;
   uint32_t outputNr() const;
@@ -142,15 +142,15 @@ class Tensor {
   void bumpVersion() const;
 
   // ---- views (no copy) --------------------------------------------------------------------
-  Tensor view(const Shape& shape) const;        // -1 infers one dim; needs compatible strides
-  Tensor reshape(const Shape& shape) const;     // a view when possible, else a copy
+  Tensor view(const Shape& shape) const;     // -1 infers one dim; needs compatible strides
+  Tensor reshape(const Shape& shape) const;  // a view when possible, else a copy
   Tensor transpose(int64_t d0, int64_t d1) const;
-  Tensor t() const;                             // 2-D transpose
+  Tensor t() const;  // 2-D transpose
   Tensor permute(const Shape& dims) const;
   Tensor slice(int64_t dim, int64_t start, int64_t end, int64_t step = 1) const;  // clamps like Python
   Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
   Tensor select(int64_t dim, int64_t index) const;
-  Tensor expand(const Shape& shape) const;      // -1 keeps a dim
+  Tensor expand(const Shape& shape) const;  // -1 keeps a dim
   Tensor expandAs(const Tensor& other) const { return expand(other.sizes()); }
   Tensor squeeze() const;
   Tensor squeeze(int64_t dim) const;

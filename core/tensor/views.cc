@@ -86,9 +86,8 @@ Tensor Tensor::view(const Shape& shape) const {
                                  shapeStr(ns), shapeStr(sizes()), shapeStr(strides())));
   Tensor out = makeView(*this, ns, *st, storageOffset());
   Shape orig = sizes();
-  autograd::record("view", {*this}, {out}, {}, [orig](Ctx&, const GradList& g) -> GradList {
-    return {g[0].reshape(orig)};
-  });
+  autograd::record("view", {*this}, {out}, {},
+                   [orig](Ctx&, const GradList& g) -> GradList { return {g[0].reshape(orig)}; });
   return out;
 }
 
@@ -115,9 +114,8 @@ Tensor Tensor::permute(const Shape& dims) const {
     inverse[d] = i;
   }
   Tensor out = makeView(*this, ns, nst, storageOffset());
-  autograd::record("permute", {*this}, {out}, {}, [inverse](Ctx&, const GradList& g) -> GradList {
-    return {g[0].permute(inverse)};
-  });
+  autograd::record("permute", {*this}, {out}, {},
+                   [inverse](Ctx&, const GradList& g) -> GradList { return {g[0].permute(inverse)}; });
   return out;
 }
 
@@ -135,7 +133,8 @@ Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
 
 Tensor Tensor::t() const {
   requireDefined("t");
-  if (dim() > 2) throw ValueError(fmt::format("t: expects a tensor of at most 2 dims, got shape {}", shapeStr(sizes())));
+  if (dim() > 2)
+    throw ValueError(fmt::format("t: expects a tensor of at most 2 dims, got shape {}", shapeStr(sizes())));
   return dim() < 2 ? *this : transpose(0, 1);
 }
 
@@ -170,8 +169,8 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   int64_t len = sizes()[d];
   if (start < 0) start += len;
   if (start < 0 || length < 0 || start + length > len)
-    throw IndexError(fmt::format("narrow: start {} and length {} are out of range for dim {} of size {}", start, length,
-                                 d, len));
+    throw IndexError(
+        fmt::format("narrow: start {} and length {} are out of range for dim {} of size {}", start, length, d, len));
   return slice(d, start, start + length);
 }
 
@@ -209,7 +208,8 @@ Tensor Tensor::expand(const Shape& shape) const {
   for (int64_t i = 0; i < n; ++i) {
     int64_t want = shape[i];
     if (i < off) {
-      if (want < 0) throw ValueError(fmt::format("expand: -1 is not allowed for a new leading dim in {}", shapeStr(shape)));
+      if (want < 0)
+        throw ValueError(fmt::format("expand: -1 is not allowed for a new leading dim in {}", shapeStr(shape)));
       ns[i] = want;
       nst[i] = 0;
       continue;
@@ -225,9 +225,8 @@ Tensor Tensor::expand(const Shape& shape) const {
   }
   Tensor out = makeView(*this, ns, nst, storageOffset());
   Shape orig = sizes();
-  autograd::record("expand", {*this}, {out}, {}, [orig](Ctx&, const GradList& g) -> GradList {
-    return {sumToShape(g[0], orig)};
-  });
+  autograd::record("expand", {*this}, {out}, {},
+                   [orig](Ctx&, const GradList& g) -> GradList { return {sumToShape(g[0], orig)}; });
   return out;
 }
 
@@ -249,9 +248,8 @@ Tensor Tensor::squeeze(int64_t d) const {
   nst.erase(nst.begin() + d);
   Tensor out = makeView(*this, ns, nst, storageOffset());
   Shape orig = sizes();
-  autograd::record("squeeze", {*this}, {out}, {}, [orig](Ctx&, const GradList& g) -> GradList {
-    return {g[0].reshape(orig)};
-  });
+  autograd::record("squeeze", {*this}, {out}, {},
+                   [orig](Ctx&, const GradList& g) -> GradList { return {g[0].reshape(orig)}; });
   return out;
 }
 
@@ -264,9 +262,8 @@ Tensor Tensor::unsqueeze(int64_t d) const {
   nst.insert(nst.begin() + d, st);
   Tensor out = makeView(*this, ns, nst, storageOffset());
   Shape orig = sizes();
-  autograd::record("unsqueeze", {*this}, {out}, {}, [orig](Ctx&, const GradList& g) -> GradList {
-    return {g[0].reshape(orig)};
-  });
+  autograd::record("unsqueeze", {*this}, {out}, {},
+                   [orig](Ctx&, const GradList& g) -> GradList { return {g[0].reshape(orig)}; });
   return out;
 }
 
@@ -308,8 +305,8 @@ std::vector<Tensor> Tensor::split(const Shape& parts, int64_t d) const {
     total += p;
   }
   if (total != sizes()[d])
-    throw ValueError(fmt::format("split: sections {} sum to {}, but dim {} has size {}", shapeStr(parts), total, d,
-                                 sizes()[d]));
+    throw ValueError(
+        fmt::format("split: sections {} sum to {}, but dim {} has size {}", shapeStr(parts), total, d, sizes()[d]));
   std::vector<Tensor> out;
   int64_t s = 0;
   for (int64_t p : parts) {
@@ -344,8 +341,8 @@ Tensor& Tensor::copy_(const Tensor& src) {
   requireDefined("copy_");
   src.requireDefined("copy_ (source)");
   if (!device().isCpu() || !src.device().isCpu())
-    throw NotSupportedError(fmt::format("copy_: copies between {} and {} are not supported in this build", src.device(),
-                                        device()));
+    throw NotSupportedError(
+        fmt::format("copy_: copies between {} and {} are not supported in this build", src.device(), device()));
   broadcastShapes(src.sizes(), sizes(), "copy_");
   if (broadcastShapes(src.sizes(), sizes(), "copy_") != sizes())
     throw ValueError(fmt::format("copy_: source of shape {} does not broadcast to destination shape {}",
@@ -493,9 +490,8 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t d) {
       pos += len;
     }
   }
-  autograd::record("cat", tensors, {result}, {}, [lengths, d](Ctx&, const GradList& g) -> GradList {
-    return g[0].split(lengths, d);
-  });
+  autograd::record("cat", tensors, {result}, {},
+                   [lengths, d](Ctx&, const GradList& g) -> GradList { return g[0].split(lengths, d); });
   return result;
 }
 

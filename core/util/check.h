@@ -40,26 +40,26 @@ template <typename A, typename B>
 
 }  // namespace cohort::detail
 
-#define COHORT_CHECK(cond, ...)                                                                   \
-  do {                                                                                            \
-    if (!(cond)) [[unlikely]]                                                                     \
+#define COHORT_CHECK(cond, ...)                                                                            \
+  do {                                                                                                     \
+    if (!(cond)) [[unlikely]]                                                                              \
       ::cohort::detail::throwCheck<::cohort::Error>(#cond, __FILE__, __LINE__ __VA_OPT__(, ) __VA_ARGS__); \
   } while (0)
 
 // Like COHORT_CHECK but throws the given Error subclass (ValueError, IndexError, ...).
-#define COHORT_CHECK_T(type, cond, ...)                                                           \
-  do {                                                                                            \
-    if (!(cond)) [[unlikely]]                                                                     \
-      ::cohort::detail::throwCheck<type>(#cond, __FILE__, __LINE__ __VA_OPT__(, ) __VA_ARGS__);   \
+#define COHORT_CHECK_T(type, cond, ...)                                                         \
+  do {                                                                                          \
+    if (!(cond)) [[unlikely]]                                                                   \
+      ::cohort::detail::throwCheck<type>(#cond, __FILE__, __LINE__ __VA_OPT__(, ) __VA_ARGS__); \
   } while (0)
 
-#define COHORT_CHECK_OP_(a, b, op, ...)                                                           \
-  do {                                                                                            \
-    const auto& cohort_a_ = (a);                                                                  \
-    const auto& cohort_b_ = (b);                                                                  \
-    if (!(cohort_a_ op cohort_b_)) [[unlikely]]                                                   \
-      ::cohort::detail::throwCheckOp(#a " " #op " " #b, cohort_a_, cohort_b_, __FILE__,           \
-                                     __LINE__ __VA_OPT__(, ) __VA_ARGS__);                        \
+#define COHORT_CHECK_OP_(a, b, op, ...)                                                 \
+  do {                                                                                  \
+    const auto& cohort_a_ = (a);                                                        \
+    const auto& cohort_b_ = (b);                                                        \
+    if (!(cohort_a_ op cohort_b_)) [[unlikely]]                                         \
+      ::cohort::detail::throwCheckOp(#a " " #op " " #b, cohort_a_, cohort_b_, __FILE__, \
+                                     __LINE__ __VA_OPT__(, ) __VA_ARGS__);              \
   } while (0)
 
 #define COHORT_CHECK_EQ(a, b, ...) COHORT_CHECK_OP_(a, b, ==, __VA_ARGS__)

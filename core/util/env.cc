@@ -27,8 +27,7 @@ std::string lower(std::string s) {
 
 }  // namespace
 
-Knob::Knob(const char* name, const char* defaultValue, const char* description)
-    : name_(name), default_(defaultValue) {
+Knob::Knob(const char* name, const char* defaultValue, const char* description) : name_(name), default_(defaultValue) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   r.knobs[name] = KnobInfo{name, defaultValue, description};
@@ -68,8 +67,8 @@ bool Knob::flag() const {
   std::string s = lower(str());
   if (s == "1" || s == "true" || s == "yes" || s == "on") return true;
   if (s == "0" || s == "false" || s == "no" || s == "off" || s.empty()) return false;
-  throw ValueError(fmt::format("environment variable {}='{}' is not a boolean (use 1/0, true/false, yes/no, on/off)",
-                               name_, s));
+  throw ValueError(
+      fmt::format("environment variable {}='{}' is not a boolean (use 1/0, true/false, yes/no, on/off)", name_, s));
 }
 
 std::vector<KnobInfo> allKnobs() {

@@ -43,4 +43,5 @@ std::vector<KnobInfo> allKnobs();
 }  // namespace cohort::env
 
 // Declares a knob at namespace scope: `COHORT_ENV_KNOB(kLogLevel, "COHORT_LOG_LEVEL", "info", "...")`.
-#define COHORT_ENV_KNOB(var, name, def, desc) static const ::cohort::env::Knob var{name, def, desc}
+#define COHORT_ENV_KNOB(var, name, def, desc) \
+  static const ::cohort::env::Knob var { name, def, desc }

@@ -19,10 +19,9 @@ class FunctionRef<R(Args...)> {
  public:
   FunctionRef() = default;
   template <typename F>
-    requires(!std::is_same_v<std::remove_cvref_t<F>, FunctionRef> && std::is_invocable_r_v<R, F&, Args...>)
-  FunctionRef(F&& f)  // NOLINT(google-explicit-constructor): binds like std::function does
-      : obj_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))),
-        call_([](void* obj, Args... args) -> R {
+  requires(!std::is_same_v<std::remove_cvref_t<F>, FunctionRef> && std::is_invocable_r_v<R, F&, Args...>)
+      FunctionRef(F&& f)  // NOLINT(google-explicit-constructor): binds like std::function does
+      : obj_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))), call_([](void* obj, Args... args) -> R {
           return (*static_cast<std::remove_reference_t<F>*>(obj))(std::forward<Args>(args)...);
         }) {}
 

@@ -18,8 +18,8 @@
 #include <mutex>
 #include <optional>
 #include <type_traits>
-#include <variant>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include <cohort/core/util/check.h>
@@ -195,9 +195,8 @@ class Future {
       return out;
     } else {
       Future<R> out;
-      addCallback([out, fn = std::forward<F>(fn)](Future<T> self) mutable {
-        out.setFrom([&]() -> R { return fn(self); });
-      });
+      addCallback(
+          [out, fn = std::forward<F>(fn)](Future<T> self) mutable { out.setFrom([&]() -> R { return fn(self); }); });
       return out;
     }
   }

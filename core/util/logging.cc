@@ -20,7 +20,8 @@ Level parse(const std::string& s) {
   if (s == "warning" || s == "WARNING" || s == "warn") return Level::Warning;
   if (s == "error" || s == "ERROR") return Level::Error;
   if (s == "off" || s == "OFF") return Level::Off;
-  std::fprintf(stderr, "[cohort W] COHORT_LOG_LEVEL='%s' is not one of debug, info, warning, error, off; using warning\n",
+  std::fprintf(stderr,
+               "[cohort W] COHORT_LOG_LEVEL='%s' is not one of debug, info, warning, error, off; using warning\n",
                s.c_str());
   return Level::Warning;
 }

@@ -23,8 +23,8 @@ inline bool enabled(Level l) { return l >= level(); }
 
 }  // namespace cohort::logging
 
-#define COHORT_LOG(lvl, ...)                                                                      \
-  do {                                                                                            \
-    if (::cohort::logging::enabled(::cohort::logging::Level::lvl))                                        \
+#define COHORT_LOG(lvl, ...)                                                                                 \
+  do {                                                                                                       \
+    if (::cohort::logging::enabled(::cohort::logging::Level::lvl))                                           \
       ::cohort::logging::write(::cohort::logging::Level::lvl, __FILE__, __LINE__, fmt::format(__VA_ARGS__)); \
   } while (0)

@@ -6,8 +6,7 @@
 namespace cohort::dist {
 
 Tensor GradBucket::gradient(size_t i) const {
-  COHORT_CHECK(i < parameters.size(), "GradBucket::gradient({}) of a bucket with {} parameters", i,
-               parameters.size());
+  COHORT_CHECK(i < parameters.size(), "GradBucket::gradient({}) of a bucket with {} parameters", i, parameters.size());
   const Tensor& p = parameters[i];
   return buffer.narrow(0, offsets[i], p.numel()).view(p.sizes());
 }

@@ -31,12 +31,12 @@ namespace cohort::dist {
 
 // One bucket's gradients, as a hook sees them.
 struct GradBucket {
-  size_t index = 0;        // 0 = the first bucket to become ready (the last layers' parameters)
-  bool isLast = false;     // the last bucket of this backward
-  Tensor buffer;           // flat and contiguous: every gradient of the bucket, back to back
+  size_t index = 0;                // 0 = the first bucket to become ready (the last layers' parameters)
+  bool isLast = false;             // the last bucket of this backward
+  Tensor buffer;                   // flat and contiguous: every gradient of the bucket, back to back
   std::vector<Tensor> parameters;  // the bucket's parameters, in buffer order
   std::vector<int64_t> offsets;    // element offset of each parameter's gradient in buffer
-  uint64_t iteration = 0;  // synchronised backward passes before this one (for warm-up schedules)
+  uint64_t iteration = 0;          // synchronised backward passes before this one (for warm-up schedules)
 
   // The gradient of parameters[i]: a view of buffer with the parameter's shape.
   Tensor gradient(size_t i) const;

@@ -88,7 +88,8 @@ DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module, ProcessGr
     if (!p.requiresGrad() || !seen.insert(p.impl()).second) continue;
     if (p.device().type() != DeviceType::CPU)
       throw NotSupportedError(fmt::format("DistributedDataParallel: parameter '{}' is on {}; only CPU parameters "
-                                          "are supported in this build", name, p.device()));
+                                          "are supported in this build",
+                                          name, p.device()));
     params_.push_back(p);
     names.push_back("module." + name);  // as ddp.namedParameters() and its state dict show it
   }

@@ -76,7 +76,9 @@ class DistributedDataParallel : public nn::Module {
   // the first synchronised backward after it reduces the accumulated sum.
   class NoSyncGuard {
    public:
-    explicit NoSyncGuard(DistributedDataParallel& ddp) : ddp_(&ddp), prev_(ddp.requireSync_) { ddp.requireSync_ = false; }
+    explicit NoSyncGuard(DistributedDataParallel& ddp) : ddp_(&ddp), prev_(ddp.requireSync_) {
+      ddp.requireSync_ = false;
+    }
     ~NoSyncGuard() {
       if (ddp_) ddp_->requireSync_ = prev_;
     }

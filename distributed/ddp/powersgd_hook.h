@@ -55,7 +55,7 @@
 namespace cohort::dist {
 
 struct PowerSGDOptions {
-  int matrixApproximationRank = 1;  // r: columns of P and Q (≥ 1; capped at min(n, m) per matrix)
+  int matrixApproximationRank = 1;    // r: columns of P and Q (≥ 1; capped at min(n, m) per matrix)
   uint64_t startPowerSGDIter = 1000;  // iterations before this one use exact averaging
   bool useErrorFeedback = true;
   bool warmStart = true;

@@ -29,9 +29,7 @@ bool isViewOf(const Tensor& g, const Tensor& view) {
          g.sizes() == view.sizes() && g.strides() == view.strides() && g.dtype() == view.dtype();
 }
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 }  // namespace
 
@@ -317,7 +315,8 @@ void Reducer::waitBuckets() {
       throw TimeoutError(fmt::format(
           "DistributedDataParallel: bucket {} of {} ({} parameters, {} bytes, comm hook \"{}\") was not reduced within "
           "{} ms in group '{}'",
-          b, buckets_.size(), bucket.params.size(), bucket.buffer.nbytes(), hook_->name(), timeout.count(), pg_->name()));
+          b, buckets_.size(), bucket.params.size(), bucket.buffer.nbytes(), hook_->name(), timeout.count(),
+          pg_->name()));
     }
     Tensor out = bucket.result.value();  // rethrows the collective's error
     if (!out.defined() || out.sizes() != bucket.buffer.sizes()) {

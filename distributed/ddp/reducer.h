@@ -87,7 +87,7 @@ class Reducer {
   struct Bucket {
     std::vector<size_t> params;  // parameter indices, in buffer order
     std::vector<int64_t> offsets;
-    std::vector<Tensor> views;   // views[i]: params[i]'s gradient inside buffer
+    std::vector<Tensor> views;  // views[i]: params[i]'s gradient inside buffer
     Tensor buffer;
     size_t pending = 0;
     bool launched = false;

@@ -20,8 +20,8 @@ std::string CollectiveFingerprint::describe() const {
   std::vector<std::string> shapeTexts;
   shapeTexts.reserve(shapes.size());
   for (const auto& s : shapes) shapeTexts.push_back(fmt::format("[{}]", fmt::join(s, ", ")));
-  std::string out = fmt::format("{}(dtype={}, shapes=[{}]", opTypeName(op), dtype.empty() ? "-" : dtype,
-                                fmt::join(shapeTexts, ", "));
+  std::string out =
+      fmt::format("{}(dtype={}, shapes=[{}]", opTypeName(op), dtype.empty() ? "-" : dtype, fmt::join(shapeTexts, ", "));
   if (reduceOp) out += fmt::format(", op={}", reduceOpName(*reduceOp));
   if (root >= 0) out += fmt::format(", root={}", root);
   out += ")";
@@ -71,10 +71,10 @@ void checkCollectiveConsistency(Store& store, const std::string& groupName, int 
   for (int r = 0; r < size; ++r) {
     lines += fmt::format("\n  rank {}: {}{}", r, calls[r], calls[r] == common ? "" : "   <-- differs");
   }
-  throw DistError(fmt::format(
-      "collective mismatch in group '{}' at sequence number {} (COHORT_DEBUG=DETAIL): the ranks called "
-      "different collectives or arguments:{}",
-      groupName, seq, lines));
+  throw DistError(
+      fmt::format("collective mismatch in group '{}' at sequence number {} (COHORT_DEBUG=DETAIL): the ranks called "
+                  "different collectives or arguments:{}",
+                  groupName, seq, lines));
 }
 
 }  // namespace cohort::dist

@@ -23,8 +23,9 @@ namespace cohort::dist {
 
 COHORT_ENV_KNOB(kRecorderDir, "COHORT_FLIGHT_RECORDER_DIR", "/tmp",
                 "Folder the flight recorder's JSON dumps (on timeout, error and SIGUSR1) are written to");
-COHORT_ENV_KNOB(kRecorderSignal, "COHORT_FLIGHT_RECORDER_SIGUSR1", "1",
-                "Install a SIGUSR1 handler that dumps every process group's flight recorder (0 to leave SIGUSR1 alone)");
+COHORT_ENV_KNOB(
+    kRecorderSignal, "COHORT_FLIGHT_RECORDER_SIGUSR1", "1",
+    "Install a SIGUSR1 handler that dumps every process group's flight recorder (0 to leave SIGUSR1 alone)");
 
 namespace {
 
@@ -219,7 +220,7 @@ uint64_t FlightRecorder::recordStart(OpType op, uint64_t seq, std::string shapes
 }
 
 FlightRecorder::Slot& FlightRecorder::claimSlot(uint64_t seq, std::chrono::steady_clock::time_point start,
-                                                 uint64_t& id) {
+                                                uint64_t& id) {
   id = nextId_++;
   if (ring_.size() < capacity_) ring_.emplace_back();
   Slot& e = ring_[(id - 1) % capacity_];

@@ -86,7 +86,7 @@ class FlightRecorder {
   int rank() const { return rank_; }
   void setRank(int rank);
   size_t capacity() const { return capacity_; }
-  uint64_t recorded() const;  // ops recorded since construction (including those overwritten)
+  uint64_t recorded() const;           // ops recorded since construction (including those overwritten)
   std::vector<Entry> entries() const;  // oldest first
   std::string dumpJson() const;
   // Writes dumpJson() to `path` (temp file + rename). Throws Error naming the path on failure.
@@ -110,7 +110,7 @@ class FlightRecorder {
   };
   Slot& claimSlot(uint64_t seq, std::chrono::steady_clock::time_point start, uint64_t& id);  // mu_ held
   void prefetchSlot(uint64_t id) const;  // the slot op id + 1 will use (mu_ held)
-  std::vector<Slot> ring_;  // grows to capacity_, then slot (id - 1) % capacity_ is reused
+  std::vector<Slot> ring_;               // grows to capacity_, then slot (id - 1) % capacity_ is reused
   uint64_t nextId_ = 1;
 };
 

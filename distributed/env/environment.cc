@@ -21,8 +21,9 @@ COHORT_ENV_KNOB(kLocalRank, "LOCAL_RANK", "", "Rank of this process on its host 
 COHORT_ENV_KNOB(kLocalWorldSize, "LOCAL_WORLD_SIZE", "", "Processes on this host (torchrun-style launch)");
 COHORT_ENV_KNOB(kMasterAddr, "MASTER_ADDR", "",
                 "Host of rank 0's store (required for torchrun-style launch; overrides OpenMPI/Slurm guesses)");
-COHORT_ENV_KNOB(kMasterPort, "MASTER_PORT", "",
-                "Port of rank 0's store (required for torchrun-style launch; OpenMPI/Slurm derive one from the job id)");
+COHORT_ENV_KNOB(
+    kMasterPort, "MASTER_PORT", "",
+    "Port of rank 0's store (required for torchrun-style launch; OpenMPI/Slurm derive one from the job id)");
 COHORT_ENV_KNOB(kOmpiRank, "OMPI_COMM_WORLD_RANK", "", "Set by OpenMPI's mpirun: global rank");
 COHORT_ENV_KNOB(kOmpiSize, "OMPI_COMM_WORLD_SIZE", "", "Set by OpenMPI's mpirun: number of processes");
 COHORT_ENV_KNOB(kOmpiLocalRank, "OMPI_COMM_WORLD_LOCAL_RANK", "", "Set by OpenMPI's mpirun: rank on this host");
@@ -46,11 +47,28 @@ constexpr uint16_t kFallbackPort = 29500;
 constexpr uint16_t kDerivedPortBase = 20000;  // below Linux's ephemeral range (32768+)
 
 const std::vector<const Knob*>& allLaunchKnobs() {
-  static const std::vector<const Knob*> knobs = {
-      &kRank, &kWorldSize, &kLocalRank, &kLocalWorldSize, &kMasterAddr, &kMasterPort,
-      &kOmpiRank, &kOmpiSize, &kOmpiLocalRank, &kOmpiLocalSize, &kOmpiJobId,
-      &kSlurmProcId, &kSlurmNtasks, &kSlurmNprocs, &kSlurmLocalId, &kSlurmNtasksPerNode, &kSlurmTasksPerNode,
-      &kSlurmNodeId, &kSlurmStepNodeList, &kSlurmJobNodeList, &kSlurmNodeList, &kSlurmJobId};
+  static const std::vector<const Knob*> knobs = {&kRank,
+                                                 &kWorldSize,
+                                                 &kLocalRank,
+                                                 &kLocalWorldSize,
+                                                 &kMasterAddr,
+                                                 &kMasterPort,
+                                                 &kOmpiRank,
+                                                 &kOmpiSize,
+                                                 &kOmpiLocalRank,
+                                                 &kOmpiLocalSize,
+                                                 &kOmpiJobId,
+                                                 &kSlurmProcId,
+                                                 &kSlurmNtasks,
+                                                 &kSlurmNprocs,
+                                                 &kSlurmLocalId,
+                                                 &kSlurmNtasksPerNode,
+                                                 &kSlurmTasksPerNode,
+                                                 &kSlurmNodeId,
+                                                 &kSlurmStepNodeList,
+                                                 &kSlurmJobNodeList,
+                                                 &kSlurmNodeList,
+                                                 &kSlurmJobId};
   return knobs;
 }
 
@@ -70,9 +88,9 @@ std::string foundVariables() {
 }
 
 [[noreturn]] void fail(LaunchSource source, const std::string& problem) {
-  throw ValueError(fmt::format(
-      "cannot initialise from the environment: {} launch detected, but {}. Found: {}. Looked for: {}",
-      launchSourceName(source), problem, foundVariables(), kLookedFor));
+  throw ValueError(
+      fmt::format("cannot initialise from the environment: {} launch detected, but {}. Found: {}. Looked for: {}",
+                  launchSourceName(source), problem, foundVariables(), kLookedFor));
 }
 
 // Parses a decimal integer in [lo, hi]; names the variable and the source when it is not.
@@ -152,8 +170,8 @@ std::optional<std::pair<std::string, std::string>> slurmFirstHost() {
       try {
         return std::make_pair(firstNodeListHost(*v), fmt::format("first host of {}=\"{}\"", k->name(), *v));
       } catch (const ValueError& err) {
-        throw ValueError(fmt::format("cannot initialise from the environment: {} is malformed: {}", k->name(),
-                                     err.what()));
+        throw ValueError(
+            fmt::format("cannot initialise from the environment: {} is malformed: {}", k->name(), err.what()));
       }
     }
   }
@@ -243,7 +261,8 @@ LaunchEnvironment fromSlurm() {
 
   LaunchEnvironment e;
   e.source = src;
-  e.worldSize = static_cast<int>(parseInt(src, kSlurmNtasks.raw() ? "SLURM_NTASKS" : "SLURM_NPROCS", world, 1, 1 << 30));
+  e.worldSize =
+      static_cast<int>(parseInt(src, kSlurmNtasks.raw() ? "SLURM_NTASKS" : "SLURM_NPROCS", world, 1, 1 << 30));
   e.rank = static_cast<int>(r.integer(kSlurmProcId, rank, 0, 1 << 30));
   e.localRank = static_cast<int>(r.integer(kSlurmLocalId, lr, 0, 1 << 30));
   if (perNode) {
@@ -258,8 +277,9 @@ LaunchEnvironment fromSlurm() {
     size_t node = 0;
     if (counts.size() > 1) {
       auto id = kSlurmNodeId.raw();
-      if (!id) fail(src, fmt::format("SLURM_TASKS_PER_NODE=\"{}\" lists several nodes but SLURM_NODEID is missing",
-                                     *tasksPerNode));
+      if (!id)
+        fail(src,
+             fmt::format("SLURM_TASKS_PER_NODE=\"{}\" lists several nodes but SLURM_NODEID is missing", *tasksPerNode));
       node = static_cast<size_t>(r.integer(kSlurmNodeId, *id, 0, 1 << 30));
       if (node >= counts.size()) {
         fail(src, fmt::format("SLURM_NODEID={} but SLURM_TASKS_PER_NODE=\"{}\" lists only {} nodes", node,
@@ -305,10 +325,10 @@ LaunchEnvironment detectEnvironment() {
   if (kRank.raw() || kWorldSize.raw()) return fromTorchrun();
   if (kOmpiRank.raw() || kOmpiSize.raw()) return fromOpenMpi();
   if (kSlurmProcId.raw()) return fromSlurm();
-  throw ValueError(fmt::format(
-      "cannot initialise from the environment: no launcher variables found. Looked for: {}. Found: {}. "
-      "Start the program with cohortrun, torchrun-style variables, mpirun or srun",
-      kLookedFor, foundVariables()));
+  throw ValueError(
+      fmt::format("cannot initialise from the environment: no launcher variables found. Looked for: {}. Found: {}. "
+                  "Start the program with cohortrun, torchrun-style variables, mpirun or srun",
+                  kLookedFor, foundVariables()));
 }
 
 }  // namespace cohort::dist::env

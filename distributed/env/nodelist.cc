@@ -120,7 +120,8 @@ size_t countHosts(std::string_view list, const std::vector<Pattern>& patterns) {
           if (g > kMaxNodeListHosts) break;
         }
         if (g > kMaxNodeListHosts || n > kMaxNodeListHosts / g) {
-          throw ValueError(fmt::format("Slurm node list \"{}\" expands to more than {} hosts", list, kMaxNodeListHosts));
+          throw ValueError(
+              fmt::format("Slurm node list \"{}\" expands to more than {} hosts", list, kMaxNodeListHosts));
         }
         n *= g;
       }
@@ -178,7 +179,8 @@ std::string firstNodeListHost(std::string_view list) {
   std::string host;
   for (const auto& seg : patterns.front()) {
     if (const auto* lit = std::get_if<std::string>(&seg)) host += *lit;
-    else appendNumber(host, std::get<std::vector<Range>>(seg).front().lo, std::get<std::vector<Range>>(seg).front().width);
+    else
+      appendNumber(host, std::get<std::vector<Range>>(seg).front().lo, std::get<std::vector<Range>>(seg).front().width);
   }
   return host;
 }

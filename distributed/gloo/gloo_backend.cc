@@ -212,9 +212,7 @@ std::exception_ptr GlooBackend::brokenError() const {
       PeerError(fmt::format("gloo backend of group '{}' was aborted by an earlier error: {}", group_, first)));
 }
 
-void GlooBackend::abort(const std::string& reason) {
-  breakWith(std::make_exception_ptr(DistError(reason)));
-}
+void GlooBackend::abort(const std::string& reason) { breakWith(std::make_exception_ptr(DistError(reason))); }
 
 // ---- point to point ----------------------------------------------------------------------------
 

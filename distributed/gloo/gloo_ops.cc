@@ -13,8 +13,8 @@
 #include <gloo/scatter.h>
 
 #include <cohort/core/ops/ops.h>
-#include <cohort/core/util/check.h>
 #include <cohort/core/tensor/dtype.h>
+#include <cohort/core/util/check.h>
 #include <cohort/distributed/gloo/gloo_backend.h>
 #include <cohort/distributed/gloo/reduce_kernels.h>
 
@@ -153,27 +153,29 @@ void GlooBackend::allreduce(Tensor& tensor, const AllreduceOptions& opts, const 
       std::move(shared));
 }
 
-void GlooBackend::allreduceCoalesced(std::vector<Tensor>& tensors, const AllreduceOptions& opts,
-                                     const WorkPtr& work) {
+void GlooBackend::allreduceCoalesced(std::vector<Tensor>& tensors, const AllreduceOptions& opts, const WorkPtr& work) {
   OpFootprint shared{false, {}};
   for (const Tensor& t : tensors) shared.storages.push_back(t.storage().get());
-  enqueue(work, [ctx = context_, ts = tensors, op = opts.op, work]() -> std::vector<Tensor> {
-    int64_t total = 0;
-    for (const Tensor& t : ts) total += t.numel();
-    Tensor flat = empty({total}, TensorOptions{.dtype = ts[0].dtype()});
-    size_t off = 0;
-    for (const Tensor& t : ts) {
-      if (t.nbytes()) std::memcpy(bytesOf(flat) + off, t.dataPtr(), t.nbytes());  // empty: no data pointer
-      off += t.nbytes();
-    }
-    allreduceTensor(ctx, flat, op, work->remaining(), static_cast<uint32_t>(work->sequenceNumber()));
-    off = 0;
-    for (const Tensor& t : ts) {
-      if (t.nbytes()) std::memcpy(t.dataPtr(), bytesOf(flat) + off, t.nbytes());
-      off += t.nbytes();
-    }
-    return ts;
-  }, std::move(shared));
+  enqueue(
+      work,
+      [ctx = context_, ts = tensors, op = opts.op, work]() -> std::vector<Tensor> {
+        int64_t total = 0;
+        for (const Tensor& t : ts) total += t.numel();
+        Tensor flat = empty({total}, TensorOptions{.dtype = ts[0].dtype()});
+        size_t off = 0;
+        for (const Tensor& t : ts) {
+          if (t.nbytes()) std::memcpy(bytesOf(flat) + off, t.dataPtr(), t.nbytes());  // empty: no data pointer
+          off += t.nbytes();
+        }
+        allreduceTensor(ctx, flat, op, work->remaining(), static_cast<uint32_t>(work->sequenceNumber()));
+        off = 0;
+        for (const Tensor& t : ts) {
+          if (t.nbytes()) std::memcpy(t.dataPtr(), bytesOf(flat) + off, t.nbytes());
+          off += t.nbytes();
+        }
+        return ts;
+      },
+      std::move(shared));
 }
 
 void GlooBackend::broadcast(Tensor& tensor, const BroadcastOptions& opts, const WorkPtr& work) {

@@ -37,8 +37,8 @@ HierarchicalBackend::HierarchicalBackend(const StorePtr& store, int rank, int si
   }
   layout_ = NodeLayout::fromIds(ids);
   if (!hasBackend("shm")) {
-    throw NotSupportedError(fmt::format("backend hierarchical (group '{}') needs the shm backend, which this build lacks",
-                                        group_));
+    throw NotSupportedError(
+        fmt::format("backend hierarchical (group '{}') needs the shm backend, which this build lacks", group_));
   }
   const std::string inter = interBackendName();
   const int node = layout_.nodeOf[rank];
@@ -63,9 +63,9 @@ HierarchicalBackend::HierarchicalBackend(const StorePtr& store, int rank, int si
   // Every rank creates its inner backends in the same order (intra, inter, flat), so the
   // rendezvous of one never waits on a rank stuck in another's.
   if (members.size() > 1) {
-    intra_ = createBackend("shm", std::make_shared<PrefixStore>(fmt::format("node{}", node), store),
-                           layout_.localRank[rank], static_cast<int>(members.size()),
-                           subOptions(fmt::format("node{}", node), members));
+    intra_ =
+        createBackend("shm", std::make_shared<PrefixStore>(fmt::format("node{}", node), store), layout_.localRank[rank],
+                      static_cast<int>(members.size()), subOptions(fmt::format("node{}", node), members));
   }
   if (layout_.numNodes() > 1 && isLeader()) {
     inter_ = createBackend(inter, std::make_shared<PrefixStore>("leaders", store), node, layout_.numNodes(),
@@ -91,9 +91,9 @@ void HierarchicalBackend::run(const WorkPtr& work, std::function<std::vector<Ten
       if (broken_) reason = brokenReason_;
     }
     if (!reason.empty()) {
-      work->fail(std::make_exception_ptr(PeerError(fmt::format(
-          "{} failed: the hierarchical backend of group '{}' was aborted by an earlier error: {}",
-          work->describe(), group_, reason))));
+      work->fail(std::make_exception_ptr(
+          PeerError(fmt::format("{} failed: the hierarchical backend of group '{}' was aborted by an earlier error: {}",
+                                work->describe(), group_, reason))));
       return;
     }
     std::vector<Tensor> outputs;

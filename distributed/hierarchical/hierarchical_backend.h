@@ -116,9 +116,9 @@ class HierarchicalBackend : public Backend {
   std::string group_;
   NodeLayout layout_;
   std::string intraName_, interName_;  // "world/node1 (ranks [2, 3])", for error messages
-  BackendPtr intra_;  // shm over this node's ranks; null when the node has one rank
-  BackendPtr inter_;  // across the leaders; null on non-leaders and when there is one node
-  BackendPtr flat_;   // the whole group
+  BackendPtr intra_;                   // shm over this node's ranks; null when the node has one rank
+  BackendPtr inter_;                   // across the leaders; null on non-leaders and when there is one node
+  BackendPtr flat_;                    // the whole group
 
   std::mutex mu_;  // broken_, brokenReason_
   bool broken_ = false;

@@ -46,9 +46,8 @@ void HierarchicalBackend::broadcastStaged(Tensor& tensor, int root, const WorkPt
   const int rootNode = layout_.nodeOf[root];
   const bool onRootNode = layout_.nodeOf[rank()] == rootNode;
   if (intra_ && onRootNode) {
-    stage(work, OpType::Broadcast, intra_, "broadcast from the root on its node", [&](const WorkPtr& w) {
-      intra_->broadcast(tensor, BroadcastOptions{.root = layout_.localRank[root]}, w);
-    });
+    stage(work, OpType::Broadcast, intra_, "broadcast from the root on its node",
+          [&](const WorkPtr& w) { intra_->broadcast(tensor, BroadcastOptions{.root = layout_.localRank[root]}, w); });
   }
   if (inter_) {
     stage(work, OpType::Broadcast, inter_, "broadcast across node leaders",
@@ -118,7 +117,8 @@ void HierarchicalBackend::allgatherStaged(Tensor& full, const Tensor& input, con
     // From node blocks to rank order.
     for (int k = 0; k < layout_.numNodes(); ++k) {
       for (size_t i = 0; i < layout_.nodes[k].size(); ++i) {
-        full.narrow(0, layout_.nodes[k][i] * n, n).copy_(blocks.narrow(0, (k * maxNode + static_cast<int64_t>(i)) * n, n));
+        full.narrow(0, layout_.nodes[k][i] * n, n)
+            .copy_(blocks.narrow(0, (k * maxNode + static_cast<int64_t>(i)) * n, n));
       }
     }
   }

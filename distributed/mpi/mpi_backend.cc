@@ -172,7 +172,8 @@ void MpiBackend::State::endOnCaller(Work& work, uint64_t ticket, std::optional<s
   if (error) {
     work.fail(std::move(error));
   } else {
-    COHORT_CHECK(outputs.has_value(), "backend mpi: {} ran on its caller's thread but left no outputs", work.describe());
+    COHORT_CHECK(outputs.has_value(), "backend mpi: {} ran on its caller's thread but left no outputs",
+                 work.describe());
     work.finish(std::move(*outputs));
   }
 }
@@ -194,10 +195,10 @@ void MpiBackend::State::checkCallerDeadline(std::unique_lock<std::mutex>& lock, 
 void MpiBackend::State::abortJobForStuckCaller(const WorkPtr& work) {
   std::string msg;
   try {
-    std::rethrow_exception(work->timeoutError(
-        "MPI cannot interrupt a blocking collective running on its caller's thread "
-        "(COHORT_MPI_COLLECTIVE_THREAD=caller), so this rank ends the job with MPI_Abort; with "
-        "COHORT_MPI_COLLECTIVE_THREAD=worker the timeout is an exception instead"));
+    std::rethrow_exception(
+        work->timeoutError("MPI cannot interrupt a blocking collective running on its caller's thread "
+                           "(COHORT_MPI_COLLECTIVE_THREAD=caller), so this rank ends the job with MPI_Abort; with "
+                           "COHORT_MPI_COLLECTIVE_THREAD=worker the timeout is an exception instead"));
   } catch (const std::exception& e) {
     msg = e.what();
   }
@@ -227,7 +228,7 @@ void MpiBackend::State::runOne(const std::shared_ptr<mpi::PendingOp>& op) {
     currentStuck = false;
   }
   if (wasStuck) comm->env().unmarkStuck();  // it came back after all
-  if (!error && !outputs) return;  // a send/recv: the poller completes it
+  if (!error && !outputs) return;           // a send/recv: the poller completes it
   // Send/recv were claimed when the worker took them; collectives are claimed here, unless the
   // watchdog or an abort failed them already.
   if (!op->pointToPoint && !op->claim()) return;
@@ -325,8 +326,8 @@ void MpiBackend::State::monitorLoop() {
     }
     aborted = true;
     broken.store(true);
-    abortReason = fmt::format("{} timed out, so backend mpi of group '{}' was aborted", first->work->describe(),
-                              groupName);
+    abortReason =
+        fmt::format("{} timed out, so backend mpi of group '{}' was aborted", first->work->describe(), groupName);
     std::string reason = abortReason;
     lock.unlock();
     if (stuckOp) comm->env().markStuck();
@@ -500,8 +501,7 @@ void MpiBackend::State::pollerLoop() {
     int rc;
     {
       auto lock = comm->env().lock();
-      rc = MPI_Testsome(static_cast<int>(requests.size()), requests.data(), &outcount, indices.data(),
-                        statuses.data());
+      rc = MPI_Testsome(static_cast<int>(requests.size()), requests.data(), &outcount, indices.data(), statuses.data());
     }
     if (outcount == MPI_UNDEFINED) outcount = 0;
     for (int k = 0; k < outcount; ++k) {
@@ -510,16 +510,16 @@ void MpiBackend::State::pollerLoop() {
       if (p->cancelled) continue;  // already failed
       int err = rc == MPI_ERR_IN_STATUS ? statuses[k].MPI_ERROR : rc;
       if (err != MPI_SUCCESS) {
-        p->work->fail(p->work->distError(fmt::format("MPI_{} failed: {}", p->isRecv ? "Irecv" : "Isend",
-                                                     mpi::MpiEnvironment::errorString(err))));
+        p->work->fail(p->work->distError(
+            fmt::format("MPI_{} failed: {}", p->isRecv ? "Irecv" : "Isend", mpi::MpiEnvironment::errorString(err))));
         continue;
       }
       if (p->isRecv) {
         int got = 0;
         MPI_Get_count(&statuses[k], p->type, &got);
         if (got != p->count) {
-          p->work->fail(p->work->distError(fmt::format(
-              "received {} elements from rank {} (tag {}) into a tensor of {}", got, p->peer, p->tag, p->count)));
+          p->work->fail(p->work->distError(fmt::format("received {} elements from rank {} (tag {}) into a tensor of {}",
+                                                       got, p->peer, p->tag, p->count)));
           continue;
         }
       }

@@ -320,22 +320,23 @@ void MpiBackend::alltoall(Tensor& output, const Tensor& input, const AlltoallOpt
   std::vector<int> sendCounts, sendDispls, recvCounts, recvDispls;
   layout(opts.inputSplitSizes, input, sendCounts, sendDispls);
   layout(opts.outputSplitSizes, output, recvCounts, recvDispls);
-  state_->enqueue(work, [out = output, in = input, sendCounts, sendDispls, recvCounts,
-                         recvDispls](MPI_Comm comm) -> Outputs {
-    MPI_Datatype type = mpiType(in.dtype());
-    const void* send = dataOrNull(in);
-    std::vector<char> copy;
-    if (overlaps(send, in.nbytes(), dataOrNull(out), out.nbytes())) {
-      copy.assign(static_cast<const char*>(send), static_cast<const char*>(send) + in.nbytes());
-      send = copy.data();
-    }
-    // MPI wants valid addresses even for zero counts.
-    char dummy[8];
-    check(MPI_Alltoallv(send ? send : dummy, sendCounts.data(), sendDispls.data(), type,
-                        out.numel() ? out.dataPtr() : dummy, recvCounts.data(), recvDispls.data(), type, comm),
-          "MPI_Alltoallv");
-    return std::vector<Tensor>{out};
-  });
+  state_->enqueue(work,
+                  [out = output, in = input, sendCounts, sendDispls, recvCounts, recvDispls](MPI_Comm comm) -> Outputs {
+                    MPI_Datatype type = mpiType(in.dtype());
+                    const void* send = dataOrNull(in);
+                    std::vector<char> copy;
+                    if (overlaps(send, in.nbytes(), dataOrNull(out), out.nbytes())) {
+                      copy.assign(static_cast<const char*>(send), static_cast<const char*>(send) + in.nbytes());
+                      send = copy.data();
+                    }
+                    // MPI wants valid addresses even for zero counts.
+                    char dummy[8];
+                    check(MPI_Alltoallv(send ? send : dummy, sendCounts.data(), sendDispls.data(), type,
+                                        out.numel() ? out.dataPtr() : dummy, recvCounts.data(), recvDispls.data(), type,
+                                        comm),
+                          "MPI_Alltoallv");
+                    return std::vector<Tensor>{out};
+                  });
 }
 
 void MpiBackend::alltoallList(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs, const AlltoallOptions& opts,
@@ -351,18 +352,19 @@ void MpiBackend::alltoallList(std::vector<Tensor>& outputs, std::vector<Tensor>&
     sendOff += inputs[i].numel();
     recvOff += outputs[i].numel();
   }
-  state_->enqueue(work, [outs = outputs, ins = inputs, sendCounts, sendDispls, recvCounts, recvDispls, sendOff,
-                         recvOff](MPI_Comm comm) -> Outputs {
-    const DType dt = ins[0].dtype();
-    std::vector<char> send(std::max<size_t>(1, sendOff * elementSize(dt)));
-    std::vector<char> recv(std::max<size_t>(1, recvOff * elementSize(dt)));
-    pack(ins, send.data());
-    check(MPI_Alltoallv(send.data(), sendCounts.data(), sendDispls.data(), mpiType(dt), recv.data(),
-                        recvCounts.data(), recvDispls.data(), mpiType(dt), comm),
-          "MPI_Alltoallv");
-    unpack(recv.data(), outs);
-    return outs;
-  });
+  state_->enqueue(work,
+                  [outs = outputs, ins = inputs, sendCounts, sendDispls, recvCounts, recvDispls, sendOff,
+                   recvOff](MPI_Comm comm) -> Outputs {
+                    const DType dt = ins[0].dtype();
+                    std::vector<char> send(std::max<size_t>(1, sendOff * elementSize(dt)));
+                    std::vector<char> recv(std::max<size_t>(1, recvOff * elementSize(dt)));
+                    pack(ins, send.data());
+                    check(MPI_Alltoallv(send.data(), sendCounts.data(), sendDispls.data(), mpiType(dt), recv.data(),
+                                        recvCounts.data(), recvDispls.data(), mpiType(dt), comm),
+                          "MPI_Alltoallv");
+                    unpack(recv.data(), outs);
+                    return outs;
+                  });
 }
 
 // ---- gather, scatter, barrier ------------------------------------------------------------------
@@ -378,8 +380,7 @@ void MpiBackend::gather(std::vector<Tensor>& outputs, const Tensor& input, const
     if (count == 0) return outs;
     MPI_Datatype type = mpiType(in.dtype());
     std::vector<char> buf(isRoot ? in.nbytes() * n : 0);
-    check(MPI_Gather(in.dataPtr(), count, type, isRoot ? buf.data() : nullptr, count, type, root, comm),
-          "MPI_Gather");
+    check(MPI_Gather(in.dataPtr(), count, type, isRoot ? buf.data() : nullptr, count, type, root, comm), "MPI_Gather");
     if (isRoot) unpack(buf.data(), outs);
     return outs;
   });

@@ -30,7 +30,7 @@ std::unique_ptr<MpiComm> MpiComm::create(std::shared_ptr<MpiEnvironment> env, co
     rc = MPI_Group_incl(world, static_cast<int>(globalRanks.size()), globalRanks.data(), &group);
     if (rc == MPI_SUCCESS) {
       // The tag only tells apart creations that overlap in time; members agree on the name.
-      int tag = static_cast<int>(std::hash<std::string>{}(groupName) & 0x7fff);
+      int tag = static_cast<int>(std::hash<std::string>{}(groupName)&0x7fff);
       rc = MPI_Comm_create_group(MPI_COMM_WORLD, group, tag, &comm);
       MPI_Group_free(&group);
     }

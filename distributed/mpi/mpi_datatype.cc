@@ -90,8 +90,8 @@ void divideInPlace(void* data, MPI_Datatype type, int64_t n, int divisor) {
 
 int mpiCount(int64_t n, const char* what) {
   if (n < 0 || n > INT_MAX) {
-    throw DistError(fmt::format("backend mpi: {} has {} elements, more than MPI 3.1's int counts allow ({})", what, n,
-                                INT_MAX));
+    throw DistError(
+        fmt::format("backend mpi: {} has {} elements, more than MPI 3.1's int counts allow ({})", what, n, INT_MAX));
   }
   return static_cast<int>(n);
 }

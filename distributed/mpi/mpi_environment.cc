@@ -67,10 +67,11 @@ void MpiEnvironment::init() {
     ownsInit_ = true;
   }
   if (level_ < MPI_THREAD_SERIALIZED) {
-    throw DistError(fmt::format(
-        "backend mpi: MPI provides only {} but cohort calls MPI from its own threads and needs at least "
-        "MPI_THREAD_SERIALIZED{}",
-        threadLevelName(level_), ownsInit_ ? "" : " (the program called MPI_Init itself: use MPI_Init_thread)"));
+    throw DistError(
+        fmt::format("backend mpi: MPI provides only {} but cohort calls MPI from its own threads and needs at least "
+                    "MPI_THREAD_SERIALIZED{}",
+                    threadLevelName(level_),
+                    ownsInit_ ? "" : " (the program called MPI_Init itself: use MPI_Init_thread)"));
   }
   // Errors come back as codes, turned into DistErrors, instead of aborting the job.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);

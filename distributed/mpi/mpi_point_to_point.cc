@@ -22,21 +22,25 @@ void MpiBackend::send(const Tensor& tensor, int dst, const SendRecvOptions& opts
   int count = mpi::mpiCount(tensor.numel(), "send's tensor");
   auto abortFlag = std::make_shared<std::atomic<bool>>(false);
   State* s = state_.get();  // the closure runs on the state's own worker
-  state_->enqueueP2p(work, [s, work, t = tensor, dst, tag = opts.tag, count, abortFlag](MPI_Comm comm) -> std::optional<std::vector<Tensor>> {
-    auto op = std::make_shared<mpi::P2pOp>();
-    op->work = work;
-    op->tensor = t;
-    op->isRecv = false;
-    op->count = count;
-    op->type = mpi::mpiType(t.dtype());
-    op->peer = dst;
-    op->tag = tag;
-    op->abortRequested = abortFlag;
-    char dummy = 0;
-    mpi::check(MPI_Isend(count ? t.dataPtr() : &dummy, count, op->type, dst, tag, comm, &op->request), "MPI_Isend");
-    s->addP2p(std::move(op));
-    return std::nullopt;
-  }, abortFlag);
+  state_->enqueueP2p(
+      work,
+      [s, work, t = tensor, dst, tag = opts.tag, count,
+       abortFlag](MPI_Comm comm) -> std::optional<std::vector<Tensor>> {
+        auto op = std::make_shared<mpi::P2pOp>();
+        op->work = work;
+        op->tensor = t;
+        op->isRecv = false;
+        op->count = count;
+        op->type = mpi::mpiType(t.dtype());
+        op->peer = dst;
+        op->tag = tag;
+        op->abortRequested = abortFlag;
+        char dummy = 0;
+        mpi::check(MPI_Isend(count ? t.dataPtr() : &dummy, count, op->type, dst, tag, comm, &op->request), "MPI_Isend");
+        s->addP2p(std::move(op));
+        return std::nullopt;
+      },
+      abortFlag);
 }
 
 void MpiBackend::recv(Tensor& tensor, int src, const SendRecvOptions& opts, const WorkPtr& work) {
@@ -44,23 +48,27 @@ void MpiBackend::recv(Tensor& tensor, int src, const SendRecvOptions& opts, cons
   int count = mpi::mpiCount(tensor.numel(), "recv's tensor");
   auto abortFlag = std::make_shared<std::atomic<bool>>(false);
   State* s = state_.get();
-  state_->enqueueP2p(work, [s, work, t = tensor, src, tag = opts.tag, count, abortFlag](MPI_Comm comm) -> std::optional<std::vector<Tensor>> {
-    auto op = std::make_shared<mpi::P2pOp>();
-    op->work = work;
-    op->tensor = t;
-    op->isRecv = true;
-    op->count = count;
-    op->type = mpi::mpiType(t.dtype());
-    op->peer = src;
-    op->tag = tag;
-    op->abortRequested = abortFlag;
-    char dummy = 0;
-    // A larger message than the tensor fails with MPI_ERR_TRUNCATE; a smaller one is caught by
-    // the poller's element count check.
-    mpi::check(MPI_Irecv(count ? t.dataPtr() : &dummy, count, op->type, src, tag, comm, &op->request), "MPI_Irecv");
-    s->addP2p(std::move(op));
-    return std::nullopt;
-  }, abortFlag);
+  state_->enqueueP2p(
+      work,
+      [s, work, t = tensor, src, tag = opts.tag, count,
+       abortFlag](MPI_Comm comm) -> std::optional<std::vector<Tensor>> {
+        auto op = std::make_shared<mpi::P2pOp>();
+        op->work = work;
+        op->tensor = t;
+        op->isRecv = true;
+        op->count = count;
+        op->type = mpi::mpiType(t.dtype());
+        op->peer = src;
+        op->tag = tag;
+        op->abortRequested = abortFlag;
+        char dummy = 0;
+        // A larger message than the tensor fails with MPI_ERR_TRUNCATE; a smaller one is caught by
+        // the poller's element count check.
+        mpi::check(MPI_Irecv(count ? t.dataPtr() : &dummy, count, op->type, src, tag, comm, &op->request), "MPI_Irecv");
+        s->addP2p(std::move(op));
+        return std::nullopt;
+      },
+      abortFlag);
 }
 
 }  // namespace cohort::dist

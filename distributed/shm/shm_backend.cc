@@ -318,12 +318,13 @@ void ShmBackend::waitPeer(int peer, uint64_t target, Deadline deadline, const ch
       char reason[sizeof(h->reason)];
       std::memcpy(reason, h->reason, sizeof(reason));
       reason[sizeof(reason) - 1] = '\0';
-      throw Failure{false, fmt::format("shm: rank [{}] aborted while this rank waited for it in {} ({})", peer, what,
-                                       reason)};
+      throw Failure{false,
+                    fmt::format("shm: rank [{}] aborted while this rank waited for it in {} ({})", peer, what, reason)};
     }
     if (state == kClosed) {
       throw Failure{false, fmt::format("shm: rank [{}] destroyed its process group while this rank waited for it "
-                                       "in {}", peer, what)};
+                                       "in {}",
+                                       peer, what)};
     }
     const auto now = Clock::now();
     if (now - start >= kLivenessAfter && now - lastLiveness >= kLivenessAfter && pids_[peer] != 0) {
@@ -446,8 +447,8 @@ Tensor ShmBackend::allocateCommBuffer(const Shape& sizes, DType dtype, Millis ti
     if (!bad.empty()) {
       shm_unlink(nameOf(r).c_str());
       unmapAll();
-      throw DistError(fmt::format("shm backend: allocateCommBuffer in group '{}' (buffer {}, shape {}, {}): {}",
-                                  group_, id, shapeStr(sizes), dtype, fmt::join(bad, "; ")));
+      throw DistError(fmt::format("shm backend: allocateCommBuffer in group '{}' (buffer {}, shape {}, {}): {}", group_,
+                                  id, shapeStr(sizes), dtype, fmt::join(bad, "; ")));
     }
     // A rank that could not make or map its buffer (a full /dev/shm, the size cap) is no misuse:
     // every rank falls back to plain memory together.
@@ -461,8 +462,9 @@ Tensor ShmBackend::allocateCommBuffer(const Shape& sizes, DType dtype, Millis ti
                        myError.empty() ? std::string() : " (here: " + myError + ")");
   };
   auto fallBack = [&](const std::string& why) {
-    COHORT_LOG(Warning, "shm backend: buffer {} of group '{}' ({} bytes) is plain memory, reduced through the slots: {}",
-               id, group_, bytes, why);
+    COHORT_LOG(Warning,
+               "shm backend: buffer {} of group '{}' ({} bytes) is plain memory, reduced through the slots: {}", id,
+               group_, bytes, why);
     return Backend::allocateCommBuffer(sizes, dtype, timeout);
   };
   try {
@@ -484,7 +486,8 @@ Tensor ShmBackend::allocateCommBuffer(const Shape& sizes, DType dtype, Millis ti
     for (int q = 0; q < n; ++q) shm_unlink(nameOf(q).c_str());
     unmapAll();
     breakWith(fmt::format("allocateCommBuffer failed: {}", f.detail));
-    if (f.timeout) throw TimeoutError(fmt::format("shm backend: allocateCommBuffer in group '{}': {}", group_, f.detail));
+    if (f.timeout)
+      throw TimeoutError(fmt::format("shm backend: allocateCommBuffer in group '{}': {}", group_, f.detail));
     throw PeerError(fmt::format("shm backend: allocateCommBuffer in group '{}': {}", group_, f.detail));
   }
   // Every rank has mapped every buffer: the names can go.

@@ -44,8 +44,8 @@
  * process (pid in its header, when it is in this pid namespace) is alive, and a peer that
  * aborted or closed its backend sets a state flag (and its reason) that wakes its waiters.
  * Hence: a dead peer → PeerError naming it, within about 100 ms (plus the group's diagnosis,
- * which waits up to 500 ms for the peers' reports); a stalled peer → TimeoutError at the op's deadline; both name the op. After any failure
- * the backend is aborted (later ops fail at once with the first error) and tells its peers so.
+ * which waits up to 500 ms for the peers' reports); a stalled peer → TimeoutError at the op's deadline; both name the
+ * op. After any failure the backend is aborted (later ops fail at once with the first error) and tells its peers so.
  *
  * Threads. By default collectives run on the caller's thread and the returned Work is already
  * complete (as the mpi backend's default): a 4 KiB allreduce takes a few µs here, and handing
@@ -102,11 +102,11 @@ struct alignas(64) ShmHeader {
   int32_t pid;
   int32_t rank;
   uint64_t slotBytes;
-  uint64_t pidNamespace;  // inode of /proc/self/ns/pid: pids are only comparable within one
+  uint64_t pidNamespace;                      // inode of /proc/self/ns/pid: pids are only comparable within one
   alignas(64) std::atomic<uint64_t> counter;  // last round this rank published (futex on the low half)
   alignas(64) std::atomic<uint32_t> waiters;  // peers sleeping on `counter`
   alignas(64) std::atomic<uint32_t> state;    // kLive, kAborted, kClosed
-  char reason[448];                            // why it aborted (written before `state`)
+  char reason[448];                           // why it aborted (written before `state`)
   // What this rank does in a round, for the peers to check (allreduce, allocateCommBuffer):
   // kind, buffer id, offset, bytes; one per slot parity, written before the round is published.
   alignas(64) uint64_t desc[2][4];
@@ -119,7 +119,7 @@ struct ShmConfig {
   size_t slotBytes = 4 << 20;
   size_t smallBytes = 32 << 10;
   std::chrono::microseconds spin{20};
-  bool worker = false;  // run ops on a worker thread (COHORT_SHM_THREAD=worker) instead of the caller's
+  bool worker = false;        // run ops on a worker thread (COHORT_SHM_THREAD=worker) instead of the caller's
   size_t maxBufferBytes = 0;  // allocateCommBuffer: larger buffers are plain memory (0: no cap)
   static ShmConfig fromEnv();
 };
@@ -185,7 +185,7 @@ class ShmBackend : public Backend {
 
   // ---- rounds (see the header comment) ----
   uint8_t* slot(int rank, uint64_t round) const;
-  uint8_t* writeSlot() const { return slot(rank(), round_ + 1); }  // this rank's slot for the next round
+  uint8_t* writeSlot() const { return slot(rank(), round_ + 1); }   // this rank's slot for the next round
   uint8_t* readSlot(int peer) const { return slot(peer, round_); }  // a peer's slot of the current round
   // Publishes the next round and waits for every peer to reach it.
   void sync(Deadline deadline, const char* what);
@@ -242,7 +242,7 @@ class ShmBackend : public Backend {
   std::chrono::nanoseconds spin_{0};
   std::vector<std::string> names_;
   std::vector<uint8_t*> bases_;
-  std::vector<int> pids_;    // 0 where liveness cannot be checked (this process, another pid namespace)
+  std::vector<int> pids_;  // 0 where liveness cannot be checked (this process, another pid namespace)
   uint64_t round_ = 0;
 
   std::mutex opMu_;

@@ -136,8 +136,8 @@ inline void reduceSourcesInto(DType dtype, void* const* outs, int nout, const vo
 }
 
 // out (and out2 when not null) = reduction of the nsrc sources (see reduceSourcesInto).
-inline void reduceSources(DType dtype, void* out, void* out2, const void* const* srcs, int nsrc, size_t n,
-                          ReduceOp op, int divisor) {
+inline void reduceSources(DType dtype, void* out, void* out2, const void* const* srcs, int nsrc, size_t n, ReduceOp op,
+                          int divisor) {
   void* outs[2] = {out, out2};
   reduceSourcesInto(dtype, outs, out2 ? 2 : 1, srcs, nsrc, n, op, divisor);
 }

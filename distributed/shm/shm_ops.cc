@@ -218,11 +218,13 @@ void ShmBackend::alltoallBytes(const std::vector<const uint8_t*>& send, const st
   for (size_t off = 0; off < maxLen; off += region) {
     uint8_t* w = writeSlot();
     for (int q = 0; q < n; ++q) {
-      if (q != r && off < sendBytes[q]) std::memcpy(w + q * region, send[q] + off, std::min(region, sendBytes[q] - off));
+      if (q != r && off < sendBytes[q])
+        std::memcpy(w + q * region, send[q] + off, std::min(region, sendBytes[q] - off));
     }
     sync(dl, "alltoall");
     for (int q = 0; q < n; ++q) {
-      if (q != r && off < recvBytes[q]) std::memcpy(recv[q] + off, readSlot(q) + r * region, std::min(region, recvBytes[q] - off));
+      if (q != r && off < recvBytes[q])
+        std::memcpy(recv[q] + off, readSlot(q) + r * region, std::min(region, recvBytes[q] - off));
     }
   }
 }

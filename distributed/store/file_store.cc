@@ -148,7 +148,8 @@ void FileStore::openLockFile(Clock::time_point deadline) {
       lockFd_ = -1;
       throw;
     }
-    struct stat held{}, named{};
+    struct stat held {
+    }, named{};
     if (::fstat(lockFd_, &held) == 0 && ::stat(lockPath_.c_str(), &named) == 0 && held.st_ino == named.st_ino &&
         held.st_dev == named.st_dev) {
       return;
@@ -157,8 +158,8 @@ void FileStore::openLockFile(Clock::time_point deadline) {
     ::close(lockFd_);
     lockFd_ = -1;
     if (Clock::now() >= deadline) {
-      throw TimeoutError(fmt::format("{}: the lock file {} kept being replaced; gave up at the deadline", describe(),
-                                     lockPath_));
+      throw TimeoutError(
+          fmt::format("{}: the lock file {} kept being replaced; gave up at the deadline", describe(), lockPath_));
     }
     backoff.sleep(deadline);
   }
@@ -183,7 +184,7 @@ void FileStore::lockFile(Clock::time_point deadline) {
 void FileStore::unlockFile() { ::flock(lockFd_, LOCK_UN); }
 
 void FileStore::refreshLocked() {
-  struct stat st{};
+  struct stat st {};
   if (::fstat(dataFd_, &st) != 0) throwErrno("cannot stat", errno);
   off_t size = st.st_size;
   if (offset_ == 0) {
@@ -192,7 +193,8 @@ void FileStore::refreshLocked() {
       // unless the bytes there are someone else's.
       Bytes existing(static_cast<size_t>(size));
       if (size > 0 && ::pread(dataFd_, existing.data(), existing.size(), 0) != size) throwErrno("cannot read", errno);
-      if (!std::equal(existing.begin(), existing.end(), kMagic, kMagic + std::min<size_t>(existing.size(), sizeof kMagic)))
+      if (!std::equal(existing.begin(), existing.end(), kMagic,
+                      kMagic + std::min<size_t>(existing.size(), sizeof kMagic)))
         throw StoreError(fmt::format("{}: the file exists and is not a FileStore log", describe()));
       char header[kHeaderSize];
       std::memcpy(header, kMagic, sizeof kMagic);
@@ -255,7 +257,7 @@ void FileStore::appendLocked(char type, const std::string& key, const Bytes& val
   if (key.size() > UINT32_MAX || value.size() > UINT32_MAX)
     throw ValueError(fmt::format("{}: a key or value over 4 GiB cannot be stored", describe()));
   // Whatever lies past the last complete record is a dead writer's partial record: drop it.
-  struct stat st{};
+  struct stat st {};
   if (::fstat(dataFd_, &st) != 0) throwErrno("cannot stat", errno);
   if (st.st_size > offset_ && ::ftruncate(dataFd_, offset_) != 0) throwErrno("cannot truncate a partial record", errno);
 
@@ -272,7 +274,8 @@ void FileStore::appendLocked(char type, const std::string& key, const Bytes& val
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       int err = errno;
-      if (::ftruncate(dataFd_, offset_) != 0) { /* the next writer truncates it */ }
+      if (::ftruncate(dataFd_, offset_) != 0) { /* the next writer truncates it */
+      }
       throwErrno("cannot append to the log", err);
     }
     put += static_cast<size_t>(n);
@@ -304,7 +307,7 @@ std::vector<std::string> FileStore::pollUntil(const std::vector<std::string>& ke
   for (;;) {
     {
       Turn turn = takeTurn(deadline);
-      struct stat st{};
+      struct stat st {};
       // Only a grown log can hold news: skip the lock while nothing was appended.
       bool grown = ::fstat(dataFd_, &st) != 0 || st.st_size > offset_;
       if (first || grown) {
@@ -348,7 +351,8 @@ Bytes FileStore::get(const std::string& key) {
   checkOwner();
   Millis timeout = timeout_;
   Bytes value;
-  if (!pollUntil({key}, detail::deadlineAfter(timeout), &value).empty()) detail::throwGetTimeout(describe(), timeout, key);
+  if (!pollUntil({key}, detail::deadlineAfter(timeout), &value).empty())
+    detail::throwGetTimeout(describe(), timeout, key);
   return value;
 }
 

@@ -92,8 +92,8 @@ class FileStore : public Store {
   std::vector<std::string> missingLocked(const std::vector<std::string>& keys) const;
   // Blocks until `keys` all exist or the deadline passes; returns the keys still missing. With
   // `value`, copies the first key's value when all were found (read in the same look).
-  std::vector<std::string> pollUntil(const std::vector<std::string>& keys, std::chrono::steady_clock::time_point deadline,
-                                     Bytes* value = nullptr);
+  std::vector<std::string> pollUntil(const std::vector<std::string>& keys,
+                                     std::chrono::steady_clock::time_point deadline, Bytes* value = nullptr);
   // Runs f() holding the mutex and the file lock, after replaying the log's new records.
   template <typename F>
   auto withLock(F&& f);

@@ -62,6 +62,8 @@ void PrefixStore::wait(const std::vector<std::string>& keys, Millis timeout) {
   }
 }
 
-std::string PrefixStore::describe() const { return fmt::format("PrefixStore(\"{}\" in {})", prefix_, store_->describe()); }
+std::string PrefixStore::describe() const {
+  return fmt::format("PrefixStore(\"{}\" in {})", prefix_, store_->describe());
+}
 
 }  // namespace cohort::dist

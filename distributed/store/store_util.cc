@@ -27,8 +27,8 @@ int64_t parseStoredInt(const Bytes& value, const std::string& what) {
     if (errno == 0 && end == s.c_str() + s.size() && s.find('\0') == std::string::npos) return v;
   }
   std::string shown = s.size() > 40 ? s.substr(0, 40) + "..." : s;
-  throw ValueError(fmt::format("{}: add() needs the key to hold a decimal integer, but it holds \"{}\" ({} bytes)", what,
-                               shown, value.size()));
+  throw ValueError(fmt::format("{}: add() needs the key to hold a decimal integer, but it holds \"{}\" ({} bytes)",
+                               what, shown, value.size()));
 }
 
 Bytes formatStoredInt(int64_t v) {
@@ -49,15 +49,14 @@ std::string formatKeys(const std::vector<std::string>& keys) {
   return out;
 }
 
-void throwWaitTimeout(const std::string& store, Millis timeout, const std::vector<std::string>& missing,
-                      size_t total) {
+void throwWaitTimeout(const std::string& store, Millis timeout, const std::vector<std::string>& missing, size_t total) {
   throw TimeoutError(fmt::format("{}: wait timed out after {} ms; still missing {} of {} keys: {}", store,
                                  timeout.count(), missing.size(), total, formatKeys(missing)));
 }
 
 void throwGetTimeout(const std::string& store, Millis timeout, const std::string& key) {
-  throw TimeoutError(fmt::format("{}: get(\"{}\") timed out after {} ms waiting for the key to be set", store, key,
-                                 timeout.count()));
+  throw TimeoutError(
+      fmt::format("{}: get(\"{}\") timed out after {} ms waiting for the key to be set", store, key, timeout.count()));
 }
 
 }  // namespace cohort::dist::detail

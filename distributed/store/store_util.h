@@ -28,8 +28,8 @@ Bytes formatStoredInt(int64_t v);
 std::string formatKeys(const std::vector<std::string>& keys);
 
 // "<store>: wait timed out after <t> ms; still missing N of M keys: ..."
-[[noreturn]] void throwWaitTimeout(const std::string& store, Millis timeout,
-                                   const std::vector<std::string>& missing, size_t total);
+[[noreturn]] void throwWaitTimeout(const std::string& store, Millis timeout, const std::vector<std::string>& missing,
+                                   size_t total);
 // "<store>: get("k") timed out after <t> ms waiting for the key to be set"
 [[noreturn]] void throwGetTimeout(const std::string& store, Millis timeout, const std::string& key);
 

@@ -188,8 +188,8 @@ void TCPStore::Impl::connect(const TCPStoreOptions& opts, Millis connectTimeout)
 
 void TCPStore::Impl::hello(const std::string& token, Clock::time_point deadline) {
   if (token.size() > tcp::kMaxTokenSize)
-    throw ValueError(fmt::format("{}: the token has {} bytes, at most {} are allowed", describe_, token.size(),
-                                 tcp::kMaxTokenSize));
+    throw ValueError(
+        fmt::format("{}: the token has {} bytes, at most {} are allowed", describe_, token.size(), tcp::kMaxTokenSize));
   auto start = Clock::now();
   tcp::FrameWriter f;
   f.u8(static_cast<uint8_t>(tcp::Op::Hello)).u32(0).u32(tcp::kMagic).u16(tcp::kVersion).str(token);
@@ -222,8 +222,8 @@ void TCPStore::Impl::hello(const std::string& token, Clock::time_point deadline)
   step([&](auto h) { asio::async_read(socket_, asio::buffer(header_), h); }, "reading the reply length");
   uint32_t len = tcp::readLength(header_);
   if (len < 5 || len > tcp::kMaxHelloFrame)
-    throw StoreError(fmt::format("{}: the hello reply has a length of {} bytes: not a cohort TCPStore server?",
-                                 describe_, len));
+    throw StoreError(
+        fmt::format("{}: the hello reply has a length of {} bytes: not a cohort TCPStore server?", describe_, len));
   body_.resize(len);
   step([&](auto h) { asio::async_read(socket_, asio::buffer(body_), h); }, "reading the reply");
   try {
@@ -238,10 +238,11 @@ void TCPStore::Impl::hello(const std::string& token, Clock::time_point deadline)
     maxValue_ = r.u32();
     r.expectEnd();
     if (version != tcp::kVersion)
-      throw StoreError(fmt::format("{}: the server answered with protocol version {}, this client speaks {}",
-                                   describe_, version, tcp::kVersion));
+      throw StoreError(fmt::format("{}: the server answered with protocol version {}, this client speaks {}", describe_,
+                                   version, tcp::kVersion));
   } catch (const tcp::ProtocolError& e) {
-    throw StoreError(fmt::format("{}: a malformed hello reply ({}): not a cohort TCPStore server?", describe_, e.what()));
+    throw StoreError(
+        fmt::format("{}: a malformed hello reply ({}): not a cohort TCPStore server?", describe_, e.what()));
   }
 }
 
@@ -297,8 +298,8 @@ std::optional<Reply> TCPStore::Impl::call(tcp::Op op, const std::function<void(t
 
 void TCPStore::Impl::checkKey(const std::string& key) const {
   if (key.size() > maxKey_)
-    throw ValueError(fmt::format("{}: a key of {} bytes exceeds the server's limit of {} bytes", describe_, key.size(),
-                                 maxKey_));
+    throw ValueError(
+        fmt::format("{}: a key of {} bytes exceeds the server's limit of {} bytes", describe_, key.size(), maxKey_));
 }
 
 void TCPStore::Impl::checkValue(const Bytes& value, const char* what) const {
@@ -310,8 +311,9 @@ void TCPStore::Impl::checkValue(const Bytes& value, const char* what) const {
 void TCPStore::Impl::checkFrame(size_t size) const {
   size_t limit = tcp::maxRequestFrame(maxKey_, maxValue_);
   if (size > limit)
-    throw ValueError(fmt::format("{}: a request of {} bytes exceeds the server's frame limit of {} bytes (too many keys?)",
-                                 describe_, size, limit));
+    throw ValueError(
+        fmt::format("{}: a request of {} bytes exceeds the server's frame limit of {} bytes (too many keys?)",
+                    describe_, size, limit));
 }
 
 void TCPStore::Impl::throwNoReply(const std::string& what, Millis timeout) const {
@@ -447,14 +449,16 @@ void TCPStore::set(const std::string& key, const Bytes& value) {
   impl_->checkKey(key);
   impl_->checkValue(value, "value");
   Millis t = timeout_;
-  if (!impl_->call(tcp::Op::Set, [&](tcp::FrameWriter& f) { f.str(key).bytes(value); }, detail::deadlineAfter(t)))
+  if (!impl_->call(
+          tcp::Op::Set, [&](tcp::FrameWriter& f) { f.str(key).bytes(value); }, detail::deadlineAfter(t)))
     impl_->throwNoReply(fmt::format("set(\"{}\")", key), t);
 }
 
 Bytes TCPStore::get(const std::string& key) {
   impl_->checkKey(key);
   Millis t = timeout_;
-  auto reply = impl_->call(tcp::Op::Get, [&](tcp::FrameWriter& f) { f.str(key); }, detail::deadlineAfter(t));
+  auto reply = impl_->call(
+      tcp::Op::Get, [&](tcp::FrameWriter& f) { f.str(key); }, detail::deadlineAfter(t));
   if (!reply) detail::throwGetTimeout(describe(), t, key);
   try {
     auto r = reply->fields();
@@ -467,7 +471,8 @@ Bytes TCPStore::get(const std::string& key) {
 int64_t TCPStore::add(const std::string& key, int64_t delta) {
   impl_->checkKey(key);
   Millis t = timeout_;
-  auto reply = impl_->call(tcp::Op::Add, [&](tcp::FrameWriter& f) { f.str(key).i64(delta); }, detail::deadlineAfter(t));
+  auto reply = impl_->call(
+      tcp::Op::Add, [&](tcp::FrameWriter& f) { f.str(key).i64(delta); }, detail::deadlineAfter(t));
   if (!reply) impl_->throwNoReply(fmt::format("add(\"{}\", {})", key, delta), t);
   try {
     return reply->fields().i64();
@@ -481,8 +486,9 @@ Bytes TCPStore::compareSet(const std::string& key, const Bytes& expected, const 
   impl_->checkValue(expected, "expected value");
   impl_->checkValue(desired, "desired value");
   Millis t = timeout_;
-  auto reply = impl_->call(tcp::Op::CompareSet, [&](tcp::FrameWriter& f) { f.str(key).bytes(expected).bytes(desired); },
-                           detail::deadlineAfter(t));
+  auto reply = impl_->call(
+      tcp::Op::CompareSet, [&](tcp::FrameWriter& f) { f.str(key).bytes(expected).bytes(desired); },
+      detail::deadlineAfter(t));
   if (!reply) impl_->throwNoReply(fmt::format("compareSet(\"{}\")", key), t);
   try {
     return reply->fields().bytes(reply->body.size(), "value");
@@ -522,7 +528,8 @@ bool TCPStore::check(const std::vector<std::string>& keys) {
   for (const auto& k : keys) impl_->checkKey(k);
   impl_->checkFrame(keysFrameSize(keys));
   Millis t = timeout_;
-  auto reply = impl_->call(tcp::Op::Check, [&](tcp::FrameWriter& f) { f.keys(keys); }, detail::deadlineAfter(t));
+  auto reply = impl_->call(
+      tcp::Op::Check, [&](tcp::FrameWriter& f) { f.keys(keys); }, detail::deadlineAfter(t));
   if (!reply) impl_->throwNoReply(fmt::format("check({} keys)", keys.size()), t);
   return missingFromCheck(*reply, keys, describe()).empty();
 }
@@ -530,7 +537,8 @@ bool TCPStore::check(const std::vector<std::string>& keys) {
 bool TCPStore::deleteKey(const std::string& key) {
   impl_->checkKey(key);
   Millis t = timeout_;
-  auto reply = impl_->call(tcp::Op::Delete, [&](tcp::FrameWriter& f) { f.str(key); }, detail::deadlineAfter(t));
+  auto reply = impl_->call(
+      tcp::Op::Delete, [&](tcp::FrameWriter& f) { f.str(key); }, detail::deadlineAfter(t));
   if (!reply) impl_->throwNoReply(fmt::format("deleteKey(\"{}\")", key), t);
   try {
     return reply->fields().u8() != 0;
@@ -541,7 +549,8 @@ bool TCPStore::deleteKey(const std::string& key) {
 
 int64_t TCPStore::numKeys() {
   Millis t = timeout_;
-  auto reply = impl_->call(tcp::Op::NumKeys, [](tcp::FrameWriter&) {}, detail::deadlineAfter(t));
+  auto reply = impl_->call(
+      tcp::Op::NumKeys, [](tcp::FrameWriter&) {}, detail::deadlineAfter(t));
   if (!reply) impl_->throwNoReply("numKeys()", t);
   try {
     return reply->fields().i64();
@@ -553,13 +562,16 @@ int64_t TCPStore::numKeys() {
 void TCPStore::wait(const std::vector<std::string>& keys, Millis timeout) {
   for (const auto& k : keys) impl_->checkKey(k);
   impl_->checkFrame(keysFrameSize(keys));
-  if (impl_->call(tcp::Op::Wait, [&](tcp::FrameWriter& f) { f.keys(keys); }, detail::deadlineAfter(timeout))) return;
+  if (impl_->call(
+          tcp::Op::Wait, [&](tcp::FrameWriter& f) { f.keys(keys); }, detail::deadlineAfter(timeout)))
+    return;
   // Timed out: ask which keys are still missing, briefly; a server that does not answer that
   // either leaves every key in doubt.
   std::vector<std::string> missing = keys;
   try {
-    auto reply = impl_->call(tcp::Op::Check, [&](tcp::FrameWriter& f) { f.keys(keys); },
-                             detail::deadlineAfter(std::min(timeout_, Millis{2000})));
+    auto reply = impl_->call(
+        tcp::Op::Check, [&](tcp::FrameWriter& f) { f.keys(keys); },
+        detail::deadlineAfter(std::min(timeout_, Millis{2000})));
     if (reply) missing = missingFromCheck(*reply, keys, describe());
   } catch (const Error&) {
   }

@@ -73,8 +73,8 @@
 namespace cohort::dist {
 
 inline constexpr uint16_t kDefaultStorePort = 29500;
-inline constexpr size_t kDefaultMaxKeySize = size_t{64} << 10;     // 64 KiB
-inline constexpr size_t kDefaultMaxValueSize = size_t{64} << 20;   // 64 MiB
+inline constexpr size_t kDefaultMaxKeySize = size_t{64} << 10;    // 64 KiB
+inline constexpr size_t kDefaultMaxValueSize = size_t{64} << 20;  // 64 MiB
 
 struct TCPStoreServerOptions {
   // The address to bind: a numeric address or a host name ("0.0.0.0" or "::" for every
@@ -99,7 +99,7 @@ class TCPStoreServer {
   TCPStoreServer& operator=(const TCPStoreServer&) = delete;
 
   const std::string& host() const;
-  uint16_t port() const;  // the bound port (the picked one when asked for 0)
+  uint16_t port() const;        // the bound port (the picked one when asked for 0)
   std::string address() const;  // "host:port"
   // Connections currently open (hello done or not): for tests and diagnostics.
   size_t numConnections() const;

@@ -181,17 +181,16 @@ class Session : public std::enable_shared_from_this<Session> {
     asio::async_read(socket_, asio::buffer(header_), [self](error_code ec, size_t n) {
       if (self->closed_) return;
       if (ec) {
-        if (n > 0)
-          self->drop(fmt::format("disconnected mid-frame ({} of 4 length bytes): {}", n, ec.message()));
+        if (n > 0) self->drop(fmt::format("disconnected mid-frame ({} of 4 length bytes): {}", n, ec.message()));
         else if (ec == asio::error::eof || ec == asio::error::connection_reset)
           self->close();  // an orderly goodbye between frames
-        else
-          self->drop("read failed: " + ec.message());
+        else self->drop("read failed: " + ec.message());
         return;
       }
       uint32_t len = tcp::readLength(self->header_);
-      size_t limit = self->helloDone_ ? tcp::maxRequestFrame(self->server_.opts_.maxKeySize, self->server_.opts_.maxValueSize)
-                                      : tcp::kMaxHelloFrame;
+      size_t limit = self->helloDone_
+                         ? tcp::maxRequestFrame(self->server_.opts_.maxKeySize, self->server_.opts_.maxValueSize)
+                         : tcp::kMaxHelloFrame;
       if (len == 0 || len > limit) {
         self->drop(fmt::format("a frame of {} bytes is {} (limit {} bytes{})", len, len == 0 ? "empty" : "too long",
                                limit, self->helloDone_ ? "" : " before the hello"));
@@ -207,7 +206,8 @@ class Session : public std::enable_shared_from_this<Session> {
     asio::async_read(socket_, asio::buffer(body_), [self](error_code ec, size_t n) {
       if (self->closed_) return;
       if (ec) {
-        self->drop(fmt::format("disconnected mid-frame ({} of {} body bytes): {}", n, self->body_.size(), ec.message()));
+        self->drop(
+            fmt::format("disconnected mid-frame ({} of {} body bytes): {}", n, self->body_.size(), ec.message()));
         return;
       }
       uint8_t op = self->body_[0];
@@ -335,8 +335,7 @@ class Session : public std::enable_shared_from_this<Session> {
         }
         return;
       }
-      case tcp::Op::Hello:
-        throw tcp::ProtocolError("a second hello");
+      case tcp::Op::Hello: throw tcp::ProtocolError("a second hello");
     }
     throw tcp::ProtocolError(fmt::format("unknown opcode {}", op));
   }
@@ -418,10 +417,8 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       self->outBytes_ -= self->out_.front().size();
       self->out_.pop_front();
-      if (!self->out_.empty())
-        self->writeNext();
-      else if (self->closeAfterWrite_)
-        self->close();
+      if (!self->out_.empty()) self->writeNext();
+      else if (self->closeAfterWrite_) self->close();
     });
   }
 
@@ -472,8 +469,7 @@ TCPStoreServer::Impl::Impl(TCPStoreServerOptions opts) : opts_(std::move(opts)),
     error_code ignore;
     acceptor_.close(ignore);
   }
-  if (!acceptor_.is_open())
-    throw StoreError(fmt::format("TCPStoreServer: cannot listen on {}: {}", where, lastError));
+  if (!acceptor_.is_open()) throw StoreError(fmt::format("TCPStoreServer: cannot listen on {}: {}", where, lastError));
   port_ = acceptor_.local_endpoint().port();
   address_ = fmt::format("{}:{}", opts_.host, port_);
   accept();

@@ -40,9 +40,7 @@ class Progress {
   }
   // Resumed runs measure the ETA from where they started.
   void setStartStep(int64_t s) { startStep_ = s; }
-  double elapsed() const {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  }
+  double elapsed() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
 
  private:
   int64_t total_;

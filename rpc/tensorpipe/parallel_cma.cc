@@ -159,9 +159,9 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
       callback(err);
       return;
     }
-    auto desc = std::make_shared<Descriptor>(
-        Descriptor{static_cast<uint64_t>(getpid()), reinterpret_cast<uint64_t>(buffer.unwrap<tp::CpuBuffer>().ptr),
-                   static_cast<uint64_t>(length)});
+    auto desc = std::make_shared<Descriptor>(Descriptor{static_cast<uint64_t>(getpid()),
+                                                        reinterpret_cast<uint64_t>(buffer.unwrap<tp::CpuBuffer>().ptr),
+                                                        static_cast<uint64_t>(length)});
     auto self = shared_from_this();
     descriptors_->write(desc.get(), sizeof(Descriptor), [self, desc](const tp::Error& e) {
       if (e) self->fail(e);
@@ -194,9 +194,9 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
         return;
       }
       if (n != sizeof(Descriptor) || op->desc.length != op->length) {
-        tp::Error bad = makeError(fmt::format(
-            "cma descriptor from the peer describes {} bytes where {} were expected ({}-byte frame)",
-            op->desc.length, op->length, n));
+        tp::Error bad = makeError(
+            fmt::format("cma descriptor from the peer describes {} bytes where {} were expected ({}-byte frame)",
+                        op->desc.length, op->length, n));
         self->fail(bad);
         self->finish(op, bad);
         return;
@@ -359,7 +359,8 @@ CmaStats cmaStats() {
 
 std::shared_ptr<tp::channel::Context> createParallelCmaChannel(int copyThreads) {
   if (copyThreads < 1 || copyThreads > 64) {
-    throw std::invalid_argument(fmt::format("createParallelCmaChannel: copyThreads must be 1 to 64, got {}", copyThreads));
+    throw std::invalid_argument(
+        fmt::format("createParallelCmaChannel: copyThreads must be 1 to 64, got {}", copyThreads));
   }
   return std::make_shared<Context>(copyThreads);
 }

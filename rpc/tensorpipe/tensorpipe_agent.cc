@@ -197,8 +197,8 @@ void TensorPipeAgent::readResponses(std::shared_ptr<tp::Pipe> pipe, int rank) {
 // ---- receiving -------------------------------------------------------------------------------
 
 void TensorPipeAgent::readFrame(const std::shared_ptr<tp::Pipe>& pipe, int from, OnFrame onFrame, OnError onError) {
-  pipe->readDescriptor([this, pipe, from, onFrame = std::move(onFrame), onError = std::move(onError)](
-                           const tp::Error& err, tp::Descriptor d) mutable {
+  pipe->readDescriptor([this, pipe, from, onFrame = std::move(onFrame),
+                        onError = std::move(onError)](const tp::Error& err, tp::Descriptor d) mutable {
     if (err) {
       onError(err.what());
       return;
@@ -302,7 +302,9 @@ void TensorPipeAgent::serveRequests(std::shared_ptr<tp::Pipe> pipe, int from) {
       pipe, from,
       [this, pipe, from](Frame f) {
         if (f.kind != FrameKind::Request) {
-          write(pipe, errorFrame(0, "", fmt::format("a {} frame arrived where requests belong", static_cast<int>(f.kind))), nullptr);
+          write(pipe,
+                errorFrame(0, "", fmt::format("a {} frame arrived where requests belong", static_cast<int>(f.kind))),
+                nullptr);
           return;
         }
         std::weak_ptr<tp::Pipe> weak = pipe;
@@ -339,11 +341,12 @@ void TensorPipeAgent::closeTransport() {
 
 namespace {
 const bool kRegistered = [] {
-  registerAgentFactory("tensorpipe", [](const std::string& name, int rank, int worldSize, RpcOptions options) -> AgentPtr {
-    auto a = std::make_shared<TensorPipeAgent>(name, rank, worldSize, std::move(options));
-    a->start();
-    return a;
-  });
+  registerAgentFactory("tensorpipe",
+                       [](const std::string& name, int rank, int worldSize, RpcOptions options) -> AgentPtr {
+                         auto a = std::make_shared<TensorPipeAgent>(name, rank, worldSize, std::move(options));
+                         a->start();
+                         return a;
+                       });
   return true;
 }();
 }  // namespace

@@ -63,7 +63,8 @@ class TensorPipeAgent : public RpcAgent {
     std::string uvUrl;
   };
   std::shared_ptr<tensorpipe::Pipe> clientPipe(int rank);
-  void write(const std::shared_ptr<tensorpipe::Pipe>& pipe, EncodedFrame frame, std::function<void(std::string)> onError);
+  void write(const std::shared_ptr<tensorpipe::Pipe>& pipe, EncodedFrame frame,
+             std::function<void(std::string)> onError);
   using OnFrame = std::function<void(Frame)>;
   using OnError = std::function<void(const std::string&)>;
   // Reads one message from `pipe` (decoding rrefs as coming from `from`, -1 before the hello).

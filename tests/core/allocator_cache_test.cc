@@ -16,10 +16,10 @@ TEST(CpuAllocatorCache, LargeBlocksAreReusedAndAccountedSeparately) {
     EXPECT_EQ(memoryStats().bytesLive, before.bytesLive + (4 << 20));
   }
   AllocatorStats freed = memoryStats();
-  EXPECT_EQ(freed.bytesLive, before.bytesLive);      // freed memory is not live
-  EXPECT_GE(freed.cachedBytes, int64_t{4} << 20);    // but kept for reuse
+  EXPECT_EQ(freed.bytesLive, before.bytesLive);    // freed memory is not live
+  EXPECT_GE(freed.cachedBytes, int64_t{4} << 20);  // but kept for reuse
   Tensor again = empty({1 << 20});
-  EXPECT_EQ(again.dataPtr(), first);                 // the same block comes back
+  EXPECT_EQ(again.dataPtr(), first);  // the same block comes back
   EXPECT_EQ(memoryStats().cachedBytes, freed.cachedBytes - (int64_t{4} << 20));
   emptyCache();
   EXPECT_EQ(memoryStats().cachedBytes, 0);

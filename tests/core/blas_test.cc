@@ -10,8 +10,8 @@
 #include <unistd.h>
 
 #include <cmath>
-#include <cstdio>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <mutex>
@@ -142,8 +142,8 @@ void expectResult(const Case& c, const Operands<T>& before, const std::vector<T>
 
 std::vector<float> runSgemm(Backend backend, const Case& c, const Operands<float>& o) {
   std::vector<float> out = o.c;
-  blas::sgemmOn(backend, c.ta, c.tb, c.m, c.n, c.k, (float)c.alpha, o.a.data(), c.lda, o.b.data(), c.ldb,
-                (float)c.beta, out.data(), c.ldc);
+  blas::sgemmOn(backend, c.ta, c.tb, c.m, c.n, c.k, (float)c.alpha, o.a.data(), c.lda, o.b.data(), c.ldb, (float)c.beta,
+                out.data(), c.ldc);
   return out;
 }
 
@@ -242,8 +242,10 @@ TEST(Sgemm, BadArgumentsAreValueErrors) {
       [&] { blas::sgemm(Trans::No, Trans::No, -1, 3, 4, 1.f, a.data(), 4, b.data(), 3, 0.f, c.data(), 3); },
       {"sgemm", "negative size", "m=-1"});
   expectThrowsNaming<ValueError>(
-      [&] { blas::sgemmOn(Backend::OpenBlas, Trans::No, Trans::No, 2, 3, 4, 1.f, a.data(), 1, b.data(), 3, 0.f,
-                          c.data(), 3); },
+      [&] {
+        blas::sgemmOn(Backend::OpenBlas, Trans::No, Trans::No, 2, 3, 4, 1.f, a.data(), 1, b.data(), 3, 0.f, c.data(),
+                      3);
+      },
       {"sgemm", "lda=1"});
   expectThrowsNaming<ValueError>(
       [&] { blas::dgemm(Trans::No, Trans::No, 2, 3, 4, 1.0, ad.data(), 4, bd.data(), 2, 0.0, cd.data(), 3); },
@@ -272,7 +274,7 @@ TEST(Sgemm, MmOnViewsMatchesFloat64) {
   // addmm with beta != 0, a transposed first operand and a sliced second one.
   Tensor bias = randn({30, 20}, {}, &gen);
   Tensor at = randn({40, 30}, {}, &gen).transpose(0, 1);  // [30, 40]
-  Tensor m2 = big.slice(1, 10, 30);                        // [40, 20], row stride 50
+  Tensor m2 = big.slice(1, 10, 30);                       // [40, 20], row stride 50
   expectClose(addmm(bias, at, m2, 0.5, 2.0),
               addmm(bias.to(DType::Float64), at.to(DType::Float64), m2.to(DType::Float64), 0.5, 2.0));
   // m, n or k equal to 1.
@@ -388,8 +390,8 @@ std::pair<int, std::string> runChild(const std::string& env, const std::string& 
   ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
   EXPECT_GT(len, 0);
   self[std::max<ssize_t>(len, 0)] = '\0';
-  std::string cmd = env + " COHORT_BLAS_TEST_CHILD=1 '" + self + "' --gtest_also_run_disabled_tests --gtest_filter=" +
-                    "SgemmEnvChild.DISABLED_" + test + " 2>&1";
+  std::string cmd = env + " COHORT_BLAS_TEST_CHILD=1 '" + self +
+                    "' --gtest_also_run_disabled_tests --gtest_filter=" + "SgemmEnvChild.DISABLED_" + test + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   EXPECT_NE(p, nullptr);
   std::string out;

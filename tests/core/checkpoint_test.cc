@@ -77,8 +77,8 @@ TensorDict everyDtype() {
   std::vector<bool> b;
   for (int64_t i = 0; i < 9; ++i) b.push_back(i % 3 == 0);
   d.insert("bool", fromVector(b, {3, 3}, {.dtype = DType::Bool}));
-  d.insert("scalar", scalarTensor(3.25, {.dtype = DType::Float32}));          // 0-dim
-  d.insert("empty", zeros({0, 4}, {.dtype = DType::Float32}));                 // no bytes
+  d.insert("scalar", scalarTensor(3.25, {.dtype = DType::Float32}));  // 0-dim
+  d.insert("empty", zeros({0, 4}, {.dtype = DType::Float32}));        // no bytes
   return d;
 }
 
@@ -156,7 +156,8 @@ TEST(Safetensors, WritesTheDocumentedLayout) {
 // The file cohort writes, parsed by hand in Python (json header + numpy/torch frombuffer; the
 // safetensors package is not in Debian), holds the values the formula in everyDtype() gives.
 TEST(Safetensors, PythonReadsCohortFiles) {
-  if (!havePythonTorch()) GTEST_SKIP() << "/usr/bin/python3 with torch and numpy not found (scripts/setup.sh installs them)";
+  if (!havePythonTorch())
+    GTEST_SKIP() << "/usr/bin/python3 with torch and numpy not found (scripts/setup.sh installs them)";
   TempDir dir;
   saveSafetensors(dir.file("c.safetensors"), everyDtype(), {{"k", "v"}});
   const std::string script = R"PY(
@@ -189,7 +190,8 @@ assert out['empty'].shape == (0, 4)
 print('OK')
 )PY";
   writeBytes(dir.file("check.py"), script);
-  std::string cmd = "/usr/bin/python3 " + dir.file("check.py") + " " + dir.file("c.safetensors") + " > " + dir.file("out.txt") + " 2>&1";
+  std::string cmd = "/usr/bin/python3 " + dir.file("check.py") + " " + dir.file("c.safetensors") + " > " +
+                    dir.file("out.txt") + " 2>&1";
   int rc = std::system(cmd.c_str());
   EXPECT_EQ(rc, 0) << readBytes(dir.file("out.txt"));
   EXPECT_EQ(readBytes(dir.file("out.txt")), "OK\n");
@@ -198,7 +200,8 @@ print('OK')
 // A file Python writes the way the reference writer does (tensors sorted by dtype size then name,
 // header space-padded to 8 bytes) loads in cohort with torch's values.
 TEST(Safetensors, CohortReadsPythonFiles) {
-  if (!havePythonTorch()) GTEST_SKIP() << "/usr/bin/python3 with torch and numpy not found (scripts/setup.sh installs them)";
+  if (!havePythonTorch())
+    GTEST_SKIP() << "/usr/bin/python3 with torch and numpy not found (scripts/setup.sh installs them)";
   TempDir dir;
   const std::string script = R"PY(
 import json, struct, sys, torch
@@ -425,7 +428,8 @@ TEST(TrainingCheckpoint, SaveLoadRestore) {
   EXPECT_EQ(back.optimizer->type, "SGD");
   EXPECT_EQ(back.optimizer->metadataJson(), st.optimizer->metadataJson());
   EXPECT_EQ(back.optimizer->tensors.size(), st.optimizer->tensors.size());
-  for (auto& [k, t] : st.optimizer->tensors) EXPECT_EQ(back.optimizer->tensors.at(k).toVector<double>(), t.toVector<double>()) << k;
+  for (auto& [k, t] : st.optimizer->tensors)
+    EXPECT_EQ(back.optimizer->tensors.at(k).toVector<double>(), t.toVector<double>()) << k;
   ASSERT_TRUE(back.scheduler);
   EXPECT_EQ(back.scheduler->lastStep, 2);
   EXPECT_EQ(back.scheduler->baseLrs, std::vector<double>{0.1});

@@ -102,12 +102,11 @@ TEST(Conv2d, PlainMatchesTorch) {
   Tensor y = conv2d(seq({1, 3, 5, 5}, 0.5), seq({2, 3, 2, 2}, 0.3));
   EXPECT_EQ(y.sizes(), (Shape{1, 2, 4, 4}));
   expectValues(y,
-               {1.8789497943,  1.8414657061,  1.3531265897,  0.5334948922,  -1.2649686653, -1.8034739228,
-                -1.9004258656, -1.5320872769, 0.1478933458,  1.0482175319,  1.6919015084,  1.9213489885,
-                1.0280010458,  0.1239283560,  -0.8104863175, -1.5464656738, -1.5108796575, -1.8672396666,
-                -1.7664342831, -1.2331441805, 0.5346983782,  1.3364213203,  1.8109417139,  1.8420804171,
-                0.6541392736,  -0.2740911503, -1.1352145013, -1.7183977504, -1.5828173836, -0.8972485700,
-                0.0079979862,  0.9112863564},
+               {1.8789497943,  1.8414657061,  1.3531265897,  0.5334948922,  -1.2649686653, -1.8034739228, -1.9004258656,
+                -1.5320872769, 0.1478933458,  1.0482175319,  1.6919015084,  1.9213489885,  1.0280010458,  0.1239283560,
+                -0.8104863175, -1.5464656738, -1.5108796575, -1.8672396666, -1.7664342831, -1.2331441805, 0.5346983782,
+                1.3364213203,  1.8109417139,  1.8420804171,  0.6541392736,  -0.2740911503, -1.1352145013, -1.7183977504,
+                -1.5828173836, -0.8972485700, 0.0079979862,  0.9112863564},
                1e-9);
 }
 
@@ -123,34 +122,50 @@ TEST(Conv2d, OneByOneEqualsLinear) {
 
 TEST(Conv2d, Gradcheck) {
   Tensor x = randArg({2, 4, 5, 6}), w = randArg({6, 2, 3, 2}, 2), b = randArg({6}, 3);
-  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return conv2d(in[0], in[1], in[2], refOpts()); }, {x, w, b}));
+  EXPECT_TRUE(
+      gradcheck([](const std::vector<Tensor>& in) { return conv2d(in[0], in[1], in[2], refOpts()); }, {x, w, b}));
   Conv2dOptions o{.stride = {1, 2}, .padding = {2, 0}, .dilation = {1, 1}, .groups = 1};
   Tensor w1 = randArg({3, 4, 2, 3}, 4);
   EXPECT_TRUE(gradcheck([o](const std::vector<Tensor>& in) { return conv2d(in[0], in[1], Tensor(), o); }, {x, w1}));
   // Non-contiguous input and weight (transposed views), 1x1 kernel path.
   Tensor xt = randArg({2, 3, 4, 3}, 5), wt = randArg({1, 1, 3, 2}, 6);
   EXPECT_TRUE(gradcheck(
-      [](const std::vector<Tensor>& in) { return conv2d(in[0].transpose(2, 3), in[1].permute({3, 2, 0, 1})); },
+      [](const std::vector<Tensor>& in) {
+        return conv2d(in[0].transpose(2, 3), in[1].permute({3, 2, 0, 1}));
+      },
       {xt, wt}));
   // Expanded bias.
   Tensor bs = randArg({1}, 7);
-  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) {
-    return conv2d(in[0].slice(3, 0, 6, 2), in[1], in[2].expand({6}), {.padding = {1, 1}, .groups = 2});
-  }, {x, w, bs}));
+  EXPECT_TRUE(gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return conv2d(in[0].slice(3, 0, 6, 2), in[1], in[2].expand({6}), {.padding = {1, 1}, .groups = 2});
+      },
+      {x, w, bs}));
 }
 
 TEST(Conv2d, BadInputs) {
   Tensor x = zeros({1, 4, 5, 5}), w = zeros({6, 2, 3, 3});
   expectError<ValueError>([&] { conv2d(x, w); }, {"conv2d", "channel", "[1, 4, 5, 5]", "[6, 2, 3, 3]"});
   expectError<ValueError>([&] { conv2d(x, w, Tensor(), {.groups = 3}); }, {"conv2d", "divisible", "groups 3"});
-  expectError<ValueError>([&] { conv2d(x, zeros({6, 2, 6, 3}), Tensor(), {.groups = 2}); },
-                          {"conv2d", "larger than the padded input", "[1, 4, 5, 5]", "[6, 2, 6, 3]"});
-  expectError<ValueError>([&] { conv2d(x, w, Tensor(), {.dilation = {3, 1}, .groups = 2}); },
-                          {"conv2d", "larger than the padded input", "(7, 3)"});
+  expectError<ValueError>(
+      [&] {
+        conv2d(x, zeros({6, 2, 6, 3}), Tensor(), {.groups = 2});
+      },
+      {"conv2d", "larger than the padded input", "[1, 4, 5, 5]", "[6, 2, 6, 3]"});
+  expectError<ValueError>(
+      [&] {
+        conv2d(x, w, Tensor(), {.dilation = {3, 1}, .groups = 2});
+      },
+      {"conv2d", "larger than the padded input", "(7, 3)"});
   expectError<ValueError>([&] { conv2d(zeros({4, 5, 5}), w); }, {"conv2d", "4-D", "[4, 5, 5]"});
   expectError<ValueError>([&] { conv2d(x, w, zeros({5}), {.groups = 2}); }, {"conv2d", "bias", "[6]", "[5]"});
-  expectError<ValueError>([&] { conv2d(x, w.to(DType::Float64), Tensor(), {.groups = 2}); }, {"conv2d", "float32", "float64"});
-  expectError<ValueError>([&] { conv2d(x, w, Tensor(), {.stride = {0, 1}, .groups = 2}); }, {"conv2d", "stride (0, 1)"});
+  expectError<ValueError>([&] { conv2d(x, w.to(DType::Float64), Tensor(), {.groups = 2}); },
+                          {"conv2d", "float32", "float64"});
+  expectError<ValueError>(
+      [&] {
+        conv2d(x, w, Tensor(), {.stride = {0, 1}, .groups = 2});
+      },
+      {"conv2d", "stride (0, 1)"});
 }
 
 // ---- pooling ------------------------------------------------------------------------------------
@@ -162,10 +177,10 @@ TEST(MaxPool2d, MatchesTorch) {
   Tensor p = seq({1, 2, 5, 6}, 0.77);
   Tensor m = maxPool2d(p, {.kernel = {3, 2}, .stride = {2, 2}, .padding = {1, 1}});
   EXPECT_EQ(m.sizes(), (Shape{1, 2, 3, 4}));
-  expectValues(m, {0.0000000000,  0.9995258306, 0.9881682339, 0.8161854685, 0.9618345123, 0.8809960087,
-                   0.9881682339,  0.8161854685, 0.9618345123, 0.9209237649, 0.9324546662, -0.3324040478,
-                   0.5263770496,  -0.2139981622, 0.8660560122, 0.9697815625, 0.7980627991, 0.9924109920,
-                   0.9999999958,  0.1534646050, -0.6736317698, 0.7179745928, 0.9999999958, 0.9924335591},
+  expectValues(m, {0.0000000000, 0.9995258306,  0.9881682339,  0.8161854685, 0.9618345123, 0.8809960087,
+                   0.9881682339, 0.8161854685,  0.9618345123,  0.9209237649, 0.9324546662, -0.3324040478,
+                   0.5263770496, -0.2139981622, 0.8660560122,  0.9697815625, 0.7980627991, 0.9924109920,
+                   0.9999999958, 0.1534646050,  -0.6736317698, 0.7179745928, 0.9999999958, 0.9924335591},
                1e-9);
   // 3-D input and float32; stride defaults to the kernel.
   Tensor q = fromVector<float>({1, 5, 2, 0, 3, 4, 9, 8, 7, 6, 1, 2, 0, 0, -1, -2}, {1, 4, 4});
@@ -190,11 +205,16 @@ TEST(MaxPool2d, Gradcheck) {
   std::vector<double> v(180);
   for (int64_t i = 0; i < 180; ++i) v[i] = static_cast<double>((i * 97) % 180) * 0.1;  // a permutation
   Tensor x = fromVector<double>(v, {2, 3, 5, 6}).setRequiresGrad();
-  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) {
-    return maxPool2d(in[0], {.kernel = {3, 2}, .stride = {2, 1}, .padding = {1, 1}});
-  }, {x}));
-  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return maxPool2d(in[0].transpose(2, 3), {.kernel = {2, 2}}); },
-                        {x}));
+  EXPECT_TRUE(gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return maxPool2d(in[0], {.kernel = {3, 2}, .stride = {2, 1}, .padding = {1, 1}});
+      },
+      {x}));
+  EXPECT_TRUE(gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return maxPool2d(in[0].transpose(2, 3), {.kernel = {2, 2}});
+      },
+      {x}));
 }
 
 TEST(AvgPool2d, MatchesTorch) {
@@ -219,20 +239,36 @@ TEST(AvgPool2d, MatchesTorch) {
 
 TEST(AvgPool2d, Gradcheck) {
   Tensor x = randArg({2, 2, 5, 4});
-  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) {
-    return avgPool2d(in[0], {.kernel = {3, 2}, .stride = {2, 1}, .padding = {1, 1}});
-  }, {x}));
-  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) {
-    return avgPool2d(in[0].permute({1, 0, 3, 2}).slice(3, 0, 5, 2), {.kernel = {2, 2}, .stride = {1, 1}, .padding = {1, 1}});
-  }, {x}));
+  EXPECT_TRUE(gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return avgPool2d(in[0], {.kernel = {3, 2}, .stride = {2, 1}, .padding = {1, 1}});
+      },
+      {x}));
+  EXPECT_TRUE(gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return avgPool2d(in[0].permute({1, 0, 3, 2}).slice(3, 0, 5, 2),
+                         {.kernel = {2, 2}, .stride = {1, 1}, .padding = {1, 1}});
+      },
+      {x}));
 }
 
 TEST(Pool2d, BadInputs) {
   Tensor x = zeros({1, 1, 3, 3});
-  expectError<ValueError>([&] { maxPool2d(x, {.kernel = {4, 4}}); }, {"maxPool2d", "larger than the padded input", "[1, 1, 3, 3]"});
-  expectError<ValueError>([&] { avgPool2d(x, {.kernel = {2, 2}, .padding = {2, 0}}); }, {"avgPool2d", "padding (2, 0)", "half"});
+  expectError<ValueError>(
+      [&] {
+        maxPool2d(x, {.kernel = {4, 4}});
+      },
+      {"maxPool2d", "larger than the padded input", "[1, 1, 3, 3]"});
+  expectError<ValueError>(
+      [&] {
+        avgPool2d(x, {.kernel = {2, 2}, .padding = {2, 0}});
+      },
+      {"avgPool2d", "padding (2, 0)", "half"});
   expectError<ValueError>([&] { avgPool2d(zeros({3, 3}), {.kernel = {2, 2}}); }, {"avgPool2d", "[3, 3]"});
   expectError<ValueError>([&] { maxPool2d(x, {.kernel = {0, 2}}); }, {"maxPool2d", "positive"});
-  expectError<ValueError>([&] { maxPool2d(zeros({1, 1, 3, 3}, {.dtype = DType::Int64}), {.kernel = {2, 2}}); },
-                          {"maxPool2d", "int64"});
+  expectError<ValueError>(
+      [&] {
+        maxPool2d(zeros({1, 1, 3, 3}, {.dtype = DType::Int64}), {.kernel = {2, 2}});
+      },
+      {"maxPool2d", "int64"});
 }

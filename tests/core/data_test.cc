@@ -98,9 +98,9 @@ TEST(Digits, LoadsAllImagesWithLabelCounts) {
   }
   EXPECT_NEAR(total * 16, 561718.0, 1e-3);
   // The first image, row by row (line 1 of digits.csv).
-  const std::vector<int> first = {0, 0, 5, 13, 9, 1, 0, 0, 0, 0, 13, 15, 10, 15, 5, 0, 0, 3, 15, 2, 0, 11,
-                                  8, 0, 0, 4, 12, 0, 0, 8, 8, 0, 0, 5, 8, 0, 0, 9, 8, 0, 0, 4, 11, 0,
-                                  1, 12, 7, 0, 0, 2, 14, 5, 10, 12, 0, 0, 0, 0, 6, 13, 10, 0, 0, 0};
+  const std::vector<int> first = {0, 0,  5, 13, 9,  1, 0,  0, 0,  0,  13, 15, 10, 15, 5, 0,  0,  3, 15, 2, 0,  11,
+                                  8, 0,  0, 4,  12, 0, 0,  8, 8,  0,  0,  5,  8,  0,  0, 9,  8,  0, 0,  4, 11, 0,
+                                  1, 12, 7, 0,  0,  2, 14, 5, 10, 12, 0,  0,  0,  0,  6, 13, 10, 0, 0,  0};
   Example e = all->get(0);
   auto v = e.data.toVector<float>();
   for (int i = 0; i < 64; ++i) EXPECT_EQ(v[static_cast<size_t>(i)], first[static_cast<size_t>(i)] / 16.0f) << i;
@@ -276,7 +276,8 @@ TEST(Samplers, DistributedSamplerMatchesTorch) {
       {1, 1, 0, true, 0, 0, false, {0}},
   };
   for (const auto& c : cases) {
-    DistributedSampler s({.rank = c.rank, .worldSize = c.world, .shuffle = c.shuffle, .seed = c.seed, .dropLast = c.dropLast});
+    DistributedSampler s(
+        {.rank = c.rank, .worldSize = c.world, .shuffle = c.shuffle, .seed = c.seed, .dropLast = c.dropLast});
     s.setEpoch(c.epoch);
     EXPECT_EQ(s.indices(c.n), c.expect) << s.describe() << " n=" << c.n << " epoch=" << c.epoch;
     EXPECT_EQ(s.indices(c.n, c.epoch), c.expect);
@@ -340,7 +341,8 @@ TEST(DataLoaderTest, ShuffleFollowsSeedAndEpoch) {
 TEST(DataLoaderTest, WorkerCountDoesNotChangeBatches) {
   for (int64_t epoch : {0, 3}) {
     DataLoader one(indexDataset(101), {.batchSize = 7, .shuffle = true, .seed = 5, .numWorkers = 1});
-    DataLoader three(indexDataset(101), {.batchSize = 7, .shuffle = true, .seed = 5, .numWorkers = 3, .prefetchFactor = 1});
+    DataLoader three(indexDataset(101),
+                     {.batchSize = 7, .shuffle = true, .seed = 5, .numWorkers = 3, .prefetchFactor = 1});
     one.setEpoch(epoch);
     three.setEpoch(epoch);
     auto a = collect(one), b = collect(three);
@@ -475,9 +477,9 @@ TEST(DataLoaderTest, TimeoutWhenABatchNeverArrives) {
   auto ds = std::make_shared<ProbeDataset>(8, -1, /*blockAt=*/5);
   {
     DataLoader loader(ds, {.batchSize = 2, .timeout = std::chrono::milliseconds(50)});
-    auto it = loader.begin();  // batch 0
-    ++it;                      // batch 1
+    auto it = loader.begin();          // batch 0
+    ++it;                              // batch 1
     EXPECT_THROW(++it, TimeoutError);  // batch 2 holds index 5, which blocks
-    ds->release();  // lets the worker finish so the iterator's shutdown can join it
+    ds->release();                     // lets the worker finish so the iterator's shutdown can join it
   }
 }

@@ -44,14 +44,19 @@ void checkUnary(const char* name, F f, bool positive = false) {
 
 TEST(ElementwiseGrad, UnaryMath) {
   checkUnary("exp", [](const Tensor& x) { return exp(x); });
-  checkUnary("log", [](const Tensor& x) { return log(x); }, true);
-  checkUnary("sqrt", [](const Tensor& x) { return sqrt(x); }, true);
-  checkUnary("rsqrt", [](const Tensor& x) { return rsqrt(x); }, true);
+  checkUnary(
+      "log", [](const Tensor& x) { return log(x); }, true);
+  checkUnary(
+      "sqrt", [](const Tensor& x) { return sqrt(x); }, true);
+  checkUnary(
+      "rsqrt", [](const Tensor& x) { return rsqrt(x); }, true);
   checkUnary("abs", [](const Tensor& x) { return abs(x); });
   checkUnary("pow scalar 3", [](const Tensor& x) { return pow(x, 3); });
   checkUnary("pow scalar 2", [](const Tensor& x) { return pow(x, 2); });
-  checkUnary("pow scalar -1.5", [](const Tensor& x) { return pow(x, -1.5); }, true);
-  checkUnary("pow scalar 0.5", [](const Tensor& x) { return pow(x, 0.5); }, true);
+  checkUnary(
+      "pow scalar -1.5", [](const Tensor& x) { return pow(x, -1.5); }, true);
+  checkUnary(
+      "pow scalar 0.5", [](const Tensor& x) { return pow(x, 0.5); }, true);
   checkUnary("clamp", [](const Tensor& x) { return clamp(x, -0.4, 0.5); });
   checkUnary("clamp min", [](const Tensor& x) { return clamp(x, -0.4, std::nullopt); });
 }
@@ -77,7 +82,8 @@ TEST(ElementwiseGrad, MaximumMinimumWhere) {
   EXPECT_TRUE(gradcheck([](const In& in) { return maximum(in[0], in[1]); }, {a, b}));
   EXPECT_TRUE(gradcheck([](const In& in) { return minimum(in[0].t().t(), in[1].t()); }, {a, c}));
   Tensor cond = gt(randArg({3, 1}, 34).detach(), zeros({}, {.dtype = DType::Float64}));
-  Tensor cond2 = fromVector<bool>({true, false, false, true, true, false, true, false, true, true, false, false}, {3, 4});
+  Tensor cond2 =
+      fromVector<bool>({true, false, false, true, true, false, true, false, true, true, false, false}, {3, 4});
   EXPECT_TRUE(gradcheck([&](const In& in) { return where(cond, in[0], in[1]); }, {a, b}));
   EXPECT_TRUE(gradcheck([&](const In& in) { return where(cond2, in[0].t(), in[1].slice(1, 0, 4, 1)); },
                         {c, randArg({3, 4}, 35)}));
@@ -105,11 +111,21 @@ TEST(ElementwiseGrad, Float32GradientsMatchTorch) {
     std::vector<double> want;
   };
   std::vector<Case> cases = {
-      {"gelu", [](const Tensor& x) { return gelu(x); }, {-0.08523187041282654, 0.1325049102306366, 0.7323277592658997, 1.115317940711975}},
-      {"gelu tanh", [](const Tensor& x) { return gelu(x, true); }, {-0.08609922230243683, 0.1326301097869873, 0.7322955131530762, 1.1159145832061768}},
-      {"silu", [](const Tensor& x) { return silu(x); }, {-0.09078425168991089, 0.260038822889328, 0.6477800607681274, 1.0675644874572754}},
-      {"sigmoid", [](const Tensor& x) { return sigmoid(x); }, {0.10499358177185059, 0.23500370979309082, 0.24445831775665283, 0.13060569763183594}},
-      {"tanh", [](const Tensor& x) { return tanh(x); }, {0.07065081596374512, 0.7864477038383484, 0.9151369333267212, 0.12500987946987152}},
+      {"gelu",
+       [](const Tensor& x) { return gelu(x); },
+       {-0.08523187041282654, 0.1325049102306366, 0.7323277592658997, 1.115317940711975}},
+      {"gelu tanh",
+       [](const Tensor& x) { return gelu(x, true); },
+       {-0.08609922230243683, 0.1326301097869873, 0.7322955131530762, 1.1159145832061768}},
+      {"silu",
+       [](const Tensor& x) { return silu(x); },
+       {-0.09078425168991089, 0.260038822889328, 0.6477800607681274, 1.0675644874572754}},
+      {"sigmoid",
+       [](const Tensor& x) { return sigmoid(x); },
+       {0.10499358177185059, 0.23500370979309082, 0.24445831775665283, 0.13060569763183594}},
+      {"tanh",
+       [](const Tensor& x) { return tanh(x); },
+       {0.07065081596374512, 0.7864477038383484, 0.9151369333267212, 0.12500987946987152}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);

@@ -24,7 +24,8 @@ std::vector<float> values(const Tensor& t) { return t.contiguous().toVector<floa
 void expectClose(const Tensor& got, const Tensor& want, float tol = 1e-5f) {
   ASSERT_EQ(got.sizes(), want.sizes());
   auto g = values(got), w = values(want);
-  for (size_t i = 0; i < w.size(); ++i) ASSERT_NEAR(g[i], w[i], tol * std::max(1.0f, std::abs(w[i]))) << "element " << i;
+  for (size_t i = 0; i < w.size(); ++i)
+    ASSERT_NEAR(g[i], w[i], tol * std::max(1.0f, std::abs(w[i]))) << "element " << i;
 }
 
 struct Case {
@@ -157,15 +158,23 @@ TEST(GradSink, RetainedGraphRunTwiceAccumulatesTwice) {
 TEST(GradSink, BadTargetsAreRefusedWithTheReason) {
   Tensor w = randn({3, 4}).setRequiresGrad();
   EXPECT_TRUE(contains(messageOf<ValueError>([&] { autograd::setGradTarget(w, zeros({4, 3})); }), "shape [3, 4]"));
-  EXPECT_TRUE(contains(messageOf<ValueError>([&] { autograd::setGradTarget(w, zeros({4, 3}).t()); }),
+  EXPECT_TRUE(contains(messageOf<ValueError>([&] {
+                         autograd::setGradTarget(w, zeros({4, 3}).t());
+                       }),
                        "not contiguous"));
-  EXPECT_TRUE(contains(messageOf<ValueError>([&] { autograd::setGradTarget(w, zeros({3, 4}, {.dtype = DType::Float64})); }),
+  EXPECT_TRUE(contains(messageOf<ValueError>([&] {
+                         autograd::setGradTarget(w, zeros({3, 4}, {.dtype = DType::Float64}));
+                       }),
                        "float32"));
   Tensor plain = randn({3, 4});
-  EXPECT_TRUE(contains(messageOf<ValueError>([&] { autograd::setGradTarget(plain, zeros({3, 4})); }),
+  EXPECT_TRUE(contains(messageOf<ValueError>([&] {
+                         autograd::setGradTarget(plain, zeros({3, 4}));
+                       }),
                        "does not require grad"));
   Tensor nonLeaf = w * 2.0;
-  EXPECT_TRUE(contains(messageOf<ValueError>([&] { autograd::setGradTarget(nonLeaf, zeros({3, 4})); }),
+  EXPECT_TRUE(contains(messageOf<ValueError>([&] {
+                         autograd::setGradTarget(nonLeaf, zeros({3, 4}));
+                       }),
                        "is not a leaf"));
   // Clearing: the next first gradient is a fresh tensor again.
   Tensor target = zeros({3, 4});

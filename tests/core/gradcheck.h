@@ -61,8 +61,8 @@ inline ::testing::AssertionResult gradcheck(const std::function<Tensor(const std
         x.detach().copy_(base);
       }
       if (std::abs(num - an[k]) > atol + rtol * std::abs(num))
-        return ::testing::AssertionFailure() << "input " << i << " element " << k << ": analytic " << an[k]
-                                             << " vs numeric " << num;
+        return ::testing::AssertionFailure()
+               << "input " << i << " element " << k << ": analytic " << an[k] << " vs numeric " << num;
     }
   }
   return ::testing::AssertionSuccess();

@@ -53,19 +53,14 @@ uint16_t referenceHalf(float f) {
   uint16_t lo = 0, hi = 0x7bff;
   while (hi - lo > 1) {
     uint16_t mid = static_cast<uint16_t>((lo + hi) / 2);
-    if (halfValue(mid) <= a)
-      lo = mid;
-    else
-      hi = mid;
+    if (halfValue(mid) <= a) lo = mid;
+    else hi = mid;
   }
   double dl = a - halfValue(lo), dh = halfValue(hi) - a;
   uint16_t pick;
-  if (dl < dh)
-    pick = lo;
-  else if (dh < dl)
-    pick = hi;
-  else
-    pick = (lo & 1) ? hi : lo;
+  if (dl < dh) pick = lo;
+  else if (dh < dl) pick = hi;
+  else pick = (lo & 1) ? hi : lo;
   if (a >= halfValue(hi)) pick = hi;  // a == 65504 exactly
   return sign | pick;
 }
@@ -186,12 +181,9 @@ uint16_t referenceBf16(float f) {
   double hi =
       (t + 1) == 0x7f80 ? std::ldexp(1.0, 128) : static_cast<double>(bitsFloat(static_cast<uint32_t>(t + 1) << 16));
   uint16_t pick;
-  if (a - lo < hi - a)
-    pick = t;
-  else if (hi - a < a - lo)
-    pick = t + 1;
-  else
-    pick = (t & 1) ? t + 1 : t;
+  if (a - lo < hi - a) pick = t;
+  else if (hi - a < a - lo) pick = t + 1;
+  else pick = (t & 1) ? t + 1 : t;
   return sign | pick;
 }
 

@@ -67,11 +67,18 @@ TEST(IndexSelect, Gradcheck) {
   EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return indexSelect(in[0], 0, idx64({3, 0, 3, 1})); }, {a}));
   EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return indexSelect(in[0], 1, idx64({2, 2})); }, {a}));
   // Through a transposed (non-contiguous) view.
-  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return indexSelect(in[0].t(), 1, idx64({0, 3, 0})); }, {a}));
+  EXPECT_TRUE(gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return indexSelect(in[0].t(), 1, idx64({0, 3, 0}));
+      },
+      {a}));
   // Expanded input.
   Tensor b = randArg({3}, 11);
-  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return indexSelect(in[0].expand({4, 3}), 0, idx64({1, 2})); },
-                        {b}));
+  EXPECT_TRUE(gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return indexSelect(in[0].expand({4, 3}), 0, idx64({1, 2}));
+      },
+      {b}));
 }
 
 TEST(IndexSelect, BadInputs) {
@@ -79,7 +86,8 @@ TEST(IndexSelect, BadInputs) {
   expectError<IndexError>([&] { indexSelect(a, 1, idx64({0, 3})); }, {"indexSelect", "index 3", "dim 1", "size 3"});
   expectError<IndexError>([&] { indexSelect(a, 2, idx64({-1})); }, {"indexSelect", "index -1", "size 4"});
   expectError<IndexError>([&] { indexSelect(a, 3, idx64({0})); }, {"indexSelect", "dim 3"});
-  expectError<ValueError>([&] { indexSelect(a, 0, fromVector<float>({0})); }, {"indexSelect", "int64 or int32", "float32"});
+  expectError<ValueError>([&] { indexSelect(a, 0, fromVector<float>({0})); },
+                          {"indexSelect", "int64 or int32", "float32"});
   expectError<ValueError>([&] { indexSelect(a, 0, idx64({0, 1}, {1, 2})); }, {"indexSelect", "[1, 2]"});
 }
 
@@ -112,15 +120,22 @@ TEST(Gather, Gradcheck) {
   EXPECT_TRUE(gradcheck([&](const std::vector<Tensor>& in) { return gather(in[0], 1, idx); }, {a}));
   Tensor idx0 = idx64({2, 0, 1, 2, 0, 0}, {2, 3});
   EXPECT_TRUE(gradcheck([&](const std::vector<Tensor>& in) { return gather(in[0].t(), 0, idx0); }, {a}));
-  EXPECT_TRUE(gradcheck([&](const std::vector<Tensor>& in) { return gather(in[0].slice(1, 0, 4, 2), 1, idx64({1, 0, 1}, {3, 1})); },
-                        {a}));
+  EXPECT_TRUE(gradcheck(
+      [&](const std::vector<Tensor>& in) {
+        return gather(in[0].slice(1, 0, 4, 2), 1, idx64({1, 0, 1}, {3, 1}));
+      },
+      {a}));
 }
 
 TEST(Gather, BadInputs) {
   Tensor a = arange24();
   expectError<IndexError>([&] { gather(a, 1, idx64({0, 5}, {1, 1, 2})); }, {"gather", "index 5", "dim 1", "size 3"});
   expectError<ValueError>([&] { gather(a, 1, idx64({0, 1})); }, {"gather", "[2]", "[2, 3, 4]"});
-  expectError<ValueError>([&] { gather(a, 1, zeros({3, 1, 1}, {.dtype = DType::Int64})); }, {"gather", "[3, 1, 1]", "dim 0"});
+  expectError<ValueError>(
+      [&] {
+        gather(a, 1, zeros({3, 1, 1}, {.dtype = DType::Int64}));
+      },
+      {"gather", "[3, 1, 1]", "dim 0"});
   expectError<ValueError>([&] { gather(a, 1, zeros({1, 1, 1}, {.dtype = DType::UInt8})); }, {"gather", "uint8"});
 }
 
@@ -159,12 +174,26 @@ TEST(ScatterAdd, Gradcheck) {
 TEST(ScatterAdd, BadInputs) {
   Tensor z = zeros({3, 4});
   Tensor src = ones({3, 4});
-  expectError<IndexError>([&] { scatterAdd(z, 1, idx64({4}, {1, 1}), src); }, {"scatterAdd", "index 4", "dim 1", "size 4"});
-  expectError<ValueError>([&] { scatterAdd(z, 1, zeros({1, 5}, {.dtype = DType::Int64}), src); }, {"scatterAdd", "[1, 5]"});
-  expectError<ValueError>([&] { scatterAdd(z, 1, zeros({1, 1}, {.dtype = DType::Int64}), ones({3, 4}, {.dtype = DType::Float64})); },
-                          {"scatterAdd", "float64", "float32"});
-  expectError<ValueError>([&] { scatterAdd(z, 1, zeros({4, 1}, {.dtype = DType::Int64}), ones({5, 4})); },
-                          {"scatterAdd", "[4, 1]", "[3, 4]"});
+  expectError<IndexError>(
+      [&] {
+        scatterAdd(z, 1, idx64({4}, {1, 1}), src);
+      },
+      {"scatterAdd", "index 4", "dim 1", "size 4"});
+  expectError<ValueError>(
+      [&] {
+        scatterAdd(z, 1, zeros({1, 5}, {.dtype = DType::Int64}), src);
+      },
+      {"scatterAdd", "[1, 5]"});
+  expectError<ValueError>(
+      [&] {
+        scatterAdd(z, 1, zeros({1, 1}, {.dtype = DType::Int64}), ones({3, 4}, {.dtype = DType::Float64}));
+      },
+      {"scatterAdd", "float64", "float32"});
+  expectError<ValueError>(
+      [&] {
+        scatterAdd(z, 1, zeros({4, 1}, {.dtype = DType::Int64}), ones({5, 4}));
+      },
+      {"scatterAdd", "[4, 1]", "[3, 4]"});
 }
 
 // ---- masked_fill -------------------------------------------------------------------------------
@@ -189,8 +218,9 @@ TEST(MaskedFill, Gradcheck) {
   Tensor mask = fromVector<bool>({true, false, false, true}, {4});
   EXPECT_TRUE(gradcheck([&](const std::vector<Tensor>& in) { return maskedFill(in[0], mask, 2.0) * in[0]; }, {a}));
   Tensor m2 = fromVector<bool>({false, true, true}, {3, 1});
-  EXPECT_TRUE(gradcheck([&](const std::vector<Tensor>& in) { return maskedFill(in[0].t().slice(0, 0, 4, 2), m2.t(), 0.0); },
-                        {a}));
+  EXPECT_TRUE(
+      gradcheck([&](const std::vector<Tensor>& in) { return maskedFill(in[0].t().slice(0, 0, 4, 2), m2.t(), 0.0); },
+                {a}));
   // Input broadcast by the mask: gradients sum back.
   Tensor b = randArg({4}, 15);
   Tensor m3 = fromVector<bool>({true, false, false, true, false, false, true, true}, {2, 4});
@@ -219,7 +249,8 @@ TEST(Triangle, ValuesMatchTorch) {
   expectValues(tril(n, -10), std::vector<double>(12, 0));
   // Batched, non-contiguous: each matrix of a [2,3,3] transposed batch.
   Tensor b = arange(0, 18, 1, {.dtype = DType::Int64}).view({2, 3, 3}).transpose(1, 2);
-  EXPECT_EQ(triu(b).toVector<int64_t>(), (std::vector<int64_t>{0, 3, 6, 0, 4, 7, 0, 0, 8, 9, 12, 15, 0, 13, 16, 0, 0, 17}));
+  EXPECT_EQ(triu(b).toVector<int64_t>(),
+            (std::vector<int64_t>{0, 3, 6, 0, 4, 7, 0, 0, 8, 9, 12, 15, 0, 13, 16, 0, 0, 17}));
 }
 
 TEST(Triangle, Gradcheck) {

@@ -182,25 +182,100 @@ TEST(Inplace, AutogradThroughInplaceOps) {
   // In-place ops on a non-leaf record their backward: gradcheck f(in) = clone(in0) op_ ...
   Tensor a = randArg({3, 4}, 41), b = randArg({4}, 42), c = randArg({3, 1}, 43);
   Tensor pos = (randArg({4}, 44).detach() + 2.0).setRequiresGrad();
-  EXPECT_TRUE(gradcheck([](const In& in) { Tensor t = in[0] * 1.0; t.add_(in[1], 0.7); return t; }, {a, b}));
-  EXPECT_TRUE(gradcheck([](const In& in) { Tensor t = in[0] * 1.0; t.sub_(in[1], 2); return t; }, {a, c}));
-  EXPECT_TRUE(gradcheck([](const In& in) { Tensor t = in[0] * 1.0; t.mul_(in[1]); return t; }, {a, b}));
-  EXPECT_TRUE(gradcheck([](const In& in) { Tensor t = in[0] * 1.0; t.div_(in[1]); return t; }, {a, pos}));
-  EXPECT_TRUE(gradcheck([](const In& in) { Tensor t = in[0] * 1.0; t.mul_(3).add_(2).div_(4); return t; }, {a}));
-  EXPECT_TRUE(gradcheck([](const In& in) { Tensor t = in[0] * 1.0; t.addcmul_(in[1], in[2], 0.5); return t; },
-                        {a, b, c}));
-  EXPECT_TRUE(gradcheck([](const In& in) { Tensor t = in[0] * 1.0; t.addcdiv_(in[1], in[2], -1.5); return t; },
-                        {a, c, pos}));
-  EXPECT_TRUE(gradcheck([](const In& in) { Tensor t = in[0] * 1.0; t.lerp_(in[1], 0.3); return t; }, {a, b}));
-  EXPECT_TRUE(gradcheck([](const In& in) { Tensor t = in[0] * 1.0; t.lerp_(in[1], 0.8); return t; }, {a, b}));
-  EXPECT_TRUE(gradcheck([](const In& in) { Tensor t = in[0] * 1.0; t.clamp_(-0.3, 0.4); return t; }, {a}));
-  EXPECT_TRUE(gradcheck([](const In& in) { Tensor t = in[0] * 1.0; t.sqrt_(); return t; }, {pos}));
+  EXPECT_TRUE(gradcheck(
+      [](const In& in) {
+        Tensor t = in[0] * 1.0;
+        t.add_(in[1], 0.7);
+        return t;
+      },
+      {a, b}));
+  EXPECT_TRUE(gradcheck(
+      [](const In& in) {
+        Tensor t = in[0] * 1.0;
+        t.sub_(in[1], 2);
+        return t;
+      },
+      {a, c}));
+  EXPECT_TRUE(gradcheck(
+      [](const In& in) {
+        Tensor t = in[0] * 1.0;
+        t.mul_(in[1]);
+        return t;
+      },
+      {a, b}));
+  EXPECT_TRUE(gradcheck(
+      [](const In& in) {
+        Tensor t = in[0] * 1.0;
+        t.div_(in[1]);
+        return t;
+      },
+      {a, pos}));
+  EXPECT_TRUE(gradcheck(
+      [](const In& in) {
+        Tensor t = in[0] * 1.0;
+        t.mul_(3).add_(2).div_(4);
+        return t;
+      },
+      {a}));
+  EXPECT_TRUE(gradcheck(
+      [](const In& in) {
+        Tensor t = in[0] * 1.0;
+        t.addcmul_(in[1], in[2], 0.5);
+        return t;
+      },
+      {a, b, c}));
+  EXPECT_TRUE(gradcheck(
+      [](const In& in) {
+        Tensor t = in[0] * 1.0;
+        t.addcdiv_(in[1], in[2], -1.5);
+        return t;
+      },
+      {a, c, pos}));
+  EXPECT_TRUE(gradcheck(
+      [](const In& in) {
+        Tensor t = in[0] * 1.0;
+        t.lerp_(in[1], 0.3);
+        return t;
+      },
+      {a, b}));
+  EXPECT_TRUE(gradcheck(
+      [](const In& in) {
+        Tensor t = in[0] * 1.0;
+        t.lerp_(in[1], 0.8);
+        return t;
+      },
+      {a, b}));
+  EXPECT_TRUE(gradcheck(
+      [](const In& in) {
+        Tensor t = in[0] * 1.0;
+        t.clamp_(-0.3, 0.4);
+        return t;
+      },
+      {a}));
+  EXPECT_TRUE(gradcheck(
+      [](const In& in) {
+        Tensor t = in[0] * 1.0;
+        t.sqrt_();
+        return t;
+      },
+      {pos}));
   Tensor mask = fromVector<bool>({true, false, false, true});
-  EXPECT_TRUE(gradcheck([&](const In& in) { Tensor t = in[0] * 1.0; t.maskedFill_(mask, 2.0); return t; }, {a}));
+  EXPECT_TRUE(gradcheck(
+      [&](const In& in) {
+        Tensor t = in[0] * 1.0;
+        t.maskedFill_(mask, 2.0);
+        return t;
+      },
+      {a}));
   // Non-contiguous operands: transposed and sliced.
   Tensor at = randArg({4, 3}, 45), bs = randArg({3, 8}, 46);
-  EXPECT_TRUE(gradcheck([](const In& in) { Tensor t = in[0].t() * 1.0; t.addcmul_(in[1].slice(1, 0, 8, 2), in[1].slice(1, 1, 8, 2)); return t; },
-                        {at, bs}));
+  EXPECT_TRUE(gradcheck(
+      [](const In& in) {
+        Tensor t = in[0].t() * 1.0;
+        t.addcmul_(in[1].slice(1, 0, 8, 2), in[1].slice(1, 1, 8, 2));
+        return t;
+      },
+      {at, bs}));
   // A leaf that does not require grad updated in place by a tensor that does.
   Tensor w = randArg({3}, 47);
   Tensor buf = zeros({3}, {.dtype = DType::Float64});

@@ -96,9 +96,7 @@ TEST(Module, NamesFollowRegistrationOrder) {
   for (const Tensor& p : m.parameters()) EXPECT_TRUE(p.requiresGrad());
   // apply visits children first, then the module itself.
   std::vector<std::string> visited;
-  m.apply([&](nn::Module& x) {
-    visited.push_back(x.name());
-  });
+  m.apply([&](nn::Module& x) { visited.push_back(x.name()); });
   EXPECT_EQ(visited, (std::vector<std::string>{"Inner", "Inner", "Outer"}));
 }
 
@@ -197,11 +195,9 @@ TEST(Module, StrictLoadListsEveryOffenderAndWritesNothing) {
   nn::StateDict sd = m.stateDict();
   nn::StateDict bad;
   for (const auto& [k, t] : sd) {
-    if (k == "first.w") continue;  // missing
-    if (k == "bias")
-      bad.insert(k, zeros({3}));  // wrong shape
-    else
-      bad.insert(k, full(t.sizes(), 5.0, {.dtype = t.dtype()}));
+    if (k == "first.w") continue;                // missing
+    if (k == "bias") bad.insert(k, zeros({3}));  // wrong shape
+    else bad.insert(k, full(t.sizes(), 5.0, {.dtype = t.dtype()}));
   }
   bad.insert("third.w", zeros({2, 2}));  // unexpected
   bad.insert("extra", zeros({1}));       // unexpected
@@ -254,14 +250,9 @@ TEST(Module, ForwardHooksRunInOrderAndAreRemovable) {
     log.push_back("pre1:" + m.name());
     in[0] = in[0] * 2.0;  // replace the input
   });
-  auto h2 = lin.registerForwardPreHook([&](nn::Module&, nn::TensorList&) {
-    log.push_back("pre2");
-  });
-  auto h0 = lin.registerForwardPreHook(
-      [&](nn::Module&, nn::TensorList&) {
-        log.push_back("pre0");
-      },
-      /*prepend=*/true);
+  auto h2 = lin.registerForwardPreHook([&](nn::Module&, nn::TensorList&) { log.push_back("pre2"); });
+  auto h0 = lin.registerForwardPreHook([&](nn::Module&, nn::TensorList&) { log.push_back("pre0"); },
+                                       /*prepend=*/true);
   auto p1 = lin.registerForwardHook([&](nn::Module&, const nn::TensorList& in, nn::TensorList& out) {
     log.push_back("post1");
     EXPECT_EQ(in[0].toVector<float>(), (std::vector<float>{2, 4}));  // sees the replaced input
@@ -285,9 +276,7 @@ TEST(Module, ForwardHooksRunInOrderAndAreRemovable) {
   nn::Sequential seq;
   nn::ReLU relu;
   int calls = 0;
-  auto hr = relu.registerForwardHook([&](nn::Module&, const nn::TensorList&, nn::TensorList&) {
-    ++calls;
-  });
+  auto hr = relu.registerForwardHook([&](nn::Module&, const nn::TensorList&, nn::TensorList&) { ++calls; });
   seq.push_back(std::move(relu));
   seq(fromVector<float>({-1, 1}));
   EXPECT_EQ(calls, 1);
@@ -306,9 +295,7 @@ TEST(Module, MultiInputModulesAndMissingForward) {
   };
   Add add;
   int pre = 0;
-  add.registerForwardPreHook([&](nn::Module&, nn::TensorList& in) {
-    pre += static_cast<int>(in.size());
-  });
+  add.registerForwardPreHook([&](nn::Module&, nn::TensorList& in) { pre += static_cast<int>(in.size()); });
   auto out = add.call({fromVector<float>({3}), fromVector<float>({1})});
   ASSERT_EQ(out.size(), 2u);
   EXPECT_EQ(out[0].item<float>(), 4.0f);
@@ -572,12 +559,12 @@ TEST(Transformer, GPTForwardMatchesTorch) {
     // The same with layers 1, no biases, untied.
     nn::GPT gpt(
         {.vocabSize = 7, .blockSize = 4, .nLayer = 1, .nHead = 2, .nEmbd = 4, .bias = false, .tieWeights = false});
-    EXPECT_EQ(
-        keysOf(gpt.stateDict()),
-        (std::vector<std::string>{"transformer.wte.weight", "transformer.wpe.weight", "transformer.h.0.ln_1.weight",
-                                  "transformer.h.0.attn.c_attn.weight", "transformer.h.0.attn.c_proj.weight",
-                                  "transformer.h.0.ln_2.weight", "transformer.h.0.mlp.c_fc.weight",
-                                  "transformer.h.0.mlp.c_proj.weight", "transformer.ln_f.weight", "lm_head.weight"}));
+    EXPECT_EQ(keysOf(gpt.stateDict()),
+              (std::vector<std::string>{"transformer.wte.weight", "transformer.wpe.weight",
+                                        "transformer.h.0.ln_1.weight", "transformer.h.0.attn.c_attn.weight",
+                                        "transformer.h.0.attn.c_proj.weight", "transformer.h.0.ln_2.weight",
+                                        "transformer.h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_proj.weight",
+                                        "transformer.ln_f.weight", "lm_head.weight"}));
     fillModule(gpt);
     expectClose(gpt(idx), {-0.0246934053, 0.0136182485,  0.0606555827,   -0.0694598854, -0.0311482437,   -0.00936874282,
                            0.0376685932,  0.0388850234,  0.0760348067,   -0.066850327,  -0.0144900559,   0.0226597227,
@@ -654,19 +641,14 @@ TEST(Transformer, GradientsThroughTheWholeModelAreRight) {
   gpt.to(DType::Float64);
   auto p = gpt.namedParameters();
   Tensor idx = fromVector<int64_t>({1, 4, 2, 0, 3, 3}, {2, 3});
-  EXPECT_TRUE(cohort::testing::gradcheck(
-      [&](const std::vector<Tensor>&) {
-        return gpt(idx);
-      },
-      {p["transformer.wte.weight"], p["transformer.wpe.weight"], p["transformer.h.0.attn.c_attn.weight"],
-       p["transformer.h.0.ln_1.bias"], p["transformer.h.0.mlp.c_proj.weight"]}));
+  EXPECT_TRUE(cohort::testing::gradcheck([&](const std::vector<Tensor>&) { return gpt(idx); },
+                                         {p["transformer.wte.weight"], p["transformer.wpe.weight"],
+                                          p["transformer.h.0.attn.c_attn.weight"], p["transformer.h.0.ln_1.bias"],
+                                          p["transformer.h.0.mlp.c_proj.weight"]}));
   // The attention's input gradient, for a non-contiguous (transposed) input.
   nn::CausalSelfAttention att(4, 2, 4);
   att.to(DType::Float64);
   Tensor x = cohort::testing::randArg({3, 2, 4});
-  EXPECT_TRUE(cohort::testing::gradcheck(
-      [&](const std::vector<Tensor>& in) {
-        return att(in[0].transpose(0, 1));
-      },
-      {x}));
+  EXPECT_TRUE(
+      cohort::testing::gradcheck([&](const std::vector<Tensor>& in) { return att(in[0].transpose(0, 1)); }, {x}));
 }

@@ -23,17 +23,15 @@ namespace {
 // torch 1.13, torch.nn.functional):
 //   L = round(2 * cos(0.7 * arange(20)), 4).reshape(4, 5);  t = [1, 0, 4, -100]
 //   X = round(3 * sin(1.3 * arange(24)), 4).reshape(2, 3, 4) with X[1, 2, 3] = X[1, 2, 0]
-const std::vector<double> kL = {2.0,     1.5297,  0.3399, -1.0097, -1.8844, -1.8729, -0.9805,
-                                0.373,   1.5511,  1.9997, 1.5078,  0.3067,  -1.0386, -1.8954,
-                                -1.8609, -0.9511, 0.406,  1.5721,  1.9989,  1.4855};
-const std::vector<double> kX = {0.0,    2.8907,  1.5465,  -2.0633, -2.6504, 0.6454,  2.9956, 0.9573,
-                                -2.4835, -2.286, 1.2605,  2.9603,  0.3233,  -2.7874, -1.8145, 1.8166,
-                                2.7864, -0.3259, -2.9607, -1.2581, 2.2877,  2.482,   -0.9598, 2.2877};
+const std::vector<double> kL = {2.0,    1.5297, 0.3399,  -1.0097, -1.8844, -1.8729, -0.9805, 0.373,  1.5511, 1.9997,
+                                1.5078, 0.3067, -1.0386, -1.8954, -1.8609, -0.9511, 0.406,   1.5721, 1.9989, 1.4855};
+const std::vector<double> kX = {0.0,     2.8907,  1.5465,  -2.0633, -2.6504, 0.6454,  2.9956,  0.9573,
+                                -2.4835, -2.286,  1.2605,  2.9603,  0.3233,  -2.7874, -1.8145, 1.8166,
+                                2.7864,  -0.3259, -2.9607, -1.2581, 2.2877,  2.482,   -0.9598, 2.2877};
 
 Tensor L(DType dt = DType::Float64) { return fromVector<double>(kL, {4, 5}).to(dt); }
 Tensor T() { return fromVector<int64_t>({1, 0, 4, -100}); }
 Tensor X() { return fromVector<double>(kX, {2, 3, 4}); }
-
 
 }  // namespace
 
@@ -92,9 +90,9 @@ TEST(NnOps, SoftmaxRowKernel) {
   }
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   std::vector<float> v(3 * 40, 0.0f);
-  v[3] = -inf;                                           // row 0: one -inf -> 0 there
-  for (int k = 40; k < 80; ++k) v[k] = -inf;             // row 1: all -inf -> NaN
-  v[80 + 39] = nan;                                      // row 2: NaN -> NaN row
+  v[3] = -inf;                                // row 0: one -inf -> 0 there
+  for (int k = 40; k < 80; ++k) v[k] = -inf;  // row 1: all -inf -> NaN
+  v[80 + 39] = nan;                           // row 2: NaN -> NaN row
   Tensor t = fromVector(v, {3, 40});
   std::vector<float> s = softmax(t, 1).toVector<float>();
   EXPECT_EQ(s[3], 0.0f);
@@ -126,7 +124,8 @@ TEST(NnOps, CrossEntropyValues) {
   // torch: F.cross_entropy(L, t, reduction=...) and with label_smoothing=0.1; t[3] is ignored.
   expectNear(crossEntropy(L(), T()), {3.120077041405});
   expectNear(crossEntropy(L(), T(), {.reduction = Reduction::Sum}), {9.360231124214});
-  expectNear(crossEntropy(L(), T(), {.reduction = Reduction::None}), {1.10412245329, 4.517966420706, 3.738142250218, 0.0});
+  expectNear(crossEntropy(L(), T(), {.reduction = Reduction::None}),
+             {1.10412245329, 4.517966420706, 3.738142250218, 0.0});
   expectNear(crossEntropy(L(), T(), {.labelSmoothing = 0.1}), {3.052837041405});
   expectNear(crossEntropy(L(), T(), {.reduction = Reduction::Sum, .labelSmoothing = 0.1}), {9.158511124214});
   expectNear(crossEntropy(L(), T(), {.reduction = Reduction::None, .labelSmoothing = 0.1}),
@@ -138,8 +137,8 @@ TEST(NnOps, CrossEntropyValues) {
   // Spatial: input [2, 3, 2] (L's first 12 values), target [[0, 2], [1, 1]].
   Tensor L3 = L().flatten().slice(0, 0, 12).reshape({2, 3, 2});
   Tensor t3 = fromVector<int64_t>({0, 2, 1, 1}, {2, 2});
-  expectNear(crossEntropy(L3, t3), {1.1835387124});                              // torch
-  expectNear(crossEntropy(L3, t3, {.labelSmoothing = 0.2}), {1.3030937124});     // torch
+  expectNear(crossEntropy(L3, t3), {1.1835387124});                           // torch
+  expectNear(crossEntropy(L3, t3, {.labelSmoothing = 0.2}), {1.3030937124});  // torch
   expectNear(crossEntropy(L3, t3, {.reduction = Reduction::None}),
              {0.19118229121, 3.508940346859, 0.711554583765, 0.322477627767});  // torch
   // Unbatched: input [C], target [].
@@ -162,30 +161,47 @@ TEST(NnOps, NllMseValues) {
 }
 
 TEST(NnOps, LossErrors) {
-  expectThrowsNaming<IndexError>([] { crossEntropy(L(), fromVector<int64_t>({1, 5, 0, 0})); },
-                                 {"crossEntropy", "label 5", "5 classes"});
+  expectThrowsNaming<IndexError>(
+      [] {
+        crossEntropy(L(), fromVector<int64_t>({1, 5, 0, 0}));
+      },
+      {"crossEntropy", "label 5", "5 classes"});
   expectThrowsNaming<IndexError>([] { crossEntropy(L(), fromVector<int64_t>({-1, 0, 0, 0})); }, {"label -1"});
   expectThrowsNaming<IndexError>([] { nllLoss(L(), fromVector<int64_t>({1, 7, 0, 0})); }, {"nllLoss", "label 7"});
-  expectThrowsNaming<ValueError>([] { crossEntropy(L(), fromVector<int64_t>({1, 2, 3})); },
-                                 {"crossEntropy", "[4, 5]", "[3]"});
-  expectThrowsNaming<ValueError>([] { crossEntropy(L(), fromVector<int64_t>({1, 2, 3, 0}, {2, 2})); },
-                                 {"crossEntropy", "[4, 5]", "[2, 2]"});
-  expectThrowsNaming<ValueError>([] { crossEntropy(L(), fromVector<float>({1, 2, 3, 0})); },
-                                 {"crossEntropy", "float32"});
+  expectThrowsNaming<ValueError>(
+      [] {
+        crossEntropy(L(), fromVector<int64_t>({1, 2, 3}));
+      },
+      {"crossEntropy", "[4, 5]", "[3]"});
+  expectThrowsNaming<ValueError>(
+      [] {
+        crossEntropy(L(), fromVector<int64_t>({1, 2, 3, 0}, {2, 2}));
+      },
+      {"crossEntropy", "[4, 5]", "[2, 2]"});
+  expectThrowsNaming<ValueError>(
+      [] {
+        crossEntropy(L(), fromVector<float>({1, 2, 3, 0}));
+      },
+      {"crossEntropy", "float32"});
   expectThrowsNaming<ValueError>([] { crossEntropy(L(), T(), {.labelSmoothing = 1.5}); }, {"labelSmoothing", "1.5"});
-  expectThrowsNaming<ValueError>([] { mseLoss(L(), zeros({3}, {.dtype = DType::Float64})); }, {"mseLoss", "[4, 5]", "[3]"});
+  expectThrowsNaming<ValueError>([] { mseLoss(L(), zeros({3}, {.dtype = DType::Float64})); },
+                                 {"mseLoss", "[4, 5]", "[3]"});
   EXPECT_THROW(crossEntropy(Tensor(), T()), ValueError);
 }
 
 TEST(NnOpsGrad, Losses) {
   Tensor a = randArg({4, 5}, 5);
   for (Reduction r : {Reduction::Mean, Reduction::Sum, Reduction::None}) {
-    EXPECT_TRUE(gradcheck([r](const std::vector<Tensor>& in) { return crossEntropy(in[0], T(), {.reduction = r}); }, {a}));
+    EXPECT_TRUE(
+        gradcheck([r](const std::vector<Tensor>& in) { return crossEntropy(in[0], T(), {.reduction = r}); }, {a}));
     EXPECT_TRUE(gradcheck(
-        [r](const std::vector<Tensor>& in) { return crossEntropy(in[0], T(), {.reduction = r, .labelSmoothing = 0.3}); },
+        [r](const std::vector<Tensor>& in) {
+          return crossEntropy(in[0], T(), {.reduction = r, .labelSmoothing = 0.3});
+        },
         {a}));
     EXPECT_TRUE(gradcheck([r](const std::vector<Tensor>& in) { return nllLoss(in[0], T(), r); }, {a}));
-    EXPECT_TRUE(gradcheck([r](const std::vector<Tensor>& in) { return mseLoss(in[0], in[1], r); }, {a, randArg({4, 5}, 6)}));
+    EXPECT_TRUE(
+        gradcheck([r](const std::vector<Tensor>& in) { return mseLoss(in[0], in[1], r); }, {a, randArg({4, 5}, 6)}));
   }
   // Spatial targets and a transposed (non-contiguous) input.
   Tensor s = randArg({2, 2, 3}, 7);  // viewed as [2, 3, 2] through transpose(1, 2)
@@ -204,15 +220,15 @@ TEST(NnOps, LayerNormValues) {
   Tensor b = arange(12, {.dtype = DType::Float64}).reshape({3, 4}) * 0.1;
   // torch: F.layer_norm(X, (3, 4), w, b) and F.layer_norm(X, (4,)).
   expectNear(layerNorm(X(), {3, 4}, w, b),
-             {-0.074880227378, 1.327078367108, 1.080254968407, -1.965018222381, 1.812144518641, 0.539410802666,
-              1.557781634607,  1.082751261635, 1.466325070167, 0.776141900116,  1.090123000546, 1.478068642661,
-              0.040896127038,  -1.343041175989, -1.249203270345, 1.927585383269, -0.889178765662, 0.440890257977,
-              -0.54599330205,  -0.16674238176, 0.277639445339,  1.013996498866, 0.890565942755,  1.413416332797},
+             {-0.074880227378, 1.327078367108,  1.080254968407,  -1.965018222381, 1.812144518641,  0.539410802666,
+              1.557781634607,  1.082751261635,  1.466325070167,  0.776141900116,  1.090123000546,  1.478068642661,
+              0.040896127038,  -1.343041175989, -1.249203270345, 1.927585383269,  -0.889178765662, 0.440890257977,
+              -0.54599330205,  -0.16674238176,  0.277639445339,  1.013996498866,  0.890565942755,  1.413416332797},
              1e-8);
   expectNear(layerNorm(X(), {4}),
-             {-0.321901920311, 1.24601902167,   0.516922494804, -1.441039596164, -1.550258592007, 0.078281913204,
-              1.239576862942,  0.232399815861,  -1.008051985876, -0.923200029216, 0.600483334303, 1.330768680789,
-              0.521731781306,  -1.207018806794, -0.666336180002, 1.35162320549,   1.544699180169, 0.054431196555,
+             {-0.321901920311, 1.24601902167,   0.516922494804,  -1.441039596164, -1.550258592007, 0.078281913204,
+              1.239576862942,  0.232399815861,  -1.008051985876, -0.923200029216, 0.600483334303,  1.330768680789,
+              0.521731781306,  -1.207018806794, -0.666336180002, 1.35162320549,   1.544699180169,  0.054431196555,
               -1.207194637467, -0.391935739256, 0.531379868262,  0.666643995608,  -1.729403732132, 0.531379868262},
              1e-8);
   for (DType dt : {DType::Float32, DType::BFloat16}) {
@@ -230,13 +246,18 @@ TEST(NnOps, LayerNormValues) {
 
 TEST(NnOpsGrad, LayerNorm) {
   Tensor x = randArg({3, 2, 4}, 11), w = randArg({2, 4}, 12), b = randArg({2, 4}, 13);
-  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return layerNorm(in[0], {2, 4}, in[1], in[2]); }, {x, w, b}));
+  EXPECT_TRUE(gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return layerNorm(in[0], {2, 4}, in[1], in[2]);
+      },
+      {x, w, b}));
   EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return layerNorm(in[0], {4}); }, {x}));
-  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return layerNorm(in[0], {4}, in[1]); },
-                        {x, randArg({4}, 14)}));
+  EXPECT_TRUE(
+      gradcheck([](const std::vector<Tensor>& in) { return layerNorm(in[0], {4}, in[1]); }, {x, randArg({4}, 14)}));
   // Transposed input, bias only.
-  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return layerNorm(in[0].transpose(0, 2), {3}, Tensor(), in[1]); },
-                        {x, randArg({3}, 15)}));
+  EXPECT_TRUE(
+      gradcheck([](const std::vector<Tensor>& in) { return layerNorm(in[0].transpose(0, 2), {3}, Tensor(), in[1]); },
+                {x, randArg({3}, 15)}));
 }
 
 // ---- embedding ---------------------------------------------------------------------------------
@@ -256,8 +277,13 @@ TEST(NnOps, Embedding) {
   EXPECT_EQ(wg.grad().toVector<double>(), (std::vector<double>{1, 1, 1, 1, 1, 1, 0, 0, 0, 2, 2, 2}));
   Tensor ww = randArg({5, 3}, 21);
   EXPECT_TRUE(gradcheck([idx](const std::vector<Tensor>& in) { return embedding(idx, in[0]); }, {ww}));
-  EXPECT_TRUE(gradcheck([idx](const std::vector<Tensor>& in) { return embedding(idx, in[0].t()); }, {randArg({3, 5}, 22)}));
-  expectThrowsNaming<IndexError>([&] { embedding(fromVector<int64_t>({0, 4}), w); }, {"embedding", "index 4", "[4, 3]"});
+  EXPECT_TRUE(
+      gradcheck([idx](const std::vector<Tensor>& in) { return embedding(idx, in[0].t()); }, {randArg({3, 5}, 22)}));
+  expectThrowsNaming<IndexError>(
+      [&] {
+        embedding(fromVector<int64_t>({0, 4}), w);
+      },
+      {"embedding", "index 4", "[4, 3]"});
   expectThrowsNaming<IndexError>([&] { embedding(fromVector<int64_t>({-1}), w); }, {"embedding", "-1"});
   expectThrowsNaming<ValueError>([&] { embedding(fromVector<float>({0, 1}), w); }, {"embedding", "float32"});
   expectThrowsNaming<ValueError>([&] { embedding(idx, zeros({4})); }, {"embedding", "[4]"});

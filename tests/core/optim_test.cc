@@ -62,9 +62,7 @@ TEST(Optim, StepsMatchTorch) {
   // torch.optim.<X>(..., options as below), 5 steps, the loss above.
   std::vector<Case> cases = {
       {"SGD plain",
-       [](auto ps) {
-         return std::make_unique<SGD>(ps, SGDOptions{.lr = 0.1});
-       },
+       [](auto ps) { return std::make_unique<SGD>(ps, SGDOptions{.lr = 0.1}); },
        {0.322602659, -1.03382182, 2.27081609, 0.606671453, -0.45835337, 1.46217144},
        {0.139996126, -0.263632596, 1.04571307, -1.18955469, 0.0105403513, 0.632962108}},
       {"SGD momentum dampening wd",
@@ -82,15 +80,11 @@ TEST(Optim, StepsMatchTorch) {
        {0.233420581, -0.902320743, 2.30470777, 0.525462866, -0.514303803, 1.5709852},
        {0.108665034, -0.195001006, 1.07227063, -1.01388454, -0.00737737259, 0.626611471}},
       {"SGD maximize momentum",
-       [](auto ps) {
-         return std::make_unique<SGD>(ps, SGDOptions{.lr = 0.02, .momentum = 0.5, .maximize = true});
-       },
+       [](auto ps) { return std::make_unique<SGD>(ps, SGDOptions{.lr = 0.02, .momentum = 0.5, .maximize = true}); },
        {0.56632024, -1.32324004, 1.92086375, 0.809111953, -0.242237732, 0.986044049},
        {0.221355408, -0.453548878, 0.855268359, -1.61606061, 0.0609760135, 0.588554144}},
       {"Adam",
-       [](auto ps) {
-         return std::make_unique<Adam>(ps, AdamOptions{.lr = 0.01});
-       },
+       [](auto ps) { return std::make_unique<Adam>(ps, AdamOptions{.lr = 0.01}); },
        {0.450071424, -1.20001984, 2.05003285, 0.700148106, -0.349932253, 1.15000594},
        {0.150161684, -0.350126773, 0.950029492, -1.45003927, -0.000207744539, 0.649757385}},
       {"Adam wd",
@@ -101,15 +95,11 @@ TEST(Optim, StepsMatchTorch) {
        {0.400614709, -1.15019, 2.10032296, 0.651110947, -0.399239868, 1.19999993},
        {0.101520188, -0.301065564, 1.00017595, -1.40030706, -0.051411029, 0.629846573}},
       {"Adam amsgrad",
-       [](auto ps) {
-         return std::make_unique<Adam>(ps, AdamOptions{.lr = 0.05, .amsgrad = true});
-       },
+       [](auto ps) { return std::make_unique<Adam>(ps, AdamOptions{.lr = 0.05, .amsgrad = true}); },
        {0.252576649, -1.00055373, 2.25066733, 0.50727576, -0.547597766, 1.35014582},
        {-0.0416669399, -0.155752182, 1.15061307, -1.25121284, -0.198731884, 0.833957374}},
       {"AdamW",
-       [](auto ps) {
-         return std::make_unique<AdamW>(ps, AdamWOptions{.lr = 0.01});
-       },
+       [](auto ps) { return std::make_unique<AdamW>(ps, AdamWOptions{.lr = 0.01}); },
        {0.449831814, -1.19940507, 2.04902267, 0.699784398, -0.349772483, 1.14944601},
        {0.150072038, -0.34993732, 0.949569285, -1.44930005, -0.000222751871, 0.649449348}},
       {"AdamW wd amsgrad",
@@ -165,9 +155,9 @@ TEST(Optim, ParamGroupsWithTheirOwnOptions) {
     // torch.optim.AdamW([{"params": [p0], "weight_decay": 0.0}, {"params": [p1], "lr": 0.003}], lr=0.02,
     // weight_decay=0.1)
     Problem pr;
-    AdamW opt(
-        {{.params = {pr.p0}, .options = {{"weight_decay", 0.0}}}, {.params = {pr.p1}, .options = {{"lr", 0.003}}}},
-        {.lr = 0.02, .weightDecay = 0.1});
+    AdamW opt({{.params = {pr.p0}, .options = {{"weight_decay", 0.0}}},
+               {.params = {pr.p1}, .options = {{"lr", 0.003}}}},
+              {.lr = 0.02, .weightDecay = 0.1});
     pr.run(opt, 5);
     expectClose(pr.p0, {0.400313765, -1.15008163, 2.10012507, 0.650705457, -0.399703801, 1.20002389});
     expectClose(pr.p1, {0.18472217, -0.384420067, 0.913644314, -1.48276424, 0.0349056423, 0.614074647});

@@ -11,8 +11,8 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <mutex>
 #include <cstring>
+#include <mutex>
 #include <set>
 #include <stdexcept>
 #include <thread>

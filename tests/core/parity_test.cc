@@ -37,8 +37,8 @@ fs::path freshDir(const std::string& name) {
 }
 
 nlohmann::json commonConfig() {
-  return {{"steps", 20},  {"lr", 3e-3},     {"betas", {0.9, 0.95}}, {"eps", 1e-8}, {"weight_decay", 0.1},
-          {"clip", 0.5},  {"warmup", 5},    {"total", 20},          {"min_lr", 3e-4}};
+  return {{"steps", 20}, {"lr", 3e-3},  {"betas", {0.9, 0.95}}, {"eps", 1e-8},   {"weight_decay", 0.1},
+          {"clip", 0.5}, {"warmup", 5}, {"total", 20},          {"min_lr", 3e-4}};
 }
 
 Setup mlpSetup() {
@@ -71,8 +71,13 @@ Setup gptSetup() {
   c.bias = true;
   c.tieWeights = true;
   s.config["model"] = "gpt";
-  s.config.update({{"vocab", c.vocabSize}, {"block", c.blockSize}, {"layers", c.nLayer}, {"heads", c.nHead},
-                   {"embd", c.nEmbd}, {"bias", c.bias}, {"tie", c.tieWeights}});
+  s.config.update({{"vocab", c.vocabSize},
+                   {"block", c.blockSize},
+                   {"layers", c.nLayer},
+                   {"heads", c.nHead},
+                   {"embd", c.nEmbd},
+                   {"bias", c.bias},
+                   {"tie", c.tieWeights}});
   manualSeed(12);
   s.model = std::make_shared<nn::GPT>(c);
   Generator g(6);
@@ -95,9 +100,7 @@ Setup gptSetup() {
 
 void runParity(Setup s, const std::string& name) {
   fs::path dir = freshDir(name);
-  {
-    std::ofstream(dir / "config.json") << s.config.dump();
-  }
+  { std::ofstream(dir / "config.json") << s.config.dump(); }
   io::saveSafetensors((dir / "init.safetensors").string(), s.model->stateDict());
   io::TensorDict batches;
   for (size_t i = 0; i < s.xs.size(); ++i) {
@@ -111,12 +114,11 @@ void runParity(Setup s, const std::string& name) {
   ASSERT_EQ(rc, 0) << "the PyTorch reference failed: " << cmd;
 
   auto& cfg = s.config;
-  optim::AdamW opt(s.model->parameters(),
-                   {.lr = cfg["lr"].get<double>(),
-                    .beta1 = cfg["betas"][0].get<double>(),
-                    .beta2 = cfg["betas"][1].get<double>(),
-                    .eps = cfg["eps"].get<double>(),
-                    .weightDecay = cfg["weight_decay"].get<double>()});
+  optim::AdamW opt(s.model->parameters(), {.lr = cfg["lr"].get<double>(),
+                                           .beta1 = cfg["betas"][0].get<double>(),
+                                           .beta2 = cfg["betas"][1].get<double>(),
+                                           .eps = cfg["eps"].get<double>(),
+                                           .weightDecay = cfg["weight_decay"].get<double>()});
   optim::CosineWithWarmup sched(opt, {.warmupSteps = cfg["warmup"].get<int64_t>(),
                                       .totalSteps = cfg["total"].get<int64_t>(),
                                       .minLr = cfg["min_lr"].get<double>()});

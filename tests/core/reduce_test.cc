@@ -21,12 +21,11 @@ namespace {
 // x = round(3 * sin(1.3 * arange(24)), 4).reshape(2, 3, 4) with x[1, 2, 3] = x[1, 2, 0] (a tie).
 // Every expected value in this file marked "torch" was printed by /usr/bin/python3 (torch 1.13)
 // from this tensor, e.g. x.sum((0, 2)), x.var(1), torch.linalg.vector_norm(x, 3, (0, 2)).
-const std::vector<double> kX = {0.0,    2.8907,  1.5465,  -2.0633, -2.6504, 0.6454,  2.9956, 0.9573,
-                                -2.4835, -2.286, 1.2605,  2.9603,  0.3233,  -2.7874, -1.8145, 1.8166,
-                                2.7864, -0.3259, -2.9607, -1.2581, 2.2877,  2.482,   -0.9598, 2.2877};
+const std::vector<double> kX = {0.0,     2.8907,  1.5465,  -2.0633, -2.6504, 0.6454,  2.9956,  0.9573,
+                                -2.4835, -2.286,  1.2605,  2.9603,  0.3233,  -2.7874, -1.8145, 1.8166,
+                                2.7864,  -0.3259, -2.9607, -1.2581, 2.2877,  2.482,   -0.9598, 2.2877};
 
 Tensor X(DType dt = DType::Float64) { return fromVector<double>(kX, {2, 3, 4}).to(dt); }
-
 
 }  // namespace
 
@@ -46,8 +45,8 @@ TEST(Reduce, SumMeanValues) {
 
 TEST(Reduce, AmaxAminValues) {
   Tensor x = X();
-  expectNear(amax(x, {0, 2}), {2.8907, 2.9956, 2.9603});                                   // torch
-  expectNear(amin(x, {-1}), {-2.0633, -2.6504, -2.4835, -2.7874, -2.9607, -0.9598});       // torch
+  expectNear(amax(x, {0, 2}), {2.8907, 2.9956, 2.9603});                              // torch
+  expectNear(amin(x, {-1}), {-2.0633, -2.6504, -2.4835, -2.7874, -2.9607, -0.9598});  // torch
   EXPECT_EQ(amax(x, {0, 2}, true).sizes(), (Shape{1, 3, 1}));
   EXPECT_DOUBLE_EQ(x.max().item<double>(), 2.9956);
   EXPECT_DOUBLE_EQ(x.min().item<double>(), -2.9607);
@@ -83,8 +82,7 @@ TEST(Reduce, MaxMinDimAndArgmax) {
   // argmax / argmin: flattened or over a dim.
   EXPECT_EQ(argmax(x).item<int64_t>(), 6);  // torch
   EXPECT_EQ(x.argmax().dim(), 0);
-  EXPECT_EQ(argmin(x, 0).toVector<int64_t>(),
-            (std::vector<int64_t>{0, 1, 1, 0, 0, 1, 1, 1, 0, 0, 1, 1}));  // torch
+  EXPECT_EQ(argmin(x, 0).toVector<int64_t>(), (std::vector<int64_t>{0, 1, 1, 0, 0, 1, 1, 1, 0, 0, 1, 1}));  // torch
   EXPECT_EQ(argmax(x, std::nullopt, true).sizes(), (Shape{1, 1, 1}));
   EXPECT_EQ(argmax(x, 2, true).sizes(), (Shape{2, 3, 1}));
   // Integer inputs.
@@ -97,7 +95,7 @@ TEST(Reduce, VarStdValues) {
   Tensor x = X();
   expectNear(var(x, {1}), {2.20337467, 6.73878349, 0.86537647, 6.39543172, 1.695738443333, 6.951643503333,
                            1.007981223333, 3.708068823333});  // torch
-  expectNear(var(x, {}, 0), {4.291074068056});                 // torch: x.var(unbiased=False)
+  expectNear(var(x, {}, 0), {4.291074068056});                // torch: x.var(unbiased=False)
   Tensor s = x.std({0, 2}, 1, true);
   EXPECT_EQ(s.sizes(), (Shape{1, 3, 1}));
   expectNear(s, {2.051849788736, 2.253426163487, 2.250260328075});  // torch
@@ -116,11 +114,11 @@ TEST(Reduce, NormValues) {
   expectNear(norm(x, 1), {44.8296});              // torch
   const double inf = std::numeric_limits<double>::infinity();
   expectNear(norm(x, inf, {1}), {2.6504, 2.8907, 2.9956, 2.9603, 2.7864, 2.7874, 2.9607, 2.2877});  // torch
-  expectNear(norm(x, -inf), {0.0});                                                              // torch
-  expectNear(norm(x, 3, {0, 2}), {4.127113737829, 4.582954057287, 4.568157560298});              // torch
-  expectNear(norm(x, 0.5, {1}), {10.26508637354, 16.124450348277, 16.786094141106, 17.101437920095,
-                                 14.065204262221, 14.560816573064, 16.381415051218, 15.856149394793});  // torch
-  expectNear(norm(x, 0), {23.0});  // torch: the count of non-zeros
+  expectNear(norm(x, -inf), {0.0});                                                                 // torch
+  expectNear(norm(x, 3, {0, 2}), {4.127113737829, 4.582954057287, 4.568157560298});                 // torch
+  expectNear(norm(x, 0.5, {1}), {10.26508637354, 16.124450348277, 16.786094141106, 17.101437920095, 14.065204262221,
+                                 14.560816573064, 16.381415051218, 15.856149394793});  // torch
+  expectNear(norm(x, 0), {23.0});                                                      // torch: the count of non-zeros
   EXPECT_EQ(x.norm(2, {0}, true).sizes(), (Shape{1, 3, 4}));
 }
 
@@ -156,7 +154,8 @@ TEST(Reduce, DTypes) {
 // (narrow, wide, tiled columns, rows longer than a lane block) against a double reference.
 TEST(Reduce, KernelPathsMatchReference) {
   Generator g(3);
-  for (Shape shape : {Shape{1000, 3}, Shape{7, 2500}, Shape{5000, 17}, Shape{3, 2100, 5}, Shape{37, 1100}, Shape{9000}}) {
+  for (Shape shape :
+       {Shape{1000, 3}, Shape{7, 2500}, Shape{5000, 17}, Shape{3, 2100, 5}, Shape{37, 1100}, Shape{9000}}) {
     Tensor x32 = rand(shape, {.dtype = DType::Float32}, &g);
     Tensor x64 = x32.to(DType::Float64);
     for (int64_t d = 0; d < x32.dim(); ++d) {
@@ -233,7 +232,7 @@ TEST(Reduce, MaxMinLastDimKernel) {
   Generator g(5);
   for (Shape shape : {Shape{6, 10000}, Shape{4096, 130}, Shape{3, 4096}, Shape{2, 129}}) {
     Tensor x = randint(0, 50, shape, {.dtype = DType::Float32}, &g);  // many ties
-    Tensor xt = x.t().contiguous().t();                                  // same values, strided rows
+    Tensor xt = x.t().contiguous().t();                               // same values, strided rows
     auto [mv, mi] = max(x, 1);
     auto [mvt, mit] = max(xt, 1);
     EXPECT_EQ(mi.toVector<int64_t>(), mit.toVector<int64_t>());
@@ -382,7 +381,8 @@ TEST(ReduceGrad, Norm) {
   const double inf = std::numeric_limits<double>::infinity();
   for (double p : {2.0, 1.0, 3.0, 1.5, inf, -inf}) {
     EXPECT_TRUE(gradcheck([p](const std::vector<Tensor>& in) { return norm(in[0], p, {0, 2}); }, {a})) << "p=" << p;
-    EXPECT_TRUE(gradcheck([p](const std::vector<Tensor>& in) { return norm(in[0].transpose(1, 2), p, {1}, true); }, {a}))
+    EXPECT_TRUE(
+        gradcheck([p](const std::vector<Tensor>& in) { return norm(in[0].transpose(1, 2), p, {1}, true); }, {a}))
         << "p=" << p;
   }
   EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return norm(in[0]); }, {a}));

@@ -1,10 +1,9 @@
 // The AVX-512 builds of the compute-bound float32 kernels (core/ops/simd.h) give the same bits as
 // the portable kernels for every op (a NaN's sign aside; pow is its own, more accurate algorithm
-// there, held to half an ulp and to the portable special cases), over random inputs across the whole float range and every
-// special value (0, -0, subnormals, +-inf, NaN, the edges where exp overflows or pow switches
-// form); and they stay out of the way for other dtypes and layouts. On a CPU without AVX-512 (or
-// a build without it) both sides are the portable kernel and the test checks nothing more than
-// that; the test says so.
+// there, held to half an ulp and to the portable special cases), over random inputs across the whole float range and
+// every special value (0, -0, subnormals, +-inf, NaN, the edges where exp overflows or pow switches form); and they
+// stay out of the way for other dtypes and layouts. On a CPU without AVX-512 (or a build without it) both sides are the
+// portable kernel and the test checks nothing more than that; the test says so.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -29,10 +28,30 @@ namespace simd = detail::simd;
 
 // Inputs: specials, then random bit patterns (every exponent), then a dense sweep of [-12, 12].
 Tensor inputs(uint32_t seed, bool positiveOnly) {
-  std::vector<float> v = {0.0f, -0.0f, 1.0f, -1.0f, 0.5f, 2.0f, 1e-45f, -1e-45f, 1.17549435e-38f, 3.4028235e38f,
-                          -3.4028235e38f, std::numeric_limits<float>::infinity(),
-                          -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN(),
-                          88.72f, 88.73f, -103.9f, -104.0f, 9.1f, -9.1f, 0.625f, -0.625f, 1e-8f, -1e-8f};
+  std::vector<float> v = {0.0f,
+                          -0.0f,
+                          1.0f,
+                          -1.0f,
+                          0.5f,
+                          2.0f,
+                          1e-45f,
+                          -1e-45f,
+                          1.17549435e-38f,
+                          3.4028235e38f,
+                          -3.4028235e38f,
+                          std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN(),
+                          88.72f,
+                          88.73f,
+                          -103.9f,
+                          -104.0f,
+                          9.1f,
+                          -9.1f,
+                          0.625f,
+                          -0.625f,
+                          1e-8f,
+                          -1e-8f};
   std::mt19937 gen(seed);
   for (int i = 0; i < 200'000; ++i) {
     uint32_t bits = gen();
@@ -92,7 +111,8 @@ class SimdKernels : public ::testing::Test {
 };
 
 TEST_F(SimdKernels, EveryUnaryKernelGivesThePortableBits) {
-  if (!simd::enabled()) std::printf("note: no AVX-512 here (%s): both sides run the portable kernels\n", simd::describe());
+  if (!simd::enabled())
+    std::printf("note: no AVX-512 here (%s): both sides run the portable kernels\n", simd::describe());
   Tensor x = inputs(1, false);
   Tensor pos = inputs(2, true);
   struct Case {
@@ -111,7 +131,8 @@ TEST_F(SimdKernels, EveryUnaryKernelGivesThePortableBits) {
   };
   for (const auto& c : cases) {
     auto [fast, portable] = both(c.op);
-    EXPECT_TRUE(sameBits(fast, portable)) << c.name << ": first difference at " << firstDifference(*c.in, fast, portable);
+    EXPECT_TRUE(sameBits(fast, portable))
+        << c.name << ": first difference at " << firstDifference(*c.in, fast, portable);
   }
 }
 
@@ -158,8 +179,8 @@ TEST_F(SimdKernels, PowIsWithinHalfAnUlpAndItsSpecialCasesAreThePortableOnes) {
   };
   for (double e : {1.7, -1.7, 0.3, 2.5, -0.75, 11.0, -9.0, 1e-3, 1e6, -1e6, 127.5, 1e30, 0.0}) {
     auto [fast, portable] = both([&] { return pow(x, e); });
-    check(fast, portable, [&](int64_t i) { return std::pow(static_cast<double>(xp[i]), e); },
-          "x^" + std::to_string(e));
+    check(
+        fast, portable, [&](int64_t i) { return std::pow(static_cast<double>(xp[i]), e); }, "x^" + std::to_string(e));
   }
   // Positive bases: whole blocks of 16 positive finite lanes take the kernel's short path (no
   // special-case selects), including x == 1 and subnormal x, with every kind of exponent.
@@ -176,7 +197,8 @@ TEST_F(SimdKernels, PowIsWithinHalfAnUlpAndItsSpecialCasesAreThePortableOnes) {
       auto [fast, portable] = both([&] { return pow(px, e); });
       const float* f = fast.data<float>();
       double worst = 0;
-      for (int64_t i = 0; i < px.numel(); ++i) worst = std::max(worst, ulpError(f[i], std::pow(static_cast<double>(pp[i]), e)));
+      for (int64_t i = 0; i < px.numel(); ++i)
+        worst = std::max(worst, ulpError(f[i], std::pow(static_cast<double>(pp[i]), e)));
       EXPECT_LE(worst, simd::enabled() ? 0.501 : 1.25) << "positive x^" << e;
       for (int64_t i = 4096; i < 4096 + 64; ++i) EXPECT_EQ(f[i], 1.0f) << "1^" << e;
     }
@@ -192,9 +214,9 @@ TEST_F(SimdKernels, PowIsWithinHalfAnUlpAndItsSpecialCasesAreThePortableOnes) {
     if (seed == 5) y = y * 0.001;  // mostly moderate exponents, so results are seldom 0 or inf
     const float* yp = y.data<float>();
     auto [fast, portable] = both([&] { return pow(x, y); });
-    check(fast, portable,
-          [&](int64_t i) { return std::pow(static_cast<double>(xp[i]), static_cast<double>(yp[i])); },
-          "x^y, seed " + std::to_string(seed));
+    check(
+        fast, portable, [&](int64_t i) { return std::pow(static_cast<double>(xp[i]), static_cast<double>(yp[i])); },
+        "x^y, seed " + std::to_string(seed));
   }
 }
 
@@ -235,7 +257,6 @@ TEST_F(SimdKernels, AutogradThroughTheFastPathMatches) {
   const float* q = portablePow.data<float>();
   for (int64_t i = 0; i < fastPow.numel(); ++i) ASSERT_NEAR(f[i], q[i], 1e-6f * std::fabs(q[i]) + 1e-7f) << i;
 }
-
 
 // COHORT_SIMD is read once, at the first kernel that asks: each case runs in a child process of
 // this binary with the variable set, and reports on stdout.

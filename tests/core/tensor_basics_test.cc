@@ -58,9 +58,7 @@ TEST(DType, NamesSizesAndKinds) {
   EXPECT_EQ(dtypeFromName("half"), DType::Float16);
   EXPECT_EQ(dtypeFromName("bf16"), DType::BFloat16);
   EXPECT_EQ(dtypeFromName("long"), DType::Int64);
-  std::string msg = messageOf<ValueError>([] {
-    dtypeFromName("float8");
-  });
+  std::string msg = messageOf<ValueError>([] { dtypeFromName("float8"); });
   EXPECT_TRUE(contains(msg, "'float8'")) << msg;
   EXPECT_EQ(sizeof(Half), 2u);
   EXPECT_EQ(sizeof(BFloat16), 2u);
@@ -238,9 +236,7 @@ TEST(Generator, DistributionsAreSane) {
     Tensor r = randint(0, 2, {1000}, {.dtype = DType::Int32}, &g);
     EXPECT_EQ(r.dtype(), DType::Int32);
     auto v = r.toVector<int32_t>();
-    EXPECT_TRUE(std::all_of(v.begin(), v.end(), [](int32_t x) {
-      return x == 0 || x == 1;
-    }));
+    EXPECT_TRUE(std::all_of(v.begin(), v.end(), [](int32_t x) { return x == 0 || x == 1; }));
   }
   EXPECT_THROW(randint(5, 5, {3}), ValueError);
   EXPECT_THROW(rand({3}, {.dtype = DType::Int64}), ValueError);
@@ -251,9 +247,7 @@ TEST(Generator, RandomFillsOfHalfAndNonContiguousTensors) {
   Tensor half = rand({64}, {.dtype = DType::Float16}, &g);
   EXPECT_EQ(half.dtype(), DType::Float16);
   auto hv = half.toVector<float>();
-  EXPECT_TRUE(std::all_of(hv.begin(), hv.end(), [](float x) {
-    return x >= 0.0f && x <= 1.0f;
-  }));
+  EXPECT_TRUE(std::all_of(hv.begin(), hv.end(), [](float x) { return x >= 0.0f && x <= 1.0f; }));
 
   // normal_ on a transposed view fills every element and bumps the version.
   Tensor base = zeros({8, 6});
@@ -377,9 +371,7 @@ TEST(Allocator, CustomAllocatorIsUsedAndAccounted) {
 TEST(Allocator, OutOfMemoryIsATypedErrorWithFigures) {
   ExhaustedAllocator none;
   Allocator* prev = setAllocator(Device::cpu(), &none);
-  std::string msg = messageOf<Error>([] {
-    (void)empty({1024});
-  });
+  std::string msg = messageOf<Error>([] { (void)empty({1024}); });
   setAllocator(Device::cpu(), prev);
   EXPECT_TRUE(contains(msg, "out of memory")) << msg;
   EXPECT_TRUE(contains(msg, "cpu")) << msg;
@@ -400,9 +392,7 @@ TEST(Device, ParseAndPrint) {
   EXPECT_EQ(Device::cuda(2).str(), "cuda:2");
   EXPECT_EQ(fmt::format("{}", Device::cuda(5)), "cuda:5");
   for (const char* bad : {"gpu", "cuda:", "cuda:-1", "cuda:1x", "CPU", "", "cuda:0:1"}) {
-    std::string msg = messageOf<ValueError>([&] {
-      (void)Device::parse(bad);
-    });
+    std::string msg = messageOf<ValueError>([&] { (void)Device::parse(bad); });
     EXPECT_TRUE(contains(msg, std::string("'") + bad + "'")) << msg;
   }
 }
@@ -410,9 +400,7 @@ TEST(Device, ParseAndPrint) {
 TEST(Device, CudaStorageInABuildOrMachineWithoutCuda) {
   if (cudaAvailable()) GTEST_SKIP() << "this build has CUDA and a visible device: storage on cuda:0 is allowed";
   EXPECT_EQ(cudaDeviceCount() > 0, false);
-  std::string msg = messageOf<NotSupportedError>([] {
-    (void)empty({2, 3}, {.device = Device::cuda(0)});
-  });
+  std::string msg = messageOf<NotSupportedError>([] { (void)empty({2, 3}, {.device = Device::cuda(0)}); });
   EXPECT_TRUE(contains(msg, "cuda:0")) << msg;
   EXPECT_TRUE(contains(msg, "CUDA")) << msg;
   EXPECT_THROW((void)zeros({4}, {.device = Device::cuda(1)}), NotSupportedError);
@@ -435,9 +423,7 @@ TEST(Storage, ViewOfReleasedStorageIsAClearError) {
   // Metadata stays usable; the data does not.
   EXPECT_EQ(view.sizes(), (Shape{3, 2}));
   EXPECT_TRUE(contains(view.toString(), "released")) << view.toString();
-  std::string msg = messageOf<Error>([&] {
-    (void)view.dataPtr();
-  });
+  std::string msg = messageOf<Error>([&] { (void)view.dataPtr(); });
   EXPECT_TRUE(contains(msg, "[3, 2]")) << msg;
   EXPECT_TRUE(contains(msg, "freed")) << msg;
   EXPECT_THROW((void)view.toVector<float>(), Error);
@@ -472,9 +458,7 @@ TEST(Factories, NegativeSizesAreErrors) {
                                                         [] {
                                                           return randn({2, -1});
                                                         }}) {
-    std::string msg = messageOf<ValueError>([&] {
-      (void)make();
-    });
+    std::string msg = messageOf<ValueError>([&] { (void)make(); });
     EXPECT_TRUE(contains(msg, "negative")) << msg;
     EXPECT_TRUE(contains(msg, "[2, -1]")) << msg;
   }
@@ -486,9 +470,7 @@ TEST(Factories, NegativeSizesAreErrors) {
 TEST(Factories, ItemNeedsExactlyOneElement) {
   EXPECT_EQ(full({1, 1}, 2.5).item<float>(), 2.5f);
   EXPECT_EQ(scalarTensor(7, {.dtype = DType::Int64}).item<int64_t>(), 7);
-  std::string msg = messageOf<ValueError>([] {
-    (void)zeros({2, 3}).item<float>();
-  });
+  std::string msg = messageOf<ValueError>([] { (void)zeros({2, 3}).item<float>(); });
   EXPECT_TRUE(contains(msg, "item")) << msg;
   EXPECT_TRUE(contains(msg, "[2, 3]")) << msg;
   EXPECT_TRUE(contains(msg, "6 elements")) << msg;
@@ -531,9 +513,7 @@ TEST(Factories, ArangeAndLinspace) {
   EXPECT_EQ(arange(10, 0, -3, {.dtype = DType::Int64}).toVector<int64_t>(), (std::vector<int64_t>{10, 7, 4, 1}));
   EXPECT_EQ(arange(0).numel(), 0);
   EXPECT_THROW((void)arange(0, 5, 0), ValueError);
-  std::string msg = messageOf<ValueError>([] {
-    (void)arange(5, 0, 1);
-  });
+  std::string msg = messageOf<ValueError>([] { (void)arange(5, 0, 1); });
   EXPECT_TRUE(contains(msg, "arange")) << msg;
 
   // torch.linspace(0, 1, 5) and torch.linspace(-1, 1, 4, dtype=torch.float64)
@@ -571,9 +551,7 @@ TEST(Factories, EyeAndFromVector) {
   EXPECT_EQ(h.data<Half>()[0].bits, 0x3555);
   Tensor g = fromVector<float>({1, 2}, {2}, {.requiresGrad = true});
   EXPECT_TRUE(g.requiresGrad());
-  std::string msg = messageOf<ValueError>([] {
-    (void)fromVector<float>({1, 2, 3}, {2, 2});
-  });
+  std::string msg = messageOf<ValueError>([] { (void)fromVector<float>({1, 2, 3}, {2, 2}); });
   EXPECT_TRUE(contains(msg, "fromVector")) << msg;
   EXPECT_TRUE(contains(msg, "[2, 2]")) << msg;
   EXPECT_THROW((void)v.data<float>(), ValueError);  // wrong element type

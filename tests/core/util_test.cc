@@ -56,10 +56,7 @@ TEST(Future, ErrorIsRethrownWithItsType) {
   EXPECT_THROW(f.value(), PeerError);
   EXPECT_THROW(f.wait(), PeerError);
   EXPECT_THROW(f.wait(10ms), PeerError);  // an error, not a timeout
-  EXPECT_EQ(messageOf<DistError>([&] {
-              f.wait();
-            }),
-            "allreduce #3 in group 0: rank 2 disconnected");
+  EXPECT_EQ(messageOf<DistError>([&] { f.wait(); }), "allreduce #3 in group 0: rank 2 disconnected");
 
   auto g = Future<void>::failed(std::make_exception_ptr(StoreError("key 'x' missing")));
   EXPECT_THROW(g.wait(), StoreError);
@@ -67,20 +64,14 @@ TEST(Future, ErrorIsRethrownWithItsType) {
 
 TEST(Future, SetFromCapturesValueOrException) {
   Future<int> ok;
-  ok.setFrom([] {
-    return 5;
-  });
+  ok.setFrom([] { return 5; });
   EXPECT_EQ(ok.value(), 5);
   Future<int> bad;
-  bad.setFrom([]() -> int {
-    throw std::out_of_range("nope");
-  });
+  bad.setFrom([]() -> int { throw std::out_of_range("nope"); });
   EXPECT_THROW(bad.value(), std::out_of_range);
   Future<void> v;
   int ran = 0;
-  v.setFrom([&] {
-    ++ran;
-  });
+  v.setFrom([&] { ++ran; });
   EXPECT_TRUE(v.isCompleted());
   EXPECT_EQ(ran, 1);
 }
@@ -106,12 +97,8 @@ TEST(Future, TakeValueMovesOut) {
 
 TEST(Future, ThenChainsValuesAndTypes) {
   Future<int> f;
-  Future<std::string> g = f.then([](Future<int> done) {
-    return std::to_string(done.value() + 1);
-  });
-  Future<size_t> h = g.then([](Future<std::string> done) {
-    return done.value().size();
-  });
+  Future<std::string> g = f.then([](Future<int> done) { return std::to_string(done.value() + 1); });
+  Future<size_t> h = g.then([](Future<std::string> done) { return done.value().size(); });
   Future<void> last = h.then([](Future<size_t>) {});
   EXPECT_FALSE(g.isCompleted());
   f.setValue(99);
@@ -121,9 +108,7 @@ TEST(Future, ThenChainsValuesAndTypes) {
   EXPECT_FALSE(last.hasError());
 
   // then() on an already complete future runs at once.
-  auto now = Future<int>::ready(2).then([](Future<int> d) {
-    return d.value() * 10;
-  });
+  auto now = Future<int>::ready(2).then([](Future<int> d) { return d.value() * 10; });
   EXPECT_TRUE(now.isCompleted());
   EXPECT_EQ(now.value(), 20);
 }
@@ -131,31 +116,20 @@ TEST(Future, ThenChainsValuesAndTypes) {
 TEST(Future, ThenPropagatesErrors) {
   // An exception thrown by the continuation fails the returned future.
   Future<int> f;
-  auto g = f.then([](Future<int>) -> int {
-    throw ValueError("continuation failed");
-  });
+  auto g = f.then([](Future<int>) -> int { throw ValueError("continuation failed"); });
   f.setValue(1);
-  EXPECT_EQ(messageOf<ValueError>([&] {
-              g.wait();
-            }),
-            "continuation failed");
+  EXPECT_EQ(messageOf<ValueError>([&] { g.wait(); }), "continuation failed");
 
   // A failed source reaches the continuation, which rethrows it by reading the value.
   Future<int> src;
-  auto chained = src.then([](Future<int> d) {
-    return d.value() + 1;
-  });
-  auto chained2 = chained.then([](Future<int> d) {
-    return d.value() + 1;
-  });
+  auto chained = src.then([](Future<int> d) { return d.value() + 1; });
+  auto chained2 = chained.then([](Future<int> d) { return d.value() + 1; });
   src.setError(std::make_exception_ptr(TimeoutError("broadcast #7 timed out")));
   EXPECT_THROW(chained2.value(), TimeoutError);
 
   // Or handles it and recovers.
   Future<int> src2;
-  auto recovered = src2.then([](Future<int> d) {
-    return d.hasError() ? -1 : d.value();
-  });
+  auto recovered = src2.then([](Future<int> d) { return d.hasError() ? -1 : d.value(); });
   src2.setError(std::make_exception_ptr(Error("x")));
   EXPECT_EQ(recovered.value(), -1);
 }
@@ -179,9 +153,8 @@ TEST(Future, ThenFlattensAReturnedFuture) {
 
   // An inner failure fails the flattened future.
   Future<void> o2;
-  Future<void> flat = o2.then([](Future<void>) {
-    return Future<void>::failed(std::make_exception_ptr(RpcError("remote")));
-  });
+  Future<void> flat =
+      o2.then([](Future<void>) { return Future<void>::failed(std::make_exception_ptr(RpcError("remote"))); });
   o2.setValue();
   EXPECT_THROW(flat.wait(), RpcError);
 }
@@ -189,18 +162,14 @@ TEST(Future, ThenFlattensAReturnedFuture) {
 TEST(Future, WaitWithTimeoutThrowsTimeoutError) {
   Future<int> f;
   EXPECT_FALSE(f.waitFor(1ms));
-  std::string msg = messageOf<TimeoutError>([&] {
-    f.wait(20ms);
-  });
+  std::string msg = messageOf<TimeoutError>([&] { f.wait(20ms); });
   EXPECT_TRUE(contains(msg, "timed out after 20 ms")) << msg;
   // TimeoutError is catchable as its bases.
   EXPECT_THROW(f.wait(1ms), DistError);
   EXPECT_THROW(f.wait(1ms), Error);
   EXPECT_FALSE(f.isCompleted());
   // Completed later, the same future waits fine.
-  std::thread t([&] {
-    f.setValue(3);
-  });
+  std::thread t([&] { f.setValue(3); });
   EXPECT_NO_THROW(f.wait(60s));
   EXPECT_EQ(f.value(), 3);
   t.join();
@@ -228,9 +197,7 @@ TEST(Future, CallbacksRunOnTheCompletingThread) {
 
   // Added after completion: runs at once, on the caller's thread.
   std::thread::id lateThread;
-  f.addCallback([&](Future<int>) {
-    lateThread = std::this_thread::get_id();
-  });
+  f.addCallback([&](Future<int>) { lateThread = std::this_thread::get_id(); });
   EXPECT_EQ(lateThread, std::this_thread::get_id());
 }
 
@@ -282,14 +249,10 @@ TEST(Future, ManyWaitersAndProducers) {
   std::vector<std::thread> threads;
   std::atomic<int> sum{0};
   for (int i = 0; i < kFutures; ++i) {
-    threads.emplace_back([&, i] {
-      sum += futures[i].value();
-    });
+    threads.emplace_back([&, i] { sum += futures[i].value(); });
   }
   for (int i = 0; i < kFutures; ++i) {
-    threads.emplace_back([&, i] {
-      futures[i].setValue(i);
-    });
+    threads.emplace_back([&, i] { futures[i].setValue(i); });
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(sum.load(), kFutures * (kFutures - 1) / 2);
@@ -301,9 +264,7 @@ TEST(Future, WhenAll) {
   fs[2].setValue(2);
   fs[0].setValue(0);
   EXPECT_FALSE(all.isCompleted());
-  std::thread t([&] {
-    fs[1].setValue(1);
-  });
+  std::thread t([&] { fs[1].setValue(1); });
   EXPECT_NO_THROW(all.wait(60s));
   t.join();
   EXPECT_FALSE(all.hasError());
@@ -318,9 +279,7 @@ TEST(Future, WhenAll) {
   EXPECT_FALSE(some.isCompleted());
   gs[0].setValue();
   gs[2].setError(std::make_exception_ptr(TimeoutError("later error")));
-  EXPECT_EQ(messageOf<PeerError>([&] {
-              some.wait();
-            }),
+  EXPECT_EQ(messageOf<PeerError>([&] { some.wait(); }),
             "rank 1 died");  // the first error
 }
 
@@ -370,23 +329,17 @@ TEST(Env, ParsesValues) {
 
 TEST(Env, ParseErrorsNameTheVariableAndValue) {
   ::setenv("COHORT_TEST_KNOB_BAD_INTEGER", "12abc", 1);
-  std::string msg = messageOf<ValueError>([] {
-    (void)kTestBadInteger.integer();
-  });
+  std::string msg = messageOf<ValueError>([] { (void)kTestBadInteger.integer(); });
   EXPECT_TRUE(contains(msg, "COHORT_TEST_KNOB_BAD_INTEGER")) << msg;
   EXPECT_TRUE(contains(msg, "12abc")) << msg;
 
   ::setenv("COHORT_TEST_KNOB_BAD_NUMBER", "fast", 1);
-  msg = messageOf<ValueError>([] {
-    (void)kTestBadNumber.number();
-  });
+  msg = messageOf<ValueError>([] { (void)kTestBadNumber.number(); });
   EXPECT_TRUE(contains(msg, "COHORT_TEST_KNOB_BAD_NUMBER")) << msg;
   EXPECT_TRUE(contains(msg, "fast")) << msg;
 
   ::setenv("COHORT_TEST_KNOB_BAD_FLAG", "maybe", 1);
-  msg = messageOf<ValueError>([] {
-    (void)kTestBadFlag.flag();
-  });
+  msg = messageOf<ValueError>([] { (void)kTestBadFlag.flag(); });
   EXPECT_TRUE(contains(msg, "COHORT_TEST_KNOB_BAD_FLAG")) << msg;
   EXPECT_TRUE(contains(msg, "maybe")) << msg;
   for (const char* v : {"COHORT_TEST_KNOB_BAD_INTEGER", "COHORT_TEST_KNOB_BAD_NUMBER", "COHORT_TEST_KNOB_BAD_FLAG"})
@@ -425,9 +378,7 @@ TEST(Check, MessageHasTextConditionAndLocation) {
   EXPECT_TRUE(contains(msg, "1 + 1 == 3")) << msg;
   EXPECT_TRUE(contains(msg, "tests/core/util_test.cc:" + std::to_string(line))) << msg;
 
-  msg = messageOf<Error>([] {
-    COHORT_CHECK(false);
-  });
+  msg = messageOf<Error>([] { COHORT_CHECK(false); });
   EXPECT_TRUE(contains(msg, "check failed")) << msg;
   EXPECT_TRUE(contains(msg, "util_test.cc:")) << msg;
 
@@ -446,16 +397,12 @@ TEST(Check, ComparisonsPrintBothValues) {
   EXPECT_TRUE(contains(msg, "a == b")) << msg;
   EXPECT_TRUE(contains(msg, "util_test.cc:" + std::to_string(line))) << msg;
 
-  msg = messageOf<Error>([&] {
-    COHORT_CHECK_LT(b, a);
-  });
+  msg = messageOf<Error>([&] { COHORT_CHECK_LT(b, a); });
   EXPECT_TRUE(contains(msg, "3 vs. 2")) << msg;
   EXPECT_TRUE(contains(msg, "b < a")) << msg;
 
   std::string s1 = "left", s2 = "right";
-  msg = messageOf<Error>([&] {
-    COHORT_CHECK_EQ(s1, s2, "names");
-  });
+  msg = messageOf<Error>([&] { COHORT_CHECK_EQ(s1, s2, "names"); });
   EXPECT_TRUE(contains(msg, "left vs. right")) << msg;
 
   EXPECT_NO_THROW(COHORT_CHECK_EQ(a, 2));
@@ -470,17 +417,13 @@ TEST(Check, ComparisonsPrintBothValues) {
 
   // Operands are evaluated exactly once.
   int calls = 0;
-  auto next = [&] {
-    return ++calls;
-  };
+  auto next = [&] { return ++calls; };
   EXPECT_NO_THROW(COHORT_CHECK_EQ(next(), 1));
   EXPECT_EQ(calls, 1);
 }
 
 TEST(Check, TypedChecksThrowTheGivenType) {
-  std::string msg = messageOf<IndexError>([] {
-    COHORT_CHECK_T(IndexError, 5 < 3, "index {} out of range", 5);
-  });
+  std::string msg = messageOf<IndexError>([] { COHORT_CHECK_T(IndexError, 5 < 3, "index {} out of range", 5); });
   EXPECT_TRUE(contains(msg, "index 5 out of range")) << msg;
   EXPECT_TRUE(contains(msg, "util_test.cc:")) << msg;
   EXPECT_THROW(COHORT_CHECK_T(NotSupportedError, false, "no"), NotSupportedError);
@@ -566,9 +509,7 @@ TEST(Logging, DisabledMessagesAreNotFormatted) {
   LogLevelRestore restore;
   logging::setLevel(logging::Level::Error);
   int evaluated = 0;
-  auto costly = [&] {
-    return ++evaluated;
-  };
+  auto costly = [&] { return ++evaluated; };
   ::testing::internal::CaptureStderr();
   COHORT_LOG(Info, "value {}", costly());
   std::string out = ::testing::internal::GetCapturedStderr();

@@ -25,7 +25,7 @@ double ulpError(float got, double ref) {
   if (std::isinf(got)) return 1e30;
   double a = std::abs(static_cast<double>(rf));
   double ulp = a < std::numeric_limits<float>::min() ? std::numeric_limits<float>::denorm_min()
-                                                      : std::nextafter(static_cast<float>(a), INFINITY) - a;
+                                                     : std::nextafter(static_cast<float>(a), INFINITY) - a;
   return std::abs(static_cast<double>(got) - ref) / ulp;
 }
 
@@ -155,7 +155,8 @@ TEST(VecMath, PowAccuracyAndSpecialValues) {
                       [yf](double x) { return std::pow(x, static_cast<double>(yf)); }, -inf, inf, &at, 997);
     EXPECT_LE(e, kMaxUlp) << "float y = " << y << " at " << at;
     const vm::PowExponent pe(y);
-    e = maxUlp([&pe](float x) { return vm::pow(x, pe); }, [y](double x) { return std::pow(x, y); }, -inf, inf, &at, 997);
+    e = maxUlp([&pe](float x) { return vm::pow(x, pe); }, [y](double x) { return std::pow(x, y); }, -inf, inf, &at,
+               997);
     EXPECT_LE(e, kMaxUlp) << "double y = " << y << " at " << at;
   }
   // Random (x, y) bit patterns, and moderate random x in (0, 4), y in (-40, 40), against double pow.
@@ -184,9 +185,9 @@ TEST(VecMath, PowAccuracyAndSpecialValues) {
       EXPECT_EQ(std::signbit(got), std::signbit(std::pow(x, y))) << x << "^" << y;
     }
   // Every combination of special values agrees with std::pow, through both exponent paths.
-  const float specials[] = {0.0f, -0.0f, 1.0f, -1.0f, 2.0f, -2.0f, 0.5f, -0.5f, 3.0f, -3.0f, inf, -inf, nan,
-                            1e-40f, -1e-40f, 16777217.0f, -16777216.0f, 1e30f, 2.5f, -2.5f, 1e-45f, 3.4e38f,
-                            1.0000001f, 0.99999994f};
+  const float specials[] = {0.0f,         -0.0f, 1.0f, -1.0f, 2.0f,   -2.0f,   0.5f,       -0.5f,
+                            3.0f,         -3.0f, inf,  -inf,  nan,    1e-40f,  -1e-40f,    16777217.0f,
+                            -16777216.0f, 1e30f, 2.5f, -2.5f, 1e-45f, 3.4e38f, 1.0000001f, 0.99999994f};
   for (float x : specials)
     for (float y : specials) {
       const float want = std::pow(x, y);

@@ -92,7 +92,11 @@ TEST(Reshape, CopiesOnlyWhenNeeded) {
 
 TEST(View, Gradcheck) {
   Tensor a = randArg({3, 4});
-  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return in[0].view({2, -1, 2}) * in[0].view({2, 3, 2}); }, {a}));
+  EXPECT_TRUE(gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return in[0].view({2, -1, 2}) * in[0].view({2, 3, 2});
+      },
+      {a}));
   // reshape of a transposed view (copies) and of a sliced view.
   EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return in[0].t().reshape({6, 2}); }, {a}));
   EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return in[0].slice(1, 1, 4).reshape({-1}); }, {a}));
@@ -182,9 +186,12 @@ TEST(Select, ValuesAndErrors) {
 TEST(SliceNarrowSelect, Gradcheck) {
   Tensor a = randArg({4, 5});
   EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return in[0].slice(1, -4, 5, 2); }, {a}));
-  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return in[0].t().slice(0, 1, 5, 3).slice(1, 0, 4, 2); }, {a}));
-  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return in[0].narrow(0, 1, 2) * in[0].narrow(0, 2, 2); }, {a}));
-  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return in[0].select(1, -2) + in[0].t().select(0, 0); }, {a}));
+  EXPECT_TRUE(
+      gradcheck([](const std::vector<Tensor>& in) { return in[0].t().slice(0, 1, 5, 3).slice(1, 0, 4, 2); }, {a}));
+  EXPECT_TRUE(
+      gradcheck([](const std::vector<Tensor>& in) { return in[0].narrow(0, 1, 2) * in[0].narrow(0, 2, 2); }, {a}));
+  EXPECT_TRUE(
+      gradcheck([](const std::vector<Tensor>& in) { return in[0].select(1, -2) + in[0].t().select(0, 0); }, {a}));
 }
 
 // ---- expand / squeeze / unsqueeze / flatten ---------------------------------------------------------
@@ -277,14 +284,18 @@ TEST(ChunkSplit, SizesValuesAndSharing) {
 
 TEST(ChunkSplit, Gradcheck) {
   Tensor a = randArg({5, 3});
-  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) {
-    auto p = in[0].chunk(3, 0);  // 2, 2, 1
-    return p[0] * p[1] + p[2];
-  }, {a}));
-  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) {
-    auto p = in[0].t().split(Shape{1, 3, 1}, 1);
-    return p[1] * p[0];
-  }, {a}));
+  EXPECT_TRUE(gradcheck(
+      [](const std::vector<Tensor>& in) {
+        auto p = in[0].chunk(3, 0);  // 2, 2, 1
+        return p[0] * p[1] + p[2];
+      },
+      {a}));
+  EXPECT_TRUE(gradcheck(
+      [](const std::vector<Tensor>& in) {
+        auto p = in[0].t().split(Shape{1, 3, 1}, 1);
+        return p[1] * p[0];
+      },
+      {a}));
 }
 
 // ---- cat / stack ------------------------------------------------------------------------------------------
@@ -333,11 +344,17 @@ TEST(CatStack, Gradcheck) {
   Tensor a = randArg({2, 3}), b = randArg({4, 3}, 31), c = randArg({3, 2}, 32);
   EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return cat({in[0], in[1], in[2].t()}, 0); }, {a, b, c}));
   EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return cat({in[0].t(), in[1]}, 1); }, {a, c}));
-  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return stack({in[0], in[1].slice(0, 0, 4, 2), in[0]}, 1); },
-                        {a, b}));
+  EXPECT_TRUE(gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return stack({in[0], in[1].slice(0, 0, 4, 2), in[0]}, 1);
+      },
+      {a, b}));
   Tensor v = randArg({3}, 33);
-  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return stack({in[0].expand({2, 3}), in[0].unsqueeze(0).expand({2, 3})}, 2); },
-                        {v}));
+  EXPECT_TRUE(gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return stack({in[0].expand({2, 3}), in[0].unsqueeze(0).expand({2, 3})}, 2);
+      },
+      {v}));
 }
 
 // ---- contiguous / clone / to ------------------------------------------------------------------------------
@@ -380,7 +397,8 @@ TEST(To, ConversionsMatchTorch) {
   EXPECT_EQ(hv[0], 1.0);
   EXPECT_EQ(hv[1], 1.001953125);
   EXPECT_TRUE(std::isinf(hv[2]));
-  EXPECT_EQ(fromVector<float>({0.5f, 0.0f, -1.0f}).to(DType::Bool).toVector<bool>(), (std::vector<bool>{true, false, true}));
+  EXPECT_EQ(fromVector<float>({0.5f, 0.0f, -1.0f}).to(DType::Bool).toVector<bool>(),
+            (std::vector<bool>{true, false, true}));
   EXPECT_EQ(vals(fromVector<int32_t>({-3, 7}).to(DType::Float64)), (std::vector<double>{-3, 7}));
   // Non-contiguous source.
   EXPECT_EQ(ar(6).view({2, 3}).t().to(DType::Int32).toVector<int32_t>(), (std::vector<int32_t>{0, 3, 1, 4, 2, 5}));
@@ -390,8 +408,9 @@ TEST(CloneContiguousTo, Gradcheck) {
   Tensor a = randArg({3, 4});
   EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return in[0].t().contiguous() * in[0].t().clone(); }, {a}));
   // A float32 round trip is linear: a larger step keeps the rounding error small.
-  EXPECT_TRUE(gradcheck([](const std::vector<Tensor>& in) { return in[0].slice(1, 0, 4, 2).to(DType::Float32).to(DType::Float64); },
-                        {a}, 1e-3, 1e-3, 1e-3));
+  EXPECT_TRUE(gradcheck(
+      [](const std::vector<Tensor>& in) { return in[0].slice(1, 0, 4, 2).to(DType::Float32).to(DType::Float64); }, {a},
+      1e-3, 1e-3, 1e-3));
   Tensor x = randArg({2, 2}, 41);
   x.to(DType::Float32).sum().backward();
   EXPECT_EQ(x.grad().dtype(), DType::Float64);

@@ -41,7 +41,9 @@ TEST_P(Collectives, AllreduceEveryDtypeOpAndCount) {
           }
           pg.allreduce(t, {.op = op})->wait();
           std::string mm = mismatch(t, count, [&](int64_t i) { return reduceRef(d, op, n, i); });
-          if (!mm.empty()) throw std::runtime_error(fmt::format("allreduce {} {} n={}: {}", dtypeName(d), reduceOpName(op), count, mm));
+          if (!mm.empty())
+            throw std::runtime_error(
+                fmt::format("allreduce {} {} n={}: {}", dtypeName(d), reduceOpName(op), count, mm));
         }
       }
     }
@@ -57,7 +59,8 @@ TEST_P(Collectives, AllreduceLarge) {
         Tensor t = filled(d, kLargeCount, [&](int64_t i) { return value(d, op, r, i); });
         pg.allreduce(t, {.op = op})->wait();
         std::string mm = mismatch(t, kLargeCount, [&](int64_t i) { return reduceRef(d, op, n, i); });
-        if (!mm.empty()) throw std::runtime_error(fmt::format("allreduce {} {} large: {}", dtypeName(d), reduceOpName(op), mm));
+        if (!mm.empty())
+          throw std::runtime_error(fmt::format("allreduce {} {} large: {}", dtypeName(d), reduceOpName(op), mm));
       }
     }
   });
@@ -145,7 +148,8 @@ TEST_P(Collectives, AllgatherListTensorAndCoalesced) {
       std::vector<Tensor> ins = {filled(d, 7, [&](int64_t i) { return value(d, ReduceOp::Sum, r, i); }),
                                  filled(d, 3, [&](int64_t i) { return value(d, ReduceOp::Sum, r, 100 + i); })};
       std::vector<std::vector<Tensor>> outs(n);
-      for (int k = 0; k < n; ++k) outs[k] = {zeros({7}, TensorOptions{.dtype = d}), zeros({3}, TensorOptions{.dtype = d})};
+      for (int k = 0; k < n; ++k)
+        outs[k] = {zeros({7}, TensorOptions{.dtype = d}), zeros({3}, TensorOptions{.dtype = d})};
       pg.allgatherCoalesced(outs, ins)->wait();
       for (int k = 0; k < n; ++k) {
         COHORT_EXPECT_MATCH(outs[k][0], 7, [&](int64_t i) { return roundTo(d, value(d, ReduceOp::Sum, k, i)); });
@@ -165,12 +169,15 @@ TEST_P(Collectives, ReduceScatterListAndTensor) {
         for (int64_t count : kCounts) {
           // Rank r's data for destination k at element i is value(rank, k * count + i).
           std::vector<Tensor> ins;
-          for (int k = 0; k < n; ++k) ins.push_back(filled(d, count, [&](int64_t i) { return value(d, op, r, k * count + i); }));
+          for (int k = 0; k < n; ++k)
+            ins.push_back(filled(d, count, [&](int64_t i) { return value(d, op, r, k * count + i); }));
           Tensor out = zeros({count}, TensorOptions{.dtype = d});
           pg.reduceScatter(out, ins, {.op = op})->wait();
           auto expect = [&](int64_t i) { return reduceRef(d, op, n, r * count + i); };
           std::string mm = mismatch(out, count, expect);
-          if (!mm.empty()) throw std::runtime_error(fmt::format("reduce_scatter {} {} n={}: {}", dtypeName(d), reduceOpName(op), count, mm));
+          if (!mm.empty())
+            throw std::runtime_error(
+                fmt::format("reduce_scatter {} {} n={}: {}", dtypeName(d), reduceOpName(op), count, mm));
 
           Tensor flat = filled(d, count * n, [&](int64_t i) { return value(d, op, r, i); });
           Tensor out2 = zeros({count}, TensorOptions{.dtype = d});
@@ -185,16 +192,24 @@ TEST_P(Collectives, ReduceScatterListAndTensor) {
 TEST_P(Collectives, AlltoallEqualAndUneven) {
   const int n = size();
   // Element (src, dst, row, col) encoded in one number, exact in every numeric dtype used here.
-  auto code = [](int src, int dst, int64_t row, int64_t col) { return static_cast<double>(src * 1000 + dst * 100 + row * 3 + col); };
+  auto code = [](int src, int dst, int64_t row, int64_t col) {
+    return static_cast<double>(src * 1000 + dst * 100 + row * 3 + col);
+  };
   world_->run([&](int r) {
     auto& pg = world_->pg(r);
     for (DType d : {DType::Float32, DType::Float64, DType::Int64, DType::Int32}) {
       for (int64_t per : {0, 1, 4}) {  // rows per destination, width 3
-        Tensor in = filled(d, n * per * 3, [&](int64_t i) { int64_t row = i / 3; return code(r, static_cast<int>(row / per), row % per, i % 3); });
+        Tensor in = filled(d, n * per * 3, [&](int64_t i) {
+          int64_t row = i / 3;
+          return code(r, static_cast<int>(row / per), row % per, i % 3);
+        });
         in = in.view({n * per, 3});
         Tensor out = zeros({n * per, 3}, TensorOptions{.dtype = d});
         pg.alltoall(out, in)->wait();
-        COHORT_EXPECT_MATCH(out.reshape({-1}), n * per * 3, [&](int64_t i) { int64_t row = i / 3; return code(static_cast<int>(row / per), r, row % per, i % 3); });
+        COHORT_EXPECT_MATCH(out.reshape({-1}), n * per * 3, [&](int64_t i) {
+          int64_t row = i / 3;
+          return code(static_cast<int>(row / per), r, row % per, i % 3);
+        });
       }
       // Uneven: rank s sends (s + t) % 3 rows to rank t.
       auto rows = [](int s, int t) { return static_cast<int64_t>((s + t) % 3); };
@@ -259,7 +274,8 @@ TEST_P(Collectives, GatherAndScatterEveryRoot) {
 
           std::vector<Tensor> pieces;
           if (r == root)
-            for (int k = 0; k < n; ++k) pieces.push_back(filled(d, count, [&](int64_t i) { return value(d, ReduceOp::Sum, k, i + 5); }));
+            for (int k = 0; k < n; ++k)
+              pieces.push_back(filled(d, count, [&](int64_t i) { return value(d, ReduceOp::Sum, k, i + 5); }));
           Tensor out = zeros({count}, TensorOptions{.dtype = d});
           pg.scatter(out, pieces, {.root = root})->wait();
           COHORT_EXPECT_MATCH(out, count, [&](int64_t i) { return roundTo(d, value(d, ReduceOp::Sum, r, i + 5)); });
@@ -336,7 +352,8 @@ TEST_P(Collectives, SubgroupsRunConcurrentlyWithTheWorld) {
     std::thread sub([&] {
       try {
         for (int k = 0; k < kRounds; ++k) {
-          Tensor t = filled(DType::Float32, 1000, [&](int64_t i) { return value(DType::Float32, ReduceOp::Sum, r, i + k); });
+          Tensor t =
+              filled(DType::Float32, 1000, [&](int64_t i) { return value(DType::Float32, ReduceOp::Sum, r, i + k); });
           parity->allreduce(t)->wait();
           COHORT_EXPECT_MATCH(t, 1000, [&](int64_t i) {
             double s = 0;
@@ -346,7 +363,8 @@ TEST_P(Collectives, SubgroupsRunConcurrentlyWithTheWorld) {
           if (tailGroup) {
             Tensor u = filled(DType::Int64, 7, [&](int64_t i) { return value(DType::Int64, ReduceOp::Max, r, i + k); });
             tailGroup->allreduce(u, {.op = ReduceOp::Max})->wait();
-            COHORT_EXPECT_MATCH(u, 7, [&](int64_t i) { return reduceRef(DType::Int64, ReduceOp::Max, n, i + k, tail); });
+            COHORT_EXPECT_MATCH(u, 7,
+                                [&](int64_t i) { return reduceRef(DType::Int64, ReduceOp::Max, n, i + k, tail); });
           }
         }
       } catch (const std::exception& e) {

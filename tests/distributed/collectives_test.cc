@@ -37,7 +37,8 @@ TEST(GlooThreads, AllreducesInFlightTogetherKeepTheirResultsAndTheirOrder) {
       std::vector<WorkPtr> works;
       for (int i = 0; i < 6; ++i) {
         const int64_t n = (i % 2 ? 200'000 : 1'000) + i;
-        xs.push_back(filled(DType::Float32, n, [&](int64_t k) { return value(DType::Float32, ReduceOp::Sum, r, k + i); }));
+        xs.push_back(
+            filled(DType::Float32, n, [&](int64_t k) { return value(DType::Float32, ReduceOp::Sum, r, k + i); }));
       }
       Tensor y = full({50'000}, static_cast<double>(r + 1));
       Tensor z = full({10}, static_cast<double>(r));
@@ -49,7 +50,8 @@ TEST(GlooThreads, AllreducesInFlightTogetherKeepTheirResultsAndTheirOrder) {
       for (auto& w : works) w->wait();
       for (int i = 0; i < 6; ++i) {
         const ReduceOp op = i < 3 ? ReduceOp::Sum : ReduceOp::Max;
-        COHORT_EXPECT_MATCH(xs[i], xs[i].numel(), [&](int64_t k) { return reduceRef(DType::Float32, op, kWorld, k + i); });
+        COHORT_EXPECT_MATCH(xs[i], xs[i].numel(),
+                            [&](int64_t k) { return reduceRef(DType::Float32, op, kWorld, k + i); });
       }
       COHORT_EXPECT_MATCH(y, 50'000, [](int64_t) { return 18.0; });
       COHORT_EXPECT_MATCH(z, 10, [](int64_t) { return 1.0; });

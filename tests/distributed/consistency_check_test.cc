@@ -81,7 +81,10 @@ TEST(ConsistencyCheck, DifferentShapeFailsOnEveryRank) {
   HashStore store;
   std::vector<char> dist;
   auto errors = runRanks(
-      store, 4, 7, [](int r) { return allreduce(r == 2 ? std::vector<int64_t>{4, 9} : std::vector<int64_t>{4, 8}); },
+      store, 4, 7,
+      [](int r) {
+        return allreduce(r == 2 ? std::vector<int64_t>{4, 9} : std::vector<int64_t>{4, 8});
+      },
       Millis(30'000), &dist);
   for (int r = 0; r < 4; ++r) {
     ASSERT_TRUE(dist[r]) << r << ": " << errors[r];
@@ -90,7 +93,8 @@ TEST(ConsistencyCheck, DifferentShapeFailsOnEveryRank) {
     EXPECT_NE(m.find("\n  rank 0: allreduce(dtype=float32, shapes=[[4, 8]], op=sum)\n"), std::string::npos) << m;
     EXPECT_NE(m.find("\n  rank 1: allreduce(dtype=float32, shapes=[[4, 8]], op=sum)\n"), std::string::npos) << m;
     EXPECT_NE(m.find("\n  rank 2: allreduce(dtype=float32, shapes=[[4, 9]], op=sum)   <-- differs\n"),
-              std::string::npos) << m;
+              std::string::npos)
+        << m;
     EXPECT_NE(m.find("\n  rank 3: allreduce(dtype=float32, shapes=[[4, 8]], op=sum)"), std::string::npos) << m;
     EXPECT_EQ(m, errors[0]);  // every rank reports the same thing
   }
@@ -109,7 +113,8 @@ TEST(ConsistencyCheck, DifferentOpFailsOnEveryRank) {
   });
   for (int r = 0; r < 3; ++r) {
     EXPECT_NE(errors[r].find("rank 0: broadcast(dtype=float32, shapes=[[10]], root=0)   <-- differs"),
-              std::string::npos) << errors[r];
+              std::string::npos)
+        << errors[r];
     EXPECT_NE(errors[r].find("rank 1: allreduce(dtype=float32, shapes=[[10]], op=sum)\n"), std::string::npos)
         << errors[r];
   }
@@ -123,8 +128,10 @@ TEST(ConsistencyCheck, DtypeReductionAndRootMismatches) {
   }
   {
     HashStore store;
-    auto errors = runRanks(store, 2, 1, [](int r) { return allreduce({5}, "float32", r == 0 ? ReduceOp::Sum : ReduceOp::Max); });
-    for (const auto& e : errors) EXPECT_NE(e.find("rank 1: allreduce(dtype=float32, shapes=[[5]], op=max)"), std::string::npos) << e;
+    auto errors =
+        runRanks(store, 2, 1, [](int r) { return allreduce({5}, "float32", r == 0 ? ReduceOp::Sum : ReduceOp::Max); });
+    for (const auto& e : errors)
+      EXPECT_NE(e.find("rank 1: allreduce(dtype=float32, shapes=[[5]], op=max)"), std::string::npos) << e;
   }
   {
     HashStore store;
@@ -160,8 +167,10 @@ TEST(ConsistencyCheck, MissingRankTimesOutNamingIt) {
   }
   for (auto& t : ts) t.join();
   for (int r : {0, 2}) {
-    EXPECT_NE(errors[r].find("check of allreduce #4 in group 'world' timed out after 300 ms: ranks [1] did not reach it"),
-              std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find(
+                  "check of allreduce #4 in group 'world' timed out after 300 ms: ranks [1] did not reach it"),
+              std::string::npos)
+        << errors[r];
   }
 }
 

@@ -134,9 +134,7 @@ Outcome runDDP(const Job& s) {
   return out;
 }
 
-void expectMatchesReference(const Outcome& o, double tol) {
-  expectRanksMatchReference(o.rankParams, o.reference, tol);
-}
+void expectMatchesReference(const Outcome& o, double tol) { expectRanksMatchReference(o.rankParams, o.reference, tol); }
 
 // How many of the bucket slots hold a compressed gradient on rank 0.
 int compressedSlots(const Outcome& o) {
@@ -162,7 +160,8 @@ TEST(PowerSGD, BeforeStartIterationItIsTheExactAverage) {
     s.psgd = {.matrixApproximationRank = 1, .startPowerSGDIter = 2};
     Outcome o = runDDP(s);
     double worst = 0;
-    for (size_t i = 0; i < o.reference.size(); ++i) worst = std::max(worst, maxDiff(o.rankParams[0][i], o.reference[i]));
+    for (size_t i = 0; i < o.reference.size(); ++i)
+      worst = std::max(worst, maxDiff(o.rankParams[0][i], o.reference[i]));
     EXPECT_GT(worst, 1e-4);
     EXPECT_EQ(compressedSlots(o), 3);  // the three weights; biases are averaged
   }
@@ -225,7 +224,8 @@ TEST(PowerSGD, RankOneStillTrainsAndRanksStayIdentical) {
   };
   std::vector<Case> cases = {
       {"error feedback, warm start", {.startPowerSGDIter = 2}, nullptr},
-      {"no error feedback, fresh Q each step", {.startPowerSGDIter = 2, .useErrorFeedback = false, .warmStart = false},
+      {"no error feedback, fresh Q each step",
+       {.startPowerSGDIter = 2, .useErrorFeedback = false, .warmStart = false},
        nullptr},
       // Rank 0 runs out after 10 steps and shadows the others' PowerSGD collectives on zeros.
       {"uneven inputs under Join", {.startPowerSGDIter = 2}, [](int rank) { return rank == 0 ? 10 : 30; }},
@@ -346,7 +346,8 @@ TEST(PowerSGD, BadOptionsAreNamed) {
   };
   for (int rank : {0, -2}) {
     std::string m = message({.matrixApproximationRank = rank});
-    EXPECT_NE(m.find("matrixApproximationRank must be at least 1, got " + std::to_string(rank)), std::string::npos) << m;
+    EXPECT_NE(m.find("matrixApproximationRank must be at least 1, got " + std::to_string(rank)), std::string::npos)
+        << m;
   }
   std::string m = message({.minCompressionRate = -1});
   EXPECT_NE(m.find("minCompressionRate must be 0 or more"), std::string::npos) << m;

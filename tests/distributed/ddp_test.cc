@@ -93,8 +93,8 @@ struct Outcome {
   std::vector<std::vector<bool>> rankGradDefined;
   std::vector<bool> referenceGradDefined;
   std::vector<size_t> numBuckets;
-  std::vector<char> rebuilt;  // not vector<bool>: rank threads write their own entries concurrently
-  std::vector<char> gradsShareStorage;  // some two parameters' .grad in one storage (bucket views)
+  std::vector<char> rebuilt;                   // not vector<bool>: rank threads write their own entries concurrently
+  std::vector<char> gradsShareStorage;         // some two parameters' .grad in one storage (bucket views)
   std::vector<uint64_t> registeredAllreduces;  // shm: allreduces run in place on shared buckets
 };
 
@@ -175,9 +175,7 @@ Outcome runScenario(const Scenario& s, const std::string& backend = "gloo") {
   return out;
 }
 
-void expectMatchesReference(const Outcome& o, double tol) {
-  expectRanksMatchReference(o.rankParams, o.reference, tol);
-}
+void expectMatchesReference(const Outcome& o, double tol) { expectRanksMatchReference(o.rankParams, o.reference, tol); }
 
 constexpr double kFp32Tol = 2e-6;
 
@@ -253,8 +251,8 @@ TEST(DDP, ManySmallBucketsAreRebuiltInReadyOrderAndStillMatch) {
   Scenario s;
   s.world = 3;
   s.steps = 4;
-  s.options.staticGraph = true;          // unused parameters found once; buckets rebuilt
-  s.options.bucketCapMb = 40.0 / 1e6;    // 40 bytes: about a bucket per parameter
+  s.options.staticGraph = true;        // unused parameters found once; buckets rebuilt
+  s.options.bucketCapMb = 40.0 / 1e6;  // 40 bytes: about a bucket per parameter
   s.options.firstBucketCapMb = 10.0 / 1e6;
   Outcome o = runScenario(s);
   expectMatchesReference(o, kFp32Tol);
@@ -368,7 +366,8 @@ TEST(DDP, CommHooks) {
     };
     expectMatchesReference(runScenario(s), kFp32Tol);
   }
-  for (auto [name, make, tol] : {std::tuple{"fp16", &fp16CompressHook, 3e-3}, std::tuple{"bf16", &bf16CompressHook, 3e-2}}) {
+  for (auto [name, make, tol] :
+       {std::tuple{"fp16", &fp16CompressHook, 3e-3}, std::tuple{"bf16", &bf16CompressHook, 3e-2}}) {
     SCOPED_TRACE(name);
     Scenario s;
     s.world = 2;
@@ -378,7 +377,8 @@ TEST(DDP, CommHooks) {
     // Bounded error: one rounding of each gradient (relative 2^-11 / 2^-8), over 3 steps of lr 0.1.
     expectMatchesReference(o, tol);
     double worst = 0;
-    for (size_t i = 0; i < o.reference.size(); ++i) worst = std::max(worst, maxDiff(o.rankParams[0][i], o.reference[i]));
+    for (size_t i = 0; i < o.reference.size(); ++i)
+      worst = std::max(worst, maxDiff(o.rankParams[0][i], o.reference[i]));
     EXPECT_GT(worst, 0.0) << "compression changed nothing: is the hook running?";
   }
 }
@@ -413,17 +413,18 @@ TEST(DDP, JoinWithThrowOnEarlyTerminationFailsEveryRank) {
     auto net = std::make_shared<Net>(1);
     DistributedDataParallel ddp(net, pg, {.findUnusedParameters = true});
     try {
-      joinUneven(
-          ddp,
-          [&] {
-            for (int step = 0; step < 1 + 2 * r; ++step) F::mseLoss(ddp(inputs(r, step, 0)), targets(r, step, 0)).backward();
-          },
-          {.throwOnEarlyTermination = true});
+      joinUneven(ddp,
+                 [&] {
+                   for (int step = 0; step < 1 + 2 * r; ++step)
+                     F::mseLoss(ddp(inputs(r, step, 0)), targets(r, step, 0)).backward();
+                 },
+                 {.throwOnEarlyTermination = true});
     } catch (const DistError& e) {
       errors[r] = e.what();
     }
   });
-  for (int r = 0; r < 2; ++r) EXPECT_NE(errors[r].find("rank(s) [0] ran out of inputs"), std::string::npos) << errors[r];
+  for (int r = 0; r < 2; ++r)
+    EXPECT_NE(errors[r].find("rank(s) [0] ran out of inputs"), std::string::npos) << errors[r];
 }
 
 // ---- errors ---------------------------------------------------------------------------------
@@ -451,8 +452,9 @@ TEST(DDP, DifferentModelsNameTheFirstDifferingParameterOnEveryRank) {
   });
   for (int r = 0; r < 3; ++r) {
     SCOPED_TRACE(errors[r]);
-    EXPECT_NE(errors[r].find("parameter #0 is 'module.fc1.weight' [8, 4] float32 on rank 0 but 'module.fc1.weight' [5, 4] float32 "
-                             "on rank 2"),
+    EXPECT_NE(errors[r].find(
+                  "parameter #0 is 'module.fc1.weight' [8, 4] float32 on rank 0 but 'module.fc1.weight' [5, 4] float32 "
+                  "on rank 2"),
               std::string::npos);
     EXPECT_NE(errors[r].find("ranks [2] differ from rank 0"), std::string::npos);
   }
@@ -497,7 +499,8 @@ TEST(DDP, BackwardTwiceAfterOneForwardIsAnError) {
     // The next forward and backward work again.
     ddp(inputs(r, 1, 0).narrow(1, 0, 4)).sum().backward();
   });
-  for (int r = 0; r < 2; ++r) EXPECT_NE(errors[r].find("a second backward after one forward"), std::string::npos) << errors[r];
+  for (int r = 0; r < 2; ++r)
+    EXPECT_NE(errors[r].find("a second backward after one forward"), std::string::npos) << errors[r];
 }
 
 TEST(DDP, CommHookAfterTheFirstBackwardIsRejected) {
@@ -517,8 +520,8 @@ TEST(DDP, CommHookAfterTheFirstBackwardIsRejected) {
 }
 
 TEST(DDP, BucketAssignment) {
-  std::vector<Tensor> ps = {zeros({10}), zeros({10}), zeros({100}), zeros({5}, {.dtype = DType::Float64}), zeros({3}),
-                            zeros({30})};
+  std::vector<Tensor> ps = {zeros({10}), zeros({10}), zeros({100}), zeros({5}, {.dtype = DType::Float64}),
+                            zeros({3}),  zeros({30})};
   // Caps in bytes: first 60, then 200. A bucket closes once it holds at least its cap.
   auto b = assignBuckets(ps, {0, 1, 2, 4, 3, 5}, 60, 200);
   // [0, 1] (80 B: passes 60, closes), [2] (400 B), [4] (12 B, closed by the dtype change),
@@ -531,8 +534,8 @@ TEST(DDP, BucketAssignment) {
   EXPECT_EQ(b[4], (std::vector<size_t>{5}));
   // The MLP 784-1024-1024-10 with the default caps (1 and 25 MiB), reverse order:
   // fc3 and fc2 (4.2 MB) in the first bucket, fc1 (3.2 MB) in the second, as PyTorch.
-  std::vector<Tensor> mlp = {zeros({1024, 784}), zeros({1024}), zeros({1024, 1024}), zeros({1024}), zeros({10, 1024}),
-                             zeros({10})};
+  std::vector<Tensor> mlp = {zeros({1024, 784}), zeros({1024}),     zeros({1024, 1024}),
+                             zeros({1024}),      zeros({10, 1024}), zeros({10})};
   auto m = assignBuckets(mlp, {5, 4, 3, 2, 1, 0}, 1 << 20, 25 << 20);
   ASSERT_EQ(m.size(), 2u);
   EXPECT_EQ(m[0], (std::vector<size_t>{5, 4, 3, 2}));

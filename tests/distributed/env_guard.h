@@ -40,11 +40,29 @@ class EnvGuard {
     saved_[name] = v ? std::optional<std::string>(v) : std::nullopt;
   }
 
-  static constexpr const char* kLaunchVars[] = {
-      "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-      "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
-      "OMPI_MCA_ess_base_jobid", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_LOCALID",
-      "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NODEID", "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST",
-      "SLURM_NODELIST", "SLURM_JOB_ID", "COHORT_STORE_HOSTED_BY_LAUNCHER", "COHORT_BACKEND"};
+  static constexpr const char* kLaunchVars[] = {"RANK",
+                                                "WORLD_SIZE",
+                                                "LOCAL_RANK",
+                                                "LOCAL_WORLD_SIZE",
+                                                "MASTER_ADDR",
+                                                "MASTER_PORT",
+                                                "OMPI_COMM_WORLD_RANK",
+                                                "OMPI_COMM_WORLD_SIZE",
+                                                "OMPI_COMM_WORLD_LOCAL_RANK",
+                                                "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                                "OMPI_MCA_ess_base_jobid",
+                                                "SLURM_PROCID",
+                                                "SLURM_NTASKS",
+                                                "SLURM_NPROCS",
+                                                "SLURM_LOCALID",
+                                                "SLURM_NTASKS_PER_NODE",
+                                                "SLURM_TASKS_PER_NODE",
+                                                "SLURM_NODEID",
+                                                "SLURM_STEP_NODELIST",
+                                                "SLURM_JOB_NODELIST",
+                                                "SLURM_NODELIST",
+                                                "SLURM_JOB_ID",
+                                                "COHORT_STORE_HOSTED_BY_LAUNCHER",
+                                                "COHORT_BACKEND"};
   std::map<std::string, std::optional<std::string>> saved_;
 };

@@ -76,21 +76,11 @@ TEST(NodeList, FirstHost) {
 
 TEST(NodeList, MalformedListsNameTheInput) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"node[1-2", "never closed"},
-      {"node1-2]", "without a matching"},
-      {"node[]", "empty entry"},
-      {"node[1,,2]", "empty entry"},
-      {"node[1-]", "empty range bound"},
-      {"node[-3]", "empty range bound"},
-      {"node[5-3]", "runs backwards"},
-      {"node[a-b]", "not a number"},
-      {"node[1-2-3]", "not a number"},
-      {"node[[1-2]]", "nested"},
-      {"a,,b", "empty host name"},
-      {"a,", "empty host name"},
-      {",a", "empty host name"},
-      {"node 1", "whitespace"},
-      {"n[0-99999999999999999999]", "too long"},
+      {"node[1-2", "never closed"},    {"node1-2]", "without a matching"}, {"node[]", "empty entry"},
+      {"node[1,,2]", "empty entry"},   {"node[1-]", "empty range bound"},  {"node[-3]", "empty range bound"},
+      {"node[5-3]", "runs backwards"}, {"node[a-b]", "not a number"},      {"node[1-2-3]", "not a number"},
+      {"node[[1-2]]", "nested"},       {"a,,b", "empty host name"},        {"a,", "empty host name"},
+      {",a", "empty host name"},       {"node 1", "whitespace"},           {"n[0-99999999999999999999]", "too long"},
   };
   for (const auto& [input, why] : cases) {
     std::string msg = valueErrorOf([&] { expandNodeList(input); });
@@ -233,9 +223,9 @@ TEST(DetectEnvironment, NothingSetListsEverySource) {
   EnvGuard g;
   EXPECT_FALSE(launchEnvironmentPresent());
   std::string msg = valueErrorOf([] { detectEnvironment(); });
-  for (const char* v : {"no launcher variables", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                        "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS",
-                        "SLURM_JOB_NODELIST", "Found: none of them"}) {
+  for (const char* v :
+       {"no launcher variables", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_NODELIST", "Found: none of them"}) {
     EXPECT_NE(msg.find(v), std::string::npos) << v << " not in: " << msg;
   }
 }
@@ -244,8 +234,8 @@ TEST(DetectEnvironment, MissingVariablesAreNamedWithWhatWasFound) {
   EnvGuard g;
   g.set("RANK", "3");
   std::string msg = valueErrorOf([] { detectEnvironment(); });
-  EXPECT_NE(msg.find("torchrun launch detected, but WORLD_SIZE, MASTER_ADDR, MASTER_PORT missing"),
-            std::string::npos) << msg;
+  EXPECT_NE(msg.find("torchrun launch detected, but WORLD_SIZE, MASTER_ADDR, MASTER_PORT missing"), std::string::npos)
+      << msg;
   EXPECT_NE(msg.find("Found: RANK=3."), std::string::npos) << msg;
   EXPECT_NE(msg.find("OMPI_COMM_WORLD_RANK"), std::string::npos) << msg;  // what every source needs
   EXPECT_NE(msg.find("SLURM_PROCID"), std::string::npos) << msg;
@@ -264,7 +254,8 @@ TEST(DetectEnvironment, MissingVariablesAreNamedWithWhatWasFound) {
   msg = valueErrorOf([] { detectEnvironment(); });
   EXPECT_NE(msg.find("OpenMPI launch detected, but OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_LOCAL_RANK, "
                      "OMPI_COMM_WORLD_LOCAL_SIZE missing"),
-            std::string::npos) << msg;
+            std::string::npos)
+      << msg;
 }
 
 TEST(DetectEnvironment, MalformedValues) {
@@ -272,8 +263,10 @@ TEST(DetectEnvironment, MalformedValues) {
     std::vector<std::pair<std::string, std::string>> vars;
     std::string expect;
   };
-  const std::vector<std::pair<std::string, std::string>> torch = {
-      {"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "29500"}};
+  const std::vector<std::pair<std::string, std::string>> torch = {{"RANK", "0"},
+                                                                  {"WORLD_SIZE", "2"},
+                                                                  {"MASTER_ADDR", "h"},
+                                                                  {"MASTER_PORT", "29500"}};
   auto with = [&](std::string k, std::string v) {
     auto vars = torch;
     for (auto& [name, value] : vars) {
@@ -291,19 +284,34 @@ TEST(DetectEnvironment, MalformedValues) {
       {with("MASTER_PORT", "70000"), "MASTER_PORT=70000 is out of range [1, 65535]"},
       {with("MASTER_PORT", "0"), "MASTER_PORT=0 is out of range [1, 65535]"},
       {with("LOCAL_RANK", "0"), "LOCAL_RANK is set but LOCAL_WORLD_SIZE missing"},
-      {{{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "3"},
+      {{{"OMPI_COMM_WORLD_RANK", "0"},
+        {"OMPI_COMM_WORLD_SIZE", "2"},
+        {"OMPI_COMM_WORLD_LOCAL_RANK", "3"},
         {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}},
        "OMPI_COMM_WORLD_LOCAL_RANK=3 is not below OMPI_COMM_WORLD_LOCAL_SIZE=2"},
-      {{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "0"}, {"SLURM_TASKS_PER_NODE", "2(x2)"},
+      {{{"SLURM_PROCID", "0"},
+        {"SLURM_NTASKS", "4"},
+        {"SLURM_LOCALID", "0"},
+        {"SLURM_TASKS_PER_NODE", "2(x2)"},
         {"SLURM_JOB_NODELIST", "n[1-2]"}},
        "lists several nodes but SLURM_NODEID is missing"},
-      {{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "0"}, {"SLURM_TASKS_PER_NODE", "2(x2)"},
-        {"SLURM_NODEID", "2"}, {"SLURM_JOB_NODELIST", "n[1-2]"}},
+      {{{"SLURM_PROCID", "0"},
+        {"SLURM_NTASKS", "4"},
+        {"SLURM_LOCALID", "0"},
+        {"SLURM_TASKS_PER_NODE", "2(x2)"},
+        {"SLURM_NODEID", "2"},
+        {"SLURM_JOB_NODELIST", "n[1-2]"}},
        "SLURM_NODEID=2 but SLURM_TASKS_PER_NODE=\"2(x2)\" lists only 2 nodes"},
-      {{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "0"}, {"SLURM_TASKS_PER_NODE", "2(y2)"},
+      {{{"SLURM_PROCID", "0"},
+        {"SLURM_NTASKS", "4"},
+        {"SLURM_LOCALID", "0"},
+        {"SLURM_TASKS_PER_NODE", "2(y2)"},
         {"SLURM_JOB_NODELIST", "n[1-2]"}},
        "SLURM_TASKS_PER_NODE is malformed"},
-      {{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}, {"SLURM_NTASKS_PER_NODE", "2"},
+      {{{"SLURM_PROCID", "0"},
+        {"SLURM_NTASKS", "2"},
+        {"SLURM_LOCALID", "0"},
+        {"SLURM_NTASKS_PER_NODE", "2"},
         {"SLURM_JOB_NODELIST", "n[1-2"}},
        "SLURM_JOB_NODELIST is malformed: malformed Slurm node list \"n[1-2\""},
   };

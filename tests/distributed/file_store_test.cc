@@ -58,9 +58,7 @@ TEST(FileStore, CountSpansProcesses) {
 TEST(FileStore, AForeignFileIsNotTouched) {
   TempDir dir;
   std::string path = dir.file("notes.txt");
-  {
-    std::ofstream(path) << "my precious notes, not a store";
-  }
+  { std::ofstream(path) << "my precious notes, not a store"; }
   try {
     FileStore s(path, Millis{1000});
     FAIL() << "opened a foreign file";

@@ -58,7 +58,8 @@ TEST(FlightRecorder, EntriesKeepTheStartTheCallerRead) {
   FlightRecorder fr("world", 4, 0);
   const auto fiveSecondsAgo = std::chrono::steady_clock::now() - std::chrono::seconds(5);
   uint64_t id = fr.recordInPlace(
-      7, OpType::Allreduce, [](std::string& shapes, std::string& detail) {
+      7, OpType::Allreduce,
+      [](std::string& shapes, std::string& detail) {
         shapes = "[2] float32";
         detail = "op=sum";
       },
@@ -179,8 +180,9 @@ TEST(FlightRecorder, JsonShape) {
   EXPECT_GE(e0["duration_us"].get<int64_t>(), 0);
   EXPECT_EQ(e0["end_us"].get<int64_t>() - e0["start_us"].get<int64_t>(), e0["duration_us"].get<int64_t>());
   // Started within the last minute: the stamps are Unix microseconds.
-  int64_t now = std::chrono::duration_cast<std::chrono::microseconds>(
-                    std::chrono::system_clock::now().time_since_epoch()).count();
+  int64_t now =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
   EXPECT_LE(e0["start_us"].get<int64_t>(), now);
   EXPECT_GT(e0["start_us"].get<int64_t>(), now - 60'000'000);
   const json& e1 = j["entries"][1];
@@ -244,7 +246,8 @@ TEST(FlightRecorder, ConcurrentDumpsFromOneProcessAllSucceed) {
   std::vector<std::thread> threads;
   for (int round = 0; round < 20; ++round) {
     threads.clear();
-    for (int t = 0; t < 8; ++t) threads.emplace_back([&, t] { paths[t] = dumpFlightRecorders(fmt::format("thread {}", t)); });
+    for (int t = 0; t < 8; ++t)
+      threads.emplace_back([&, t] { paths[t] = dumpFlightRecorders(fmt::format("thread {}", t)); });
     for (auto& t : threads) t.join();
     for (int t = 0; t < 8; ++t) ASSERT_EQ(paths[t], flightRecorderDumpPath()) << "round " << round << " thread " << t;
     json j = json::parse(readFile(paths[0]));

@@ -58,8 +58,8 @@ TEST_P(HierarchicalKilled, SurvivorsFailWithTheOpNamedAndNoSegmentRemains) {
     Tensor warm = ones({10});
     pg->allreduce(warm)->wait();
     Tensor big = ones({1 << 22});  // 16 MiB
-    return dieInsideOpOrReport(*store, rank, kDead, [&] { pg->allreduce(big)->wait(); },
-                               [&] { pg->allreduce(warm)->wait(); });
+    return dieInsideOpOrReport(
+        *store, rank, kDead, [&] { pg->allreduce(big)->wait(); }, [&] { pg->allreduce(warm)->wait(); });
   });
   auto reports = expectSurvivorsFailFast(results, kDead, kTimeout);
   for (int r = 0; r < kSize; ++r) {
@@ -67,8 +67,9 @@ TEST_P(HierarchicalKilled, SurvivorsFailWithTheOpNamedAndNoSegmentRemains) {
     const std::string& msg = reports[r]->first.message;
     EXPECT_NE(msg.find(fmt::format("allreduce #2 in group '{}'", group)), std::string::npos) << msg;
     // The group's diagnosis names the dead rank.
-    EXPECT_TRUE(std::regex_search(
-        msg, std::regex(fmt::format(R"((dead or stalled\)|never reached it): \[(\d+, )*{}[,\]])", kDead))))
+    EXPECT_TRUE(
+        std::regex_search(msg,
+                          std::regex(fmt::format(R"((dead or stalled\)|never reached it): \[(\d+, )*{}[,\]])", kDead))))
         << msg;
   }
   // The dead rank's node-mate catches it in the shm stage of its own node.

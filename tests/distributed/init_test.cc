@@ -185,7 +185,8 @@ TEST(InitProcessGroup, MissingRanksAreNamedOnTimeout) {
   });
   for (const auto& e : errors) {
     EXPECT_NE(e.find("ranks [1, 3] of 4 did not join group 'world' at the store 127.0.0.1:" + std::to_string(port)),
-              std::string::npos) << e;
+              std::string::npos)
+        << e;
     EXPECT_NE(e.find("(2 joined;"), std::string::npos) << e;
   }
 }
@@ -215,7 +216,8 @@ TEST(InitProcessGroup, DisagreeingWorldSizes) {
     pgs[r] = initProcessGroup(o);
   });
   EXPECT_NE(errors[0].find("ranks disagree on the world size (this is rank 0 with 2): rank 1: world=3"),
-            std::string::npos) << errors[0];
+            std::string::npos)
+      << errors[0];
   EXPECT_NE(errors[1].find("ranks [2] of 3 did not join"), std::string::npos) << errors[1];
 }
 

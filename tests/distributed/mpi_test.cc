@@ -216,7 +216,8 @@ TEST(MpiBackend, AllreduceEveryDtypeReductionAndSize) {
           o.op = op;
           std::string what = label("allreduce", dt, count, reduceOpName(op));
           if (waitOk(pg().allreduce(t, o), what)) {
-            expectValues<T>(t, count, [&](int64_t i) { return reference<T>(op, i, n); }, what);
+            expectValues<T>(
+                t, count, [&](int64_t i) { return reference<T>(op, i, n); }, what);
           }
         }
       }
@@ -246,8 +247,9 @@ TEST(MpiBackend, AllreduceCoalesced) {
         if (!waitOk(pg().allreduceCoalesced(ts, o), what)) continue;
         for (size_t k = 0; k < sizes.size(); ++k) {
           int salt = static_cast<int>(k);
-          expectValues<T>(ts[k], sizes[k], [&](int64_t i) { return reference<T>(op, i, n, salt); },
-                          what + fmt::format(" tensor {}", k));
+          expectValues<T>(
+              ts[k], sizes[k], [&](int64_t i) { return reference<T>(op, i, n, salt); },
+              what + fmt::format(" tensor {}", k));
         }
       }
     });
@@ -269,9 +271,11 @@ TEST(MpiBackend, ReduceToEachRoot) {
             std::string what = label("reduce", dt, count, fmt::format("{} root {}", reduceOpName(op), root));
             if (!waitOk(pg().reduce(t, o), what)) continue;
             if (r == root) {
-              expectValues<T>(t, count, [&](int64_t i) { return reference<T>(op, i, n); }, what);
+              expectValues<T>(
+                  t, count, [&](int64_t i) { return reference<T>(op, i, n); }, what);
             } else {  // the other ranks' tensors are left as they were
-              expectValues<T>(t, count, [&](int64_t i) { return inputValue<T>(r, i); }, what + " (non-root)");
+              expectValues<T>(
+                  t, count, [&](int64_t i) { return inputValue<T>(r, i); }, what + " (non-root)");
             }
           }
         }
@@ -294,7 +298,8 @@ TEST(MpiBackend, ReduceScatterListAndTensor) {
           o.op = op;
           std::string what = label("reduce_scatter_tensor", dt, count, reduceOpName(op));
           if (waitOk(pg().reduceScatterTensor(out, input, o), what)) {
-            expectValues<T>(out, count, [&](int64_t i) { return reference<T>(op, r * count + i, n); }, what);
+            expectValues<T>(
+                out, count, [&](int64_t i) { return reference<T>(op, r * count + i, n); }, what);
           }
           if (count > 1000) continue;  // the list form packs the same way; small sizes suffice
           std::vector<Tensor> inputs;
@@ -302,7 +307,8 @@ TEST(MpiBackend, ReduceScatterListAndTensor) {
           Tensor out2 = empty({count}, opts(dt));
           what = label("reduce_scatter", dt, count, reduceOpName(op));
           if (waitOk(pg().reduceScatter(out2, inputs, o), what)) {
-            expectValues<T>(out2, count, [&](int64_t i) { return reference<T>(op, r * count + i, n); }, what);
+            expectValues<T>(
+                out2, count, [&](int64_t i) { return reference<T>(op, r * count + i, n); }, what);
           }
         }
       }
@@ -323,7 +329,8 @@ TEST(MpiBackend, BroadcastFromEachRoot) {
           o.root = root;
           std::string what = label("broadcast", dt, count, fmt::format("root {}", root));
           if (waitOk(pg().broadcast(t, o), what)) {
-            expectValues<T>(t, count, [&](int64_t i) { return inputValue<T>(root, i, 1); }, what);
+            expectValues<T>(
+                t, count, [&](int64_t i) { return inputValue<T>(root, i, 1); }, what);
           }
         }
       }
@@ -342,14 +349,19 @@ TEST(MpiBackend, AllgatherListTensorAndInPlace) {
         std::string what = label("allgather", dt, count);
         if (waitOk(pg().allgather(outs, input), what)) {
           for (int j = 0; j < n; ++j) {
-            expectValues<T>(outs[j], count, [&](int64_t i) { return inputValue<T>(j, i); },
-                            what + fmt::format(" from rank {}", j));
+            expectValues<T>(
+                outs[j], count, [&](int64_t i) { return inputValue<T>(j, i); }, what + fmt::format(" from rank {}", j));
           }
         }
         Tensor flat = empty({count * n}, opts(dt));
         what = label("allgather_into_tensor", dt, count);
         if (waitOk(pg().allgatherIntoTensor(flat, input), what)) {
-          expectValues<T>(flat, count * n, [&](int64_t i) { return inputValue<T>(i / std::max<int64_t>(count, 1), i % std::max<int64_t>(count, 1)); }, what);
+          expectValues<T>(
+              flat, count * n,
+              [&](int64_t i) {
+                return inputValue<T>(i / std::max<int64_t>(count, 1), i % std::max<int64_t>(count, 1));
+              },
+              what);
         }
         // FSDP's layout: the input is this rank's slice of the output.
         Tensor whole = zeros({count * n}, opts(dt));
@@ -357,7 +369,12 @@ TEST(MpiBackend, AllgatherListTensorAndInPlace) {
         mine.copy_(input);
         what = label("allgather_into_tensor in place", dt, count);
         if (waitOk(pg().allgatherIntoTensor(whole, mine), what)) {
-          expectValues<T>(whole, count * n, [&](int64_t i) { return inputValue<T>(i / std::max<int64_t>(count, 1), i % std::max<int64_t>(count, 1)); }, what);
+          expectValues<T>(
+              whole, count * n,
+              [&](int64_t i) {
+                return inputValue<T>(i / std::max<int64_t>(count, 1), i % std::max<int64_t>(count, 1));
+              },
+              what);
         }
       }
     });
@@ -380,8 +397,9 @@ TEST(MpiBackend, AllgatherCoalesced) {
       for (int j = 0; j < n; ++j) {
         for (size_t k = 0; k < sizes.size(); ++k) {
           int salt = static_cast<int>(k);
-          expectValues<T>(outs[j][k], sizes[k], [&](int64_t i) { return inputValue<T>(j, i, salt); },
-                          what + fmt::format(" rank {} tensor {}", j, k));
+          expectValues<T>(
+              outs[j][k], sizes[k], [&](int64_t i) { return inputValue<T>(j, i, salt); },
+              what + fmt::format(" rank {} tensor {}", j, k));
         }
       }
     });
@@ -398,10 +416,13 @@ TEST(MpiBackend, AlltoallEqualSplits) {
         Tensor out = empty({count * n}, opts(dt));
         std::string what = label("alltoall", dt, count);
         if (!waitOk(pg().alltoall(out, input), what)) continue;
-        expectValues<T>(out, count * n, [&](int64_t i) {
-          int64_t j = i / std::max<int64_t>(count, 1), k = i % std::max<int64_t>(count, 1);
-          return inputValue<T>(static_cast<int>(j), r * count + k);
-        }, what);
+        expectValues<T>(
+            out, count * n,
+            [&](int64_t i) {
+              int64_t j = i / std::max<int64_t>(count, 1), k = i % std::max<int64_t>(count, 1);
+              return inputValue<T>(static_cast<int>(j), r * count + k);
+            },
+            what);
       }
     });
   }
@@ -432,8 +453,8 @@ TEST(MpiBackend, AlltoallUnevenSplits) {
         for (int b = 0; b < r; ++b) start += rows(a, b);
         for (int64_t e = 0; e < rows(a, r) * 3; ++e) expected.push_back(inputValue<T>(a, start * 3 + e));
       }
-      expectValues<T>(out.view({-1}), static_cast<int64_t>(expected.size()), [&](int64_t i) { return expected[i]; },
-                      what);
+      expectValues<T>(
+          out.view({-1}), static_cast<int64_t>(expected.size()), [&](int64_t i) { return expected[i]; }, what);
     });
   }
 }
@@ -451,8 +472,9 @@ TEST(MpiBackend, AlltoallList) {
       std::string what = label("alltoall_list", dt, 0);
       if (!waitOk(pg().alltoallList(outputs, inputs), what)) return;
       for (int a = 0; a < n; ++a) {
-        expectValues<T>(outputs[a], len(a, r), [&](int64_t i) { return inputValue<T>(a, i, r); },
-                        what + fmt::format(" from rank {}", a));
+        expectValues<T>(
+            outputs[a], len(a, r), [&](int64_t i) { return inputValue<T>(a, i, r); },
+            what + fmt::format(" from rank {}", a));
       }
     });
   }
@@ -474,8 +496,9 @@ TEST(MpiBackend, GatherAndScatterAtEachRoot) {
           std::string what = label("gather", dt, count, fmt::format("root {}", root));
           if (waitOk(pg().gather(outs, input, go), what) && r == root) {
             for (int j = 0; j < n; ++j) {
-              expectValues<T>(outs[j], count, [&](int64_t i) { return inputValue<T>(j, i); },
-                              what + fmt::format(" from rank {}", j));
+              expectValues<T>(
+                  outs[j], count, [&](int64_t i) { return inputValue<T>(j, i); },
+                  what + fmt::format(" from rank {}", j));
             }
           }
           std::vector<Tensor> ins;
@@ -487,7 +510,8 @@ TEST(MpiBackend, GatherAndScatterAtEachRoot) {
           so.root = root;
           what = label("scatter", dt, count, fmt::format("root {}", root));
           if (waitOk(pg().scatter(out, ins, so), what)) {
-            expectValues<T>(out, count, [&](int64_t i) { return inputValue<T>(root, i, r); }, what);
+            expectValues<T>(
+                out, count, [&](int64_t i) { return inputValue<T>(root, i, r); }, what);
           }
         }
       }
@@ -512,7 +536,8 @@ TEST(MpiBackend, BarrierAndWorkResults) {
     if (!waitOk(works[k], "allreduce burst")) continue;
     ASSERT_EQ(works[k]->result().size(), 1u);
     EXPECT_TRUE(works[k]->result()[0].isSameAs(ts[k]));
-    expectValues<float>(ts[k], 5, [&](int64_t) { return static_cast<float>(k * worldSize()); }, "allreduce burst");
+    expectValues<float>(
+        ts[k], 5, [&](int64_t) { return static_cast<float>(k * worldSize()); }, "allreduce burst");
   }
 }
 
@@ -536,7 +561,8 @@ TEST(MpiBackend, SendRecvRingBothOrders) {
         std::string what = label("send/recv", dt, count);
         waitOk(s, what + " send");
         if (waitOk(rv, what + " recv")) {
-          expectValues<T>(in, count, [&](int64_t i) { return inputValue<T>(prev, i, 5); }, what);
+          expectValues<T>(
+              in, count, [&](int64_t i) { return inputValue<T>(prev, i, 5); }, what);
         }
       }
     });
@@ -563,8 +589,12 @@ TEST(MpiBackend, RecvMatchesByTag) {
     t2.tag = 2;
     auto w2 = pg().recv(y, 0, t2);
     auto w1 = pg().recv(x, 0, t1);
-    if (waitOk(w2, "recv tag 2")) expectValues<int64_t>(y, 4, [](int64_t) { return int64_t{2}; }, "tag 2");
-    if (waitOk(w1, "recv tag 1")) expectValues<int64_t>(x, 4, [](int64_t) { return int64_t{1}; }, "tag 1");
+    if (waitOk(w2, "recv tag 2"))
+      expectValues<int64_t>(
+          y, 4, [](int64_t) { return int64_t{2}; }, "tag 2");
+    if (waitOk(w1, "recv tag 1"))
+      expectValues<int64_t>(
+          x, 4, [](int64_t) { return int64_t{1}; }, "tag 1");
   }
   waitOk(pg().barrier(), "barrier");
 }
@@ -636,16 +666,23 @@ TEST(MpiBackend, SubgroupsRunAlongsideTheWorld) {
     if (j % 2 == 0) evenSum += j + 1;
     if (j % 2 == r % 2) paritySum += j + 1;
   }
-  if (we && waitOk(we, "even allreduce")) expectValues<float>(a, 1000, [&](int64_t) { return evenSum; }, "even group");
-  if (waitOk(wp, "parity allreduce")) expectValues<float>(b, 1000, [&](int64_t) { return paritySum; }, "parity group");
-  if (waitOk(ww, "world allreduce")) expectValues<float>(c, 1000, [&](int64_t) { return worldSum; }, "world");
+  if (we && waitOk(we, "even allreduce"))
+    expectValues<float>(
+        a, 1000, [&](int64_t) { return evenSum; }, "even group");
+  if (waitOk(wp, "parity allreduce"))
+    expectValues<float>(
+        b, 1000, [&](int64_t) { return paritySum; }, "parity group");
+  if (waitOk(ww, "world allreduce"))
+    expectValues<float>(
+        c, 1000, [&](int64_t) { return worldSum; }, "world");
 
   // Group ranks, not world ranks, address roots and peers in a subgroup.
   Tensor d = full({3}, r, opts(DType::Int32));
   BroadcastOptions bo;
   bo.root = parity->size() - 1;
   if (waitOk(parity->broadcast(d, bo), "parity broadcast")) {
-    expectValues<int32_t>(d, 3, [&](int64_t) { return static_cast<int32_t>(members.back()); }, "parity broadcast");
+    expectValues<int32_t>(
+        d, 3, [&](int64_t) { return static_cast<int32_t>(members.back()); }, "parity broadcast");
   }
   waitOk(pg().barrier(), "barrier");
 }

@@ -49,7 +49,8 @@ struct Tracker {
   // Waits (bounded) until `name` has started; returns whether it did.
   bool waitStarted(const std::string& name, std::chrono::milliseconds limit) {
     std::unique_lock<std::mutex> lock(mu);
-    return cv.wait_for(lock, limit, [&] { return std::find(events.begin(), events.end(), "start " + name) != events.end(); });
+    return cv.wait_for(lock, limit,
+                       [&] { return std::find(events.begin(), events.end(), "start " + name) != events.end(); });
   }
   size_t indexOf(const std::string& e) {
     std::lock_guard<std::mutex> lock(mu);
@@ -69,10 +70,13 @@ TEST(OpQueue, ShareableOpsOnDifferentMemoryRunSideBySide) {
   // A holds on until B has started: only possible when they overlap.
   std::vector<WorkPtr> w{makeWork(1), makeWork(2)};
   std::atomic<bool> sawB{false};
-  q.post(w[0], [&, work = w[0]] {
-    sawB = t.waitStarted("B", 5'000ms);
-    work->finish({});
-  }, OpFootprint{false, {&a}});
+  q.post(
+      w[0],
+      [&, work = w[0]] {
+        sawB = t.waitStarted("B", 5'000ms);
+        work->finish({});
+      },
+      OpFootprint{false, {&a}});
   q.post(w[1], t.task("B", 0ms, w[1]), OpFootprint{false, {&b}});
   waitAll(w);
   EXPECT_TRUE(sawB);

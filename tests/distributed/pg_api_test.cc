@@ -115,12 +115,14 @@ TEST(ProcessGroupValidation, EveryCollectiveChecksItsShapes) {
       EXPECT_NE(msg.find("in group 'world'"), std::string::npos) << msg;
     };
     std::vector<Tensor> one = {zeros({4})};
-    expectValueError([&] { pg.allgather(one, in); }, "allgather in group 'world': expected 2 output tensors (one per rank), got 1");
+    expectValueError([&] { pg.allgather(one, in); },
+                     "allgather in group 'world': expected 2 output tensors (one per rank), got 1");
     std::vector<Tensor> wrongDtype = {zeros({4}), zeros({4}, TensorOptions{.dtype = DType::Float64})};
     expectValueError([&] { pg.allgather(wrongDtype, in); }, "output 1 is float64 [4], but the input is float32 [4]");
     Tensor big = zeros({9});
     expectValueError([&] { pg.allgatherIntoTensor(big, in); }, "must hold 2 x input [4] = 8 elements, has 9");
-    expectValueError([&] { pg.broadcast(in, {.root = 2}); }, "broadcast in group 'world': root 2 is out of range for a group of size 2");
+    expectValueError([&] { pg.broadcast(in, {.root = 2}); },
+                     "broadcast in group 'world': root 2 is out of range for a group of size 2");
     expectValueError([&] { pg.reduce(in, {.root = -1}); }, "root -1 is out of range");
     std::vector<Tensor> rsIn = {zeros({4}), zeros({5})};
     expectValueError([&] { pg.reduceScatter(in, rsIn); }, "input 1 is float32 [5], but the output is float32 [4]");
@@ -130,7 +132,8 @@ TEST(ProcessGroupValidation, EveryCollectiveChecksItsShapes) {
     AlltoallOptions splits;
     splits.inputSplitSizes = {1, 1};
     splits.outputSplitSizes = {2, 1};
-    expectValueError([&] { pg.alltoall(odd2, odd, splits); }, "input split sizes [1, 1] add up to 2, but dim 0 has 3 rows");
+    expectValueError([&] { pg.alltoall(odd2, odd, splits); },
+                     "input split sizes [1, 1] add up to 2, but dim 0 has 3 rows");
     expectValueError([&] { pg.send(in, r); }, "cannot send to itself");
     expectValueError([&] { pg.recv(in, 5); }, "source rank 5 is out of range");
     expectValueError([&] { pg.send(in, 1 - r, {.tag = -2}); }, "tag must be non-negative");

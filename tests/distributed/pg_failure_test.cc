@@ -12,8 +12,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <iostream>
 #include <functional>
+#include <iostream>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -61,7 +61,8 @@ void checkSurvivors(const std::vector<ChildResult>& results, int dead, double ma
     EXPECT_LT(secs, maxSeconds) << "rank " << r << ": " << msg;
     EXPECT_NE(msg.find("allreduce #"), std::string::npos) << msg;
     EXPECT_NE(msg.find("in group 'world'"), std::string::npos) << msg;
-    EXPECT_NE(msg.find(fmt::format("[{}]", dead)), std::string::npos) << "rank " << r << " did not name rank " << dead << ": " << msg;
+    EXPECT_NE(msg.find(fmt::format("[{}]", dead)), std::string::npos)
+        << "rank " << r << " did not name rank " << dead << ": " << msg;
   }
 }
 
@@ -69,14 +70,17 @@ TEST(ProcessGroupFailure, KilledRankBeforeTheOpIsNamedBySurvivors) {
   if (!hasBackend("gloo")) GTEST_SKIP() << "gloo is not built";
   TempDir dir;
   constexpr int kSize = 3, kDead = 1;
-  auto results = runForked(kSize, 60s, [&](int rank, std::ofstream& report) {
-    auto pg = joinGroup(dir, rank, kSize, Millis(2000));
-    Tensor t = ones({1000});
-    for (int k = 0; k < 3; ++k) pg->allreduce(t)->wait();
-    pg->barrier()->wait();
-    if (rank == kDead) raise(SIGKILL);
-    return survivorBody(*pg, report, t);
-  }, dir);
+  auto results = runForked(
+      kSize, 60s,
+      [&](int rank, std::ofstream& report) {
+        auto pg = joinGroup(dir, rank, kSize, Millis(2000));
+        Tensor t = ones({1000});
+        for (int k = 0; k < 3; ++k) pg->allreduce(t)->wait();
+        pg->barrier()->wait();
+        if (rank == kDead) raise(SIGKILL);
+        return survivorBody(*pg, report, t);
+      },
+      dir);
   checkSurvivors(results, kDead, 5.0);
 }
 
@@ -84,20 +88,23 @@ TEST(ProcessGroupFailure, KilledRankMidCollectiveIsNamedBySurvivors) {
   if (!hasBackend("gloo")) GTEST_SKIP() << "gloo is not built";
   TempDir dir;
   constexpr int kSize = 3, kDead = 2;
-  auto results = runForked(kSize, 60s, [&](int rank, std::ofstream& report) {
-    auto pg = joinGroup(dir, rank, kSize, Millis(2000));
-    Tensor warm = ones({10});
-    pg->allreduce(warm)->wait();
-    // 64 MiB takes ~80 ms on loopback, and rank 2 must still forward the others' reduced chunks
-    // long after it dies 2 ms in: the op cannot have finished anywhere.
-    Tensor big = ones({1 << 24});
-    if (rank == kDead) {
-      auto w = pg->allreduce(big);
-      std::this_thread::sleep_for(2ms);
-      raise(SIGKILL);
-    }
-    return survivorBody(*pg, report, big);
-  }, dir);
+  auto results = runForked(
+      kSize, 60s,
+      [&](int rank, std::ofstream& report) {
+        auto pg = joinGroup(dir, rank, kSize, Millis(2000));
+        Tensor warm = ones({10});
+        pg->allreduce(warm)->wait();
+        // 64 MiB takes ~80 ms on loopback, and rank 2 must still forward the others' reduced chunks
+        // long after it dies 2 ms in: the op cannot have finished anywhere.
+        Tensor big = ones({1 << 24});
+        if (rank == kDead) {
+          auto w = pg->allreduce(big);
+          std::this_thread::sleep_for(2ms);
+          raise(SIGKILL);
+        }
+        return survivorBody(*pg, report, big);
+      },
+      dir);
   checkSurvivors(results, kDead, 5.0);
 }
 
@@ -105,16 +112,19 @@ TEST(ProcessGroupFailure, StalledRankTimesOutWithItsName) {
   if (!hasBackend("gloo")) GTEST_SKIP() << "gloo is not built";
   TempDir dir;
   constexpr int kSize = 3, kStalled = 0;
-  auto results = runForked(kSize, 60s, [&](int rank, std::ofstream& report) {
-    auto pg = joinGroup(dir, rank, kSize, Millis(1500));
-    Tensor t = ones({100});
-    pg->allreduce(t)->wait();
-    if (rank == kStalled) {
-      std::this_thread::sleep_for(3s);  // alive but never calls the next op
-      raise(SIGKILL);
-    }
-    return survivorBody(*pg, report, t);
-  }, dir);
+  auto results = runForked(
+      kSize, 60s,
+      [&](int rank, std::ofstream& report) {
+        auto pg = joinGroup(dir, rank, kSize, Millis(1500));
+        Tensor t = ones({100});
+        pg->allreduce(t)->wait();
+        if (rank == kStalled) {
+          std::this_thread::sleep_for(3s);  // alive but never calls the next op
+          raise(SIGKILL);
+        }
+        return survivorBody(*pg, report, t);
+      },
+      dir);
   checkSurvivors(results, kStalled, 5.0);
   for (int r = 1; r < kSize; ++r) EXPECT_EQ(results[r].report.substr(0, 12), "TimeoutError") << results[r].report;
 }
@@ -126,23 +136,26 @@ TEST(ProcessGroupFailure, MismatchedCollectiveUnderDetailFailsOnEveryRank) {
   if (!hasBackend("gloo")) GTEST_SKIP() << "gloo is not built";
   TempDir dir;
   constexpr int kSize = 3, kOdd = 2;
-  auto results = runForked(kSize, 60s, [&](int rank, std::ofstream& report) {
-    auto store = std::make_shared<FileStore>(dir.file("store"), Millis(30'000));
-    ProcessGroupOptions o;
-    o.backend = "gloo";
-    o.timeout = Millis(20'000);
-    o.debug = DebugLevel::Detail;
-    auto pg = ProcessGroup::create(store, rank, kSize, o);
-    Tensor t = ones({10});
-    pg->allreduce(t)->wait();  // a matching call passes the check
-    return reportOutcome(report, [&] {
-      if (rank == kOdd) {
-        pg->broadcast(t)->wait();
-      } else {
-        pg->allreduce(t)->wait();
-      }
-    });
-  }, dir);
+  auto results = runForked(
+      kSize, 60s,
+      [&](int rank, std::ofstream& report) {
+        auto store = std::make_shared<FileStore>(dir.file("store"), Millis(30'000));
+        ProcessGroupOptions o;
+        o.backend = "gloo";
+        o.timeout = Millis(20'000);
+        o.debug = DebugLevel::Detail;
+        auto pg = ProcessGroup::create(store, rank, kSize, o);
+        Tensor t = ones({10});
+        pg->allreduce(t)->wait();  // a matching call passes the check
+        return reportOutcome(report, [&] {
+          if (rank == kOdd) {
+            pg->broadcast(t)->wait();
+          } else {
+            pg->allreduce(t)->wait();
+          }
+        });
+      },
+      dir);
   for (int r = 0; r < kSize; ++r) {
     const auto& res = results[r];
     EXPECT_FALSE(res.killedByWatchdog) << "rank " << r << " hung";

@@ -179,10 +179,10 @@ inline std::string mismatch(const Tensor& t, int64_t n, const std::function<doub
   return "";
 }
 
-#define COHORT_EXPECT_MATCH(t, n, fn)                              \
-  do {                                                            \
+#define COHORT_EXPECT_MATCH(t, n, fn)                                     \
+  do {                                                                    \
     std::string cohort_mm_ = ::cohort::dist::testing::mismatch(t, n, fn); \
-    if (!cohort_mm_.empty()) throw std::runtime_error(cohort_mm_); \
+    if (!cohort_mm_.empty()) throw std::runtime_error(cohort_mm_);        \
   } while (0)
 
 // Largest absolute elementwise difference.

@@ -1,7 +1,7 @@
 // The shm backend with ranks as forked processes: a rank killed (SIGKILL) inside a 64 MiB
-// allreduce (or one on registered buffers) makes the survivors fail with a PeerError naming it, well before the op's timeout,
-// later ops fail at once, and nothing of the group is left in /dev/shm. A watchdog in the parent
-// kills every child past a deadline, so a hang fails the test instead of blocking it.
+// allreduce (or one on registered buffers) makes the survivors fail with a PeerError naming it, well before the op's
+// timeout, later ops fail at once, and nothing of the group is left in /dev/shm. A watchdog in the parent kills every
+// child past a deadline, so a hang fails the test instead of blocking it.
 #include <gtest/gtest.h>
 
 #include <dirent.h>
@@ -38,8 +38,9 @@ using namespace std::chrono_literals;
 // a report on failure) and leaves in `op` the allreduce that rank kDead dies inside; the survivors
 // must fail with a PeerError naming that allreduce (#2), the group and the dead rank, well before
 // the timeout, and nothing of the group may stay in /dev/shm.
-void expectKilledRankNamed(const std::string& group,
-                           const std::function<std::string(ProcessGroup& pg, int rank, std::function<void()>& op)>& prepare) {
+void expectKilledRankNamed(
+    const std::string& group,
+    const std::function<std::string(ProcessGroup& pg, int rank, std::function<void()>& op)>& prepare) {
   TempDir tmp;
   const std::string dir = tmp.path().string();
   constexpr int kSize = 3, kDead = 2;
@@ -63,7 +64,8 @@ void expectKilledRankNamed(const std::string& group,
     EXPECT_NE(msg.find(fmt::format("in group '{}'", group)), std::string::npos) << msg;
     EXPECT_NE(msg.find(fmt::format("rank [{}]", kDead)), std::string::npos) << msg;
   }
-  EXPECT_TRUE(devShmEntries("_" + group + "_").empty()) << fmt::format("{}", fmt::join(devShmEntries("_" + group + "_"), " "));
+  EXPECT_TRUE(devShmEntries("_" + group + "_").empty())
+      << fmt::format("{}", fmt::join(devShmEntries("_" + group + "_"), " "));
 }
 
 TEST(ShmBackendFailure, RankKilledMidAllreduceIsNamedAndNoSegmentRemains) {
@@ -80,18 +82,19 @@ TEST(ShmBackendFailure, RankKilledMidAllreduceIsNamedAndNoSegmentRemains) {
 // place. Processes first check one such allreduce's values, then rank 2 dies inside the next.
 TEST(ShmBackendFailure, RankKilledInARegisteredAllreduceIsNamedAndNothingRemains) {
   if (!hasBackend("shm")) GTEST_SKIP() << "shm is not built";
-  expectKilledRankNamed(fmt::format("regkilled{}", getpid()), [](ProcessGroup& pg, int rank, std::function<void()>& op) {
-    constexpr int64_t kCount = 1 << 22;  // 16 MiB of float32
-    Tensor buf = pg.allocateCommBuffer({kCount}, DType::Float32);
-    buf.copy_(arange(0, kCount, 1, {.dtype = DType::Float32}) * static_cast<double>(rank + 1));
-    pg.allreduce(buf)->wait();
-    // Sum over ranks of i * (rank + 1) = 6i: exact in float32 below 2^24.
-    Tensor want = arange(0, kCount, 1, {.dtype = DType::Float32}) * 6.0;
-    if ((buf - want).abs().max().item<double>() != 0.0)
-      return fmt::format("rank {}: wrong registered allreduce result", rank);
-    op = [&pg, buf]() mutable { pg.allreduce(buf)->wait(); };
-    return std::string();
-  });
+  expectKilledRankNamed(fmt::format("regkilled{}", getpid()),
+                        [](ProcessGroup& pg, int rank, std::function<void()>& op) {
+                          constexpr int64_t kCount = 1 << 22;  // 16 MiB of float32
+                          Tensor buf = pg.allocateCommBuffer({kCount}, DType::Float32);
+                          buf.copy_(arange(0, kCount, 1, {.dtype = DType::Float32}) * static_cast<double>(rank + 1));
+                          pg.allreduce(buf)->wait();
+                          // Sum over ranks of i * (rank + 1) = 6i: exact in float32 below 2^24.
+                          Tensor want = arange(0, kCount, 1, {.dtype = DType::Float32}) * 6.0;
+                          if ((buf - want).abs().max().item<double>() != 0.0)
+                            return fmt::format("rank {}: wrong registered allreduce result", rank);
+                          op = [&pg, buf]() mutable { pg.allreduce(buf)->wait(); };
+                          return std::string();
+                        });
 }
 
 }  // namespace

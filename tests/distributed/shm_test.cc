@@ -22,22 +22,24 @@ using namespace std::chrono_literals;
 #if COHORT_USE_SHM
 // "shm" with 4 KiB slots and no single-round allreduce: every op runs chunk by chunk.
 const bool kTinyRegistered = [] {
-  registerBackend("shm_tiny_slots", [](const StorePtr& store, int rank, int size, const BackendOptions& opts) -> BackendPtr {
-    shm::ShmConfig c;
-    c.slotBytes = 4096;
-    c.smallBytes = 0;
-    return std::make_shared<shm::ShmBackend>(store, rank, size, opts, c);
-  });
+  registerBackend("shm_tiny_slots",
+                  [](const StorePtr& store, int rank, int size, const BackendOptions& opts) -> BackendPtr {
+                    shm::ShmConfig c;
+                    c.slotBytes = 4096;
+                    c.smallBytes = 0;
+                    return std::make_shared<shm::ShmBackend>(store, rank, size, opts, c);
+                  });
   return true;
 }();
 
 // "shm" running its ops on a worker thread (COHORT_SHM_THREAD=worker).
 const bool kWorkerRegistered = [] {
-  registerBackend("shm_worker", [](const StorePtr& store, int rank, int size, const BackendOptions& opts) -> BackendPtr {
-    shm::ShmConfig c;
-    c.worker = true;
-    return std::make_shared<shm::ShmBackend>(store, rank, size, opts, c);
-  });
+  registerBackend("shm_worker",
+                  [](const StorePtr& store, int rank, int size, const BackendOptions& opts) -> BackendPtr {
+                    shm::ShmConfig c;
+                    c.worker = true;
+                    return std::make_shared<shm::ShmBackend>(store, rank, size, opts, c);
+                  });
   return true;
 }();
 

@@ -13,7 +13,7 @@
 namespace cohort::dist::testing {
 namespace {
 
-constexpr Millis kShort{300};  // how long a wait that must time out waits
+constexpr Millis kShort{300};   // how long a wait that must time out waits
 constexpr Millis kLong{20000};  // a deadline that only a bug reaches
 
 template <typename Kind>

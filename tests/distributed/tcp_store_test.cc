@@ -17,7 +17,7 @@ namespace {
 constexpr Millis kLong{20000};
 
 std::shared_ptr<TCPStore> client(const TCPStoreServer& server, Millis timeout = kLong,
-                                  std::optional<std::string> token = std::nullopt) {
+                                 std::optional<std::string> token = std::nullopt) {
   TCPStoreOptions o;
   o.port = server.port();
   o.timeout = timeout;
@@ -228,7 +228,7 @@ TEST(TCPStoreBadClients, OversizedFramesAreDropped) {
     EXPECT_TRUE(raw.readUntilClosed());
   }
   {
-    auto raw = helloedSocket(server);  // after a good hello
+    auto raw = helloedSocket(server);          // after a good hello
     raw->send(Bytes{0x00, 0x00, 0x10, 0x00});  // 1 MiB, over 64 + 64 + 2 × 1024
     EXPECT_TRUE(raw->readUntilClosed());
   }
@@ -256,7 +256,7 @@ TEST(TCPStoreBadClients, AClientThatVanishesMidFrameIsDropped) {
   {
     auto raw = helloedSocket(server);
     raw->send(Bytes{100, 0, 0, 0, static_cast<uint8_t>(tcp::Op::Set), 1, 0, 0, 0, 1});  // 6 of 100 bytes
-  }  // closed here
+  }                                                                                     // closed here
   {
     auto raw = helloedSocket(server);
     raw->send(Bytes{100, 0});  // half a length

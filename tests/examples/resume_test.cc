@@ -27,8 +27,9 @@ std::string binary() {
 }
 
 int run(const std::string& args) {
-  std::string cmd = binary() + " --layers 1 --heads 2 --embd 16 --block-size 16 --batch-size 4 --warmup 3 "
-                               "--log-interval 5 --sample-tokens 0 --dropout 0.1 " +
+  std::string cmd = binary() +
+                    " --layers 1 --heads 2 --embd 16 --block-size 16 --batch-size 4 --warmup 3 "
+                    "--log-interval 5 --sample-tokens 0 --dropout 0.1 " +
                     args + " > /dev/null";
   return std::system(cmd.c_str());
 }

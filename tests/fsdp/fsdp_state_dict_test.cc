@@ -143,8 +143,7 @@ TEST(FSDPStateDict, TiedWeightsAppearUnderBothNames) {
     EXPECT_EQ((sd.at("lm_head.weight") - sd.at("transformer.wte.weight")).abs().max().item<double>(), 0.0);
     Generator g2(5);
     nn::GPT plain(tinyGpt(), &g2);
-    for (const auto& [k, v] : plain.stateDict())
-      EXPECT_EQ((sd.at(k) - v).abs().max().item<double>(), 0.0) << k;
+    for (const auto& [k, v] : plain.stateDict()) EXPECT_EQ((sd.at(k) - v).abs().max().item<double>(), 0.0) << k;
   });
 }
 

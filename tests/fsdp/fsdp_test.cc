@@ -159,7 +159,8 @@ TEST(FSDP, FullShardFreesUnitsAfterForwardAndShardGradOpKeepsThemUntilBackward) 
     ThreadWorld tw("gloo", 2);
     tw.run([&](int r) {
       auto net = std::make_shared<Net>(42);
-      FullyShardedDataParallel f(net, borrow(tw.pg(r)), {.strategy = strategy, .autoWrapPolicy = wrapModuleTypes({"Block"})});
+      FullyShardedDataParallel f(net, borrow(tw.pg(r)),
+                                 {.strategy = strategy, .autoWrapPolicy = wrapModuleTypes({"Block"})});
       for (size_t u = 0; u < f.numUnits(); ++u) EXPECT_FALSE(f.unit(u).gathered()) << "unit " << u << " before forward";
       Tensor loss = nn::functional::mseLoss(f(inputs(r, 0)), targets(r, 0));
       EXPECT_TRUE(f.unit(0).gathered()) << "the root stays gathered until its backward";

@@ -72,15 +72,15 @@ struct Scenario {
   int steps = 3;
   FSDPOptions options;
   bool adamw = false;
-  double clip = 0;                                  // > 0: clipGradNorm before each step
-  std::function<std::string(int rank)> nodeOf;      // HYBRID_SHARD: simulated nodes
+  double clip = 0;                              // > 0: clipGradNorm before each step
+  std::function<std::string(int rank)> nodeOf;  // HYBRID_SHARD: simulated nodes
   std::string backend = "gloo";
 };
 
 struct Outcome {
   std::vector<std::vector<Tensor>> rankParams;  // per rank, gathered module parameters in order
   std::vector<Tensor> reference;
-  std::vector<std::vector<double>> rankNorms;   // clipGradNorm's results per step
+  std::vector<std::vector<double>> rankNorms;  // clipGradNorm's results per step
   std::vector<double> referenceNorms;
   std::vector<int64_t> shardNumel, paddedNumel;  // rank 0, per unit
   std::vector<DType> shardDtypes;
@@ -146,7 +146,9 @@ inline Outcome runScenario(const Scenario& s) {
   return runGeneric(
       s.world, s.steps, s.options, s.adamw, s.clip, s.nodeOf, s.backend,
       [](uint64_t seed) { return std::make_shared<Net>(seed); },
-      [](nn::Module& m, int r, int step) { return F::mseLoss(m(inputs(r, step)).to(DType::Float32), targets(r, step)); });
+      [](nn::Module& m, int r, int step) {
+        return F::mseLoss(m(inputs(r, step)).to(DType::Float32), targets(r, step));
+      });
 }
 
 // A GPT with tied embedding and output weights, each TransformerBlock a unit.
@@ -157,7 +159,13 @@ struct GptScenario {
 };
 
 inline nn::GPTConfig tinyGpt() {
-  return {.vocabSize = 13, .blockSize = 8, .nLayer = 2, .nHead = 2, .nEmbd = 8, .dropout = 0.0, .bias = true,
+  return {.vocabSize = 13,
+          .blockSize = 8,
+          .nLayer = 2,
+          .nHead = 2,
+          .nEmbd = 8,
+          .dropout = 0.0,
+          .bias = true,
           .tieWeights = true};
 }
 

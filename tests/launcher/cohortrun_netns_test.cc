@@ -64,10 +64,10 @@ struct NamespacePair {
 };
 
 #define SKIP_UNLESS_NAMESPACES(ns)                                                                        \
-  if (::geteuid() != 0)                                                                                  \
+  if (::geteuid() != 0)                                                                                   \
     GTEST_SKIP() << "needs root to create network namespaces (running as uid " << ::geteuid() << ")";     \
   if (sh("ip -V") != 0) GTEST_SKIP() << "`ip` (iproute2) is not installed: scripts/setup.sh installs it"; \
-  NamespacePair ns;                                                                                      \
+  NamespacePair ns;                                                                                       \
   if (!ns.error.empty()) GTEST_SKIP() << "cannot make network namespaces here: " << ns.error
 
 std::string stateText(const State& w) {
@@ -86,11 +86,38 @@ TEST(CohortrunMultiNode, TwoNamespacesRestartFromTheCheckpointAndAgree) {
   std::filesystem::create_directories(dir / "out");
   const int steps = 40;
   auto launch = [&](const std::string& nsName, const std::string& iface, int nodeRank) {
-    return spawn({"ip", "netns", "exec", nsName, cohortrunPath(), "--nnodes", "2", "--node-rank",
-                  std::to_string(nodeRank), "--rdzv-endpoint", "10.77.0.1:29400", "--rdzv-id", "netns",
-                  "--rdzv-timeout", "30", "--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.05",
-                  "--stop-timeout", "5", workerPath(), "train", std::to_string(steps), "5", dir / "ckpt", dir / "out",
-                  "3", "13", dir / "marker"},
+    return spawn({"ip",
+                  "netns",
+                  "exec",
+                  nsName,
+                  cohortrunPath(),
+                  "--nnodes",
+                  "2",
+                  "--node-rank",
+                  std::to_string(nodeRank),
+                  "--rdzv-endpoint",
+                  "10.77.0.1:29400",
+                  "--rdzv-id",
+                  "netns",
+                  "--rdzv-timeout",
+                  "30",
+                  "--nproc-per-node",
+                  "2",
+                  "--max-restarts",
+                  "1",
+                  "--monitor-interval",
+                  "0.05",
+                  "--stop-timeout",
+                  "5",
+                  workerPath(),
+                  "train",
+                  std::to_string(steps),
+                  "5",
+                  dir / "ckpt",
+                  dir / "out",
+                  "3",
+                  "13",
+                  dir / "marker"},
                  dir / ("node" + std::to_string(nodeRank) + ".out"),
                  {"COHORT_BACKEND=gloo", "COHORT_GLOO_IFACE=" + iface, "OMP_NUM_THREADS="});
   };
@@ -127,9 +154,9 @@ TEST(CohortrunMultiNode, DdpTrainingAcrossNamespacesEndsWithEqualParameters) {
   SKIP_UNLESS_NAMESPACES(ns);
   ScratchDir dir("cohortrun_netns_ddp");
   auto launch = [&](const std::string& nsName, const std::string& iface, const std::string& out) {
-    return spawn({"ip", "netns", "exec", nsName, cohortrunPath(), "--nnodes", "2", "--rdzv-endpoint",
-                  "10.77.0.1:29400", "--rdzv-timeout", "30", "--nproc-per-node", "2", "--stop-timeout", "5",
-                  COHORT_TRAIN_DIGITS_PATH, "--ddp", "--epochs", "2"},
+    return spawn({"ip", "netns", "exec", nsName, cohortrunPath(), "--nnodes", "2", "--rdzv-endpoint", "10.77.0.1:29400",
+                  "--rdzv-timeout", "30", "--nproc-per-node", "2", "--stop-timeout", "5", COHORT_TRAIN_DIGITS_PATH,
+                  "--ddp", "--epochs", "2"},
                  out, {"COHORT_BACKEND=gloo", "COHORT_GLOO_IFACE=" + iface, "OMP_NUM_THREADS="});
   };
   Child a = launch(ns.nsA, ns.vA, dir / "a.out");

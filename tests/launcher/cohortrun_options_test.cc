@@ -24,9 +24,9 @@ std::string errorOf(const std::vector<std::string>& args) {
 }  // namespace
 
 TEST(CohortrunOptions, TorchrunFlagsBothSpellings) {
-  auto o = parseArgs({"--nnodes", "2:4", "--nproc_per_node", "3", "--node-rank", "1", "--rdzv_endpoint",
-                      "node0:29400", "--rdzv-id", "job7", "--max-restarts", "2", "--monitor_interval", "0.5",
-                      "./train", "--lr", "3", "--", "x"});
+  auto o = parseArgs({"--nnodes", "2:4", "--nproc_per_node", "3", "--node-rank", "1", "--rdzv_endpoint", "node0:29400",
+                      "--rdzv-id", "job7", "--max-restarts", "2", "--monitor_interval", "0.5", "./train", "--lr", "3",
+                      "--", "x"});
   EXPECT_EQ(o.minNodes, 2);
   EXPECT_EQ(o.maxNodes, 4);
   EXPECT_EQ(o.nproc, 3);
@@ -57,8 +57,7 @@ TEST(CohortrunOptions, NprocAutoAndCpu) {
   EXPECT_EQ(parseArgs({"--nproc-per-node", "cpu", "p"}).nproc, cores);
   EXPECT_EQ(parseArgs({"--nproc-per-node", "auto", "p"}).nproc, cores);  // no CUDA device in this build
   EXPECT_NE(errorOf({"--nproc-per-node", "0", "p"}).find("--nproc-per-node must be at least 1"), std::string::npos);
-  EXPECT_NE(errorOf({"--nproc-per-node", "many", "p"}).find("'many' is not a non-negative integer"),
-            std::string::npos);
+  EXPECT_NE(errorOf({"--nproc-per-node", "many", "p"}).find("'many' is not a non-negative integer"), std::string::npos);
 }
 
 TEST(CohortrunOptions, MasterAddrIsTheStaticRendezvous) {

@@ -92,9 +92,9 @@ TEST(Cohortrun, KeepsTheUsersOmpNumThreads) {
 
 TEST(Cohortrun, AFailingWorkerStopsTheOthersAndGivesItsExitCode) {
   ScratchDir dir("cohortrun_fail");
-  Result r = runCohortrun({"--nproc-per-node", "3", "--stop-timeout", "5", workerPath(), "fail", "1", "7",
-                           dir.path.string()},
-                          dir / "out");
+  Result r =
+      runCohortrun({"--nproc-per-node", "3", "--stop-timeout", "5", workerPath(), "fail", "1", "7", dir.path.string()},
+                   dir / "out");
   ASSERT_TRUE(r.finished) << r.output;
   EXPECT_EQ(r.exitCode(), 7) << r.output;
   EXPECT_NE(r.output.find("job FAILED after 1 attempt (--max-restarts 0)"), std::string::npos) << r.output;
@@ -140,9 +140,9 @@ TEST(Cohortrun, WithoutRestartsLeftTheJobFailsWithTheSignal) {
 
 TEST(Cohortrun, SigtermToTheLauncherLeavesNoWorkerBehind) {
   ScratchDir dir("cohortrun_sigterm");
-  Child c = spawn({cohortrunPath(), "--nproc-per-node", "2", "--stop-timeout", "5", workerPath(), "hold",
-                   dir.path.string()},
-                  dir / "out");
+  Child c =
+      spawn({cohortrunPath(), "--nproc-per-node", "2", "--stop-timeout", "5", workerPath(), "hold", dir.path.string()},
+            dir / "out");
   std::vector<pid_t> pids;
   for (int rank : {0, 1}) {
     ASSERT_TRUE(waitForFile(dir / ("rank_" + std::to_string(rank) + ".pids"))) << readFile(dir / "out");
@@ -166,7 +166,8 @@ TEST(Cohortrun, UnreachableRendezvousFailsWithinTheTimeoutNamingTheEndpoint) {
                           dir / "out", {}, 30s);
   ASSERT_TRUE(r.finished) << r.output;
   EXPECT_EQ(r.exitCode(), 1) << r.output;
-  EXPECT_NE(r.output.find("rendezvous at " + endpoint + " (--rdzv-endpoint) failed: the store there could not be "
+  EXPECT_NE(r.output.find("rendezvous at " + endpoint +
+                          " (--rdzv-endpoint) failed: the store there could not be "
                           "reached for 1."),
             std::string::npos)
       << r.output;
@@ -217,9 +218,9 @@ TEST(Cohortrun, HelpEnvListsTheRegistry) {
   Result r = runCohortrun({"--help-env"}, dir / "out");
   ASSERT_EQ(r.exitCode(), 0) << r.output;
   // From core, distributed and the launcher.
-  for (const char* knob : {"COHORT_BLAS", "COHORT_BACKEND", "COHORT_STORE_TOKEN", "COHORT_STORE_HOSTED_BY_LAUNCHER",
-                           "MASTER_ADDR", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "COHORT_GLOO_IFACE",
-                           "OMP_NUM_THREADS"}) {
+  for (const char* knob :
+       {"COHORT_BLAS", "COHORT_BACKEND", "COHORT_STORE_TOKEN", "COHORT_STORE_HOSTED_BY_LAUNCHER", "MASTER_ADDR",
+        "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "COHORT_GLOO_IFACE", "OMP_NUM_THREADS"}) {
     EXPECT_NE(r.output.find(std::string("\n  ") + knob), std::string::npos) << knob << "\n" << r.output;
   }
 }
@@ -234,6 +235,5 @@ TEST(Cohortrun, VersionAndMissingProgram) {
   EXPECT_NE(m.output.find("no program given"), std::string::npos) << m.output;
   Result nf = runCohortrun({"no_such_program_here_xyz"}, dir / "out3");
   EXPECT_EQ(nf.exitCode(), 127);
-  EXPECT_NE(nf.output.find("program 'no_such_program_here_xyz' was not found on PATH"), std::string::npos)
-      << nf.output;
+  EXPECT_NE(nf.output.find("program 'no_such_program_here_xyz' was not found on PATH"), std::string::npos) << nf.output;
 }

@@ -103,7 +103,8 @@ inline Result waitFor(Child& c, std::chrono::seconds deadline) {
 
 // cohortrun with `args`, its output in `dir`/cohortrun.out; OMP_NUM_THREADS unset unless env sets it.
 inline Result runCohortrun(const std::vector<std::string>& args, const std::string& outputPath,
-                           std::vector<std::string> env = {}, std::chrono::seconds deadline = std::chrono::seconds(60)) {
+                           std::vector<std::string> env = {},
+                           std::chrono::seconds deadline = std::chrono::seconds(60)) {
   std::vector<std::string> argv{cohortrunPath()};
   argv.insert(argv.end(), args.begin(), args.end());
   env.insert(env.begin(), "OMP_NUM_THREADS=");

@@ -89,7 +89,8 @@ TEST(RpcAgent, SyncAndAsyncCallsCarryEveryKindOfValue) {
         pthread_getname_np(pthread_self(), name, sizeof name);
         return std::string(name);
       });
-      if (where.value() != ThreadPool::kThreadName) bad += fmt::format("a callback ran on thread '{}'; ", where.value());
+      if (where.value() != ThreadPool::kThreadName)
+        bad += fmt::format("a callback ran on thread '{}'; ", where.value());
     }
     auto agent = std::dynamic_pointer_cast<TensorPipeAgent>(currentAgent());
     if (!agent || agent->transportTo(1) != "shm") bad += "the peer on this host is not reached over shm; ";
@@ -179,7 +180,8 @@ TEST(RpcAgent, ADeadPeerFailsItsPendingCallsByNameAndOthersContinue) {
   std::stringstream ss(reports[0]);
   for (std::string l; std::getline(ss, l);) lines.push_back(l);
   ASSERT_EQ(lines.size(), 4u) << reports[0];
-  EXPECT_EQ(lines[0].rfind("RpcError: rpc 'sleep_ms' to worker 'w1' (rank 1) failed: the connection to 'w1' broke", 0), 0u)
+  EXPECT_EQ(lines[0].rfind("RpcError: rpc 'sleep_ms' to worker 'w1' (rank 1) failed: the connection to 'w1' broke", 0),
+            0u)
       << lines[0];
   EXPECT_EQ(lines[1].rfind("RpcError: rpc 'die' to worker 'w1' (rank 1) failed: the connection to 'w1' broke", 0), 0u)
       << lines[1];
@@ -226,13 +228,14 @@ TEST(RpcAgent, MalformedFramesAreRefusedAndTheAgentServesOthers) {
     }
     auto agent = std::dynamic_pointer_cast<TensorPipeAgent>(currentAgent());
     auto first = rpcAsync<int64_t>(Timeout{Millis(20'000)}, "w1", "sleep_ms", 500);  // opens the pipe
-    agent->transmitRawForTesting(1, std::string("CRPC\x01\x02", 6));  // cut after the frame kind
+    agent->transmitRawForTesting(1, std::string("CRPC\x01\x02", 6));                 // cut after the frame kind
     std::string e = errorOf([&] { first.wait(std::chrono::seconds(15)); });
     currentAgent()->options().store->set("garbage-sent", std::string("1"));
     return e;
   });
   EXPECT_EQ(reports[0].rfind("RpcError: rpc 'sleep_ms' to worker 'w1' (rank 1) failed: worker 'w1' refused the "
-                             "connection: a malformed message arrived: malformed RPC frame at byte 6: truncated: the op needs 1 bytes, 0 left",
+                             "connection: a malformed message arrived: malformed RPC frame at byte 6: truncated: the "
+                             "op needs 1 bytes, 0 left",
                              0),
             0u)
       << reports[0];
@@ -262,13 +265,15 @@ TEST(RpcAgent, MessagesOverTheLimitsAreRefused) {
       [](int rank) -> std::string {
         if (rank == 1) return "ok";
         // The sender's own limit: refused before anything is sent, the pipe stays usable.
-        std::string own = errorOf([] { rpcSync<int64_t>("w1", "nbytes", zeros({1 << 20}, {.dtype = DType::Float64})); });
+        std::string own =
+            errorOf([] { rpcSync<int64_t>("w1", "nbytes", zeros({1 << 20}, {.dtype = DType::Float64})); });
         int64_t small = rpcSync<int64_t>("w1", "nbytes", zeros({4}));
         return own + "|" + std::to_string(small);
       },
       [](int rank, RpcOptions& o) { o.limits.maxTensorBytes = size_t{4} << 20; });
-  EXPECT_EQ(reports[0], "RpcError: rpc 'nbytes' to worker 'w1' (rank 1) failed: the message's 1 tensors (8388608 bytes) "
-                        "exceed the limits (65536 tensors, 4194304 bytes)|16");
+  EXPECT_EQ(reports[0],
+            "RpcError: rpc 'nbytes' to worker 'w1' (rank 1) failed: the message's 1 tensors (8388608 bytes) "
+            "exceed the limits (65536 tensors, 4194304 bytes)|16");
   EXPECT_EQ(reports[1], "ok");
 
   reports = runWorkers(
@@ -284,7 +289,6 @@ TEST(RpcAgent, MessagesOverTheLimitsAreRefused) {
                         "a malformed message arrived: RPC message tensors exceed the limit of 1048576 bytes");
   EXPECT_EQ(reports[1], "ok");
 }
-
 
 // The cross-memory channel (rpc/tensorpipe/parallel_cma.h): tensors of sizes around every edge
 // (inline copy, one chunk, split in chunks not a multiple of a page) arrive byte for byte, in
@@ -303,13 +307,14 @@ Tensor bytePattern(int64_t n, int salt) {
   Tensor t = empty({n}, {.dtype = DType::UInt8});
   uint8_t* p = t.data<uint8_t>();
   // No period a chunk edge could hide in.
-  for (int64_t i = 0; i < n; ++i) p[i] = static_cast<uint8_t>((static_cast<uint64_t>(i + salt) * 0x9E3779B97F4A7C15ull) >> 56);
+  for (int64_t i = 0; i < n; ++i)
+    p[i] = static_cast<uint8_t>((static_cast<uint64_t>(i + salt) * 0x9E3779B97F4A7C15ull) >> 56);
   return t;
 }
 
 TEST(RpcAgent, CrossMemoryTensorsArriveWholeAtEverySplit) {
-  const std::vector<int64_t> sizes = {1, 4095, (64 << 10) - 1, 64 << 10, 1 << 20, (2 << 20) - 1, (2 << 20) + 3,
-                                      (9 << 20) + 1, (33 << 20) + 7};
+  const std::vector<int64_t> sizes = {
+      1, 4095, (64 << 10) - 1, 64 << 10, 1 << 20, (2 << 20) - 1, (2 << 20) + 3, (9 << 20) + 1, (33 << 20) + 7};
   for (int threads : {1, 3}) {
     SCOPED_TRACE(fmt::format("copyThreads {}", threads));
     auto reports = runWorkers(
@@ -346,8 +351,10 @@ TEST(RpcAgent, CrossMemoryTensorsArriveWholeAtEverySplit) {
             }
           }
           auto after = rpcSync<std::vector<int64_t>>("w1", "cma_stats");
-          if (after[0] - before[0] != count) bad += fmt::format("{} tensors came by cma, not {}; ", after[0] - before[0], count);
-          if (after[1] - before[1] != sent) bad += fmt::format("{} bytes came by cma, not {}; ", after[1] - before[1], sent);
+          if (after[0] - before[0] != count)
+            bad += fmt::format("{} tensors came by cma, not {}; ", after[0] - before[0], count);
+          if (after[1] - before[1] != sent)
+            bad += fmt::format("{} bytes came by cma, not {}; ", after[1] - before[1], sent);
           if (after[2] - before[2] != split) bad += fmt::format("{} were split, not {}; ", after[2] - before[2], split);
           // And the echoes came back to this worker the same way.
           if (cmaStats().tensors < static_cast<uint64_t>(count)) bad += "the echoes did not come back by cma; ";

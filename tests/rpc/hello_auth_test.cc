@@ -49,8 +49,9 @@ TEST(RpcHelloAuth, WrongSecretsOtherPairsAndTamperingAreRefused) {
   t = proof;
   t.back() = t.back() == '0' ? '1' : '0';  // the MAC
   EXPECT_EQ(checkHelloProof("right", "w0", "w1", t, guard), wrong);
-  for (const std::string& junk : {std::string(), std::string("right"), std::string("v1:"), std::string("v1:zz:1:zz"),
-                                  std::string("v2") + proof.substr(2), proof + "0", proof.substr(0, proof.size() - 1)}) {
+  for (const std::string& junk :
+       {std::string(), std::string("right"), std::string("v1:"), std::string("v1:zz:1:zz"),
+        std::string("v2") + proof.substr(2), proof + "0", proof.substr(0, proof.size() - 1)}) {
     EXPECT_EQ(checkHelloProof("right", "w0", "w1", junk, guard), wrong) << junk;
   }
   // The untampered proof still works (nothing above was admitted).
@@ -85,8 +86,8 @@ TEST(RpcHelloAuth, TheReplayGuardForgetsOnlyWhatLeftTheWindow) {
   const int64_t now = nowMs();
   const int64_t window = std::chrono::milliseconds(kHelloClockWindow).count();
   EXPECT_TRUE(guard.admit("n1", now, now));
-  EXPECT_FALSE(guard.admit("n1", now, now + window));       // still remembered inside the window
-  EXPECT_TRUE(guard.admit("n1", now, now + 3 * window));    // long gone (its clock refuses it anyway)
+  EXPECT_FALSE(guard.admit("n1", now, now + window));     // still remembered inside the window
+  EXPECT_TRUE(guard.admit("n1", now, now + 3 * window));  // long gone (its clock refuses it anyway)
   EXPECT_TRUE(guard.admit("n2", now + 3 * window, now + 3 * window));
   EXPECT_FALSE(guard.admit("n2", now + 3 * window, now + 3 * window + 1000));
 }

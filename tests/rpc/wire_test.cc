@@ -44,8 +44,8 @@ Tensor sample(DType dtype, const Shape& shape) {
 }
 
 TEST(RpcWire, ScalarsAndStrings) {
-  for (const Value& v : {Value(), Value(true), Value(false), Value(int64_t{-7}), Value(int64_t{INT64_MIN}),
-                         Value(3.25), Value(-0.0), Value(std::string()), Value(std::string("héllo\0x", 8))}) {
+  for (const Value& v : {Value(), Value(true), Value(false), Value(int64_t{-7}), Value(int64_t{INT64_MIN}), Value(3.25),
+                         Value(-0.0), Value(std::string()), Value(std::string("héllo\0x", 8))}) {
     EXPECT_EQ(roundTrip(v), v) << v.describe();
   }
   double nan = std::numeric_limits<double>::quiet_NaN();
@@ -91,7 +91,7 @@ TEST(RpcWire, TensorBytesTravelBesideThePayloadWithoutCopies) {
   EncodedFrame e = encodeFrame(f);
   ASSERT_EQ(e.tensors.size(), 2u);
   EXPECT_EQ(e.tensors[0].dataPtr(), big.dataPtr());  // the caller's memory itself
-  EXPECT_LT(e.payload.size(), 200u);                  // only metadata in the payload
+  EXPECT_LT(e.payload.size(), 200u);                 // only metadata in the payload
   // A non-contiguous tensor is made contiguous (the one copy) and arrives equal.
   Tensor tr = big.slice(1, 0, 8).t();
   f.body = Value(tr);
@@ -156,7 +156,9 @@ TEST(RpcWire, LiesAboutTensorsAreRejected) {
   Received r = transmit(encodeFrame(f));
   // The message tensor is shorter than the shape says.
   auto shortStorage = std::make_shared<Storage>(12, Device::cpu());
-  EXPECT_NE(decodeError([&] { decodeFrame(r.payload, {shortStorage}); }).find("needs 16 bytes but message tensor 0 has 12"),
+  EXPECT_NE(decodeError([&] {
+              decodeFrame(r.payload, {shortStorage});
+            }).find("needs 16 bytes but message tensor 0 has 12"),
             std::string::npos);
   // No tensor at all, or one too many.
   EXPECT_NE(decodeError([&] { decodeFrame(r.payload, {}); }).find("tensor index 0 but the message has 0 tensors"),
@@ -173,7 +175,9 @@ TEST(RpcWire, LiesAboutTensorsAreRejected) {
   int64_t huge = int64_t{1} << 62;
   std::memcpy(&p[sizesAt], &huge, 8);
   std::memcpy(&p[sizesAt + 8], &huge, 8);
-  EXPECT_NE(decodeError([&] { decodeFrame(p, {std::make_shared<Storage>(16, Device::cpu())}); }).find("exceeds the byte limit"),
+  EXPECT_NE(decodeError([&] {
+              decodeFrame(p, {std::make_shared<Storage>(16, Device::cpu())});
+            }).find("exceeds the byte limit"),
             std::string::npos);
 }
 

@@ -13,7 +13,8 @@ namespace cohort {
 namespace {
 
 void checkCuda(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw Error(fmt::format("CUDA {} failed: {} ({})", what, cudaGetErrorString(e), cudaGetErrorName(e)));
+  if (e != cudaSuccess)
+    throw Error(fmt::format("CUDA {} failed: {} ({})", what, cudaGetErrorString(e), cudaGetErrorName(e)));
 }
 
 class CudaAllocator final : public Allocator {
@@ -68,7 +69,7 @@ class CudaRuntime final : public DeviceRuntime {
     return allocators_[static_cast<size_t>(index)];
   }
   void copy(void* dst, Device dstDevice, const void* src, Device srcDevice, size_t nbytes) override {
-    cudaMemcpyKind kind = srcDevice.isCpu() ? cudaMemcpyHostToDevice
+    cudaMemcpyKind kind = srcDevice.isCpu()   ? cudaMemcpyHostToDevice
                           : dstDevice.isCpu() ? cudaMemcpyDeviceToHost
                                               : cudaMemcpyDeviceToDevice;
     checkCuda(cudaSetDevice(dstDevice.isCuda() ? dstDevice.index() : srcDevice.index()), "cudaSetDevice");

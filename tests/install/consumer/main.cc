@@ -45,9 +45,7 @@ int main() {
 
   // The shared Future type, chained.
   Future<int> f;
-  Future<std::string> g = f.then([](Future<int> done) {
-    return std::to_string(done.value() * 2);
-  });
+  Future<std::string> g = f.then([](Future<int> done) { return std::to_string(done.value() * 2); });
   f.setValue(21);
   if (g.value() != "42") {
     std::fprintf(stderr, "FAIL future: got %s\n", g.value().c_str());
