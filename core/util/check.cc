@@ -1,27 +1,19 @@
 #include <cohort/core/util/check.h>
 
-#include <cstring>
 #include <string_view>
 
 namespace cohort::detail {
 
 std::string checkLocation(const char* cond, const char* file, int line) {
-  // Trim the absolute build path down to the repository-relative one. This file's own path tells
-  // where the checkout is; files outside it keep the part from the first layer folder on.
-  std::string_view self = __FILE__, suffix = "core/util/check.cc", path = file;
-  const char* rel = file;
-  if (self.size() >= suffix.size() && self.substr(self.size() - suffix.size()) == suffix &&
-      path.substr(0, self.size() - suffix.size()) == self.substr(0, self.size() - suffix.size())) {
-    rel = file + (self.size() - suffix.size());
-  } else {
-    for (const char* layer : {"/core/", "/distributed/", "/fsdp/", "/rpc/", "/launcher/", "/tests/"}) {
-      if (const char* p = std::strstr(file, layer)) {
-        rel = p + 1;
-        break;
-      }
-    }
-  }
-  return fmt::format(" [{}; at {}:{}]", cond, rel, line);
+  // cohort's own files arrive repository-relative ("core/tensor/tensor.cc"): the build maps its
+  // source and include folders away in __FILE__ (-fmacro-prefix-map, top CMakeLists.txt). A check
+  // inside an installed cohort header compiled by a user's project arrives as that project's
+  // compiler found it, "<prefix>/include/cohort/core/tensor/tensor.h": it is shortened to the
+  // same repository-relative form. Any other path (a user's own COHORT_CHECK) is kept as it is.
+  std::string_view path = file;
+  constexpr std::string_view kInstalled = "/include/cohort/";
+  if (auto at = path.rfind(kInstalled); at != std::string_view::npos) path.remove_prefix(at + kInstalled.size());
+  return fmt::format(" [{}; at {}:{}]", cond, path, line);
 }
 
 }  // namespace cohort::detail

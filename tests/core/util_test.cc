@@ -385,6 +385,16 @@ TEST(Check, MessageHasTextConditionAndLocation) {
   EXPECT_NO_THROW(COHORT_CHECK(true, "never formatted {}", 1));
 }
 
+TEST(Check, LocationOfAnInstalledHeaderIsRepositoryRelative) {
+  // cohort's own paths arrive repository-relative (the build maps them); a check inside an
+  // installed header compiled by a user's project arrives as that compiler found the header.
+  EXPECT_EQ(detail::checkLocation("x", "core/tensor/tensor.cc", 7), " [x; at core/tensor/tensor.cc:7]");
+  EXPECT_EQ(detail::checkLocation("x", "/opt/cohort/include/cohort/core/tensor/tensor.h", 3),
+            " [x; at core/tensor/tensor.h:3]");
+  // Anything else (a user's own COHORT_CHECK) is kept as it is.
+  EXPECT_EQ(detail::checkLocation("x", "/home/me/train.cc", 9), " [x; at /home/me/train.cc:9]");
+}
+
 TEST(Check, ComparisonsPrintBothValues) {
   int a = 2, b = 3;
   int line = 0;
