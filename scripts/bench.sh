@@ -18,13 +18,9 @@ if [[ "${1:-}" == "--out" ]]; then
   mkdir -p "$out"
 fi
 
-launcher=()
-if command -v ccache >/dev/null 2>&1; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
-generator=()
-if command -v ninja >/dev/null 2>&1; then generator=(-G Ninja); fi
 if [[ ! -f "$build/CMakeCache.txt" ]]; then
-  cmake -S "$root" -B "$build" "${generator[@]}" "${launcher[@]}" -DCMAKE_BUILD_TYPE=Release \
-    -DCOHORT_BUILD_BENCHMARKS=ON >/dev/null
+  source "$root/scripts/configure.sh"
+  cohort_configure "$build" >/dev/null
 fi
 cmake --build "$build" -j "$jobs" --target cohort_bench_gemm cohort_bench_elementwise
 

@@ -27,10 +27,8 @@ while [[ $# -gt 0 ]]; do
 done
 
 if [[ ! -f "$build/CMakeCache.txt" ]]; then
-  generator=(); command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
-  launcher=(); command -v ccache >/dev/null 2>&1 && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-  cmake -S "$root" -B "$build" "${generator[@]}" "${launcher[@]}" -DCMAKE_BUILD_TYPE=Release \
-    -DCOHORT_BUILD_BENCHMARKS=ON >/dev/null
+  source "$root/scripts/configure.sh"
+  cohort_configure "$build" >/dev/null
 fi
 cmake --build "$build" -j "${JOBS:-2}" --target cohort_bench_collectives cohort_bench_collectives_mpi \
   cohort_bench_collectives_gloo cohort_bench_mpi_side_by_side

@@ -24,10 +24,8 @@ warmup="${WARMUP:-10}"
 py=/usr/bin/python3  # Debian's python3-torch; the python3 first on PATH may lack torch
 
 if [[ ! -f "$build/CMakeCache.txt" ]]; then
-  generator=(); command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
-  launcher=(); command -v ccache >/dev/null 2>&1 && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-  cmake -S "$root" -B "$build" "${generator[@]}" "${launcher[@]}" -DCMAKE_BUILD_TYPE=Release \
-    -DCOHORT_BUILD_BENCHMARKS=ON >/dev/null
+  source "$root/scripts/configure.sh"
+  cohort_configure "$build" >/dev/null
 fi
 nice -n 19 cmake --build "$build" -j "${JOBS:-1}" --target cohort_bench_ddp
 

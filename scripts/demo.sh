@@ -5,7 +5,8 @@
 #   cohortrun --standalone --nproc-per-node 2 build/examples/train_digits --ddp
 #
 # Arguments are passed to the example (e.g. --epochs 5, --model cnn). Exits non-zero when the
-# build or the job fails.
+# build or the job fails. Environment: COHORT_BUILD_DIR (build), COHORT_JOBS (2), and those of
+# scripts/configure.sh (COHORT_WERROR, COHORT_CMAKE_ARGS).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -14,12 +15,9 @@ nproc=${COHORT_DEMO_NPROC:-2}
 
 ./scripts/setup.sh
 
-cmake_args=(-DCMAKE_BUILD_TYPE=Release -DCOHORT_BUILD_EXAMPLES=ON)
-if [[ ! -f "$build/CMakeCache.txt" ]]; then
-  command -v ninja >/dev/null && cmake_args+=(-G Ninja)
-fi
-command -v ccache >/dev/null && cmake_args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
-cmake -S . -B "$build" "${cmake_args[@]}"
+# The same configuration as test.sh's (scripts/configure.sh), so test.sh reuses this build.
+source scripts/configure.sh
+cohort_configure "$build"
 
 # Build only what the job needs: the launcher, the libraries and the example.
 cmake --build "$build" --parallel "${COHORT_JOBS:-2}" --target cohortrun train_digits

@@ -6,8 +6,9 @@
 #   ./scripts/test.sh --tsan       ThreadSanitizer build in build-tsan/
 #   ./scripts/test.sh -- -R Future extra arguments after `--` go to ctest (here: only tests matching Future)
 #
-# Environment: COHORT_BUILD_DIR overrides the build directory, COHORT_JOBS the parallelism (2),
-# COHORT_CMAKE_ARGS adds configure arguments (e.g. "-DCOHORT_USE_MPI=OFF").
+# Environment: COHORT_BUILD_DIR overrides the build directory, COHORT_JOBS the parallelism (2);
+# the build is configured by scripts/configure.sh, as demo.sh's is: COHORT_WERROR=ON turns warnings
+# into errors, COHORT_CMAKE_ARGS adds configure arguments (e.g. "-DCOHORT_USE_MPI=OFF").
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -18,20 +19,21 @@ while [[ $# -gt 0 ]]; do
     --sanitize|--asan) mode=asan ;;
     --tsan) mode=tsan ;;
     --) shift; ctest_args=("$@"); break ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "test.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
 
 jobs=${COHORT_JOBS:-2}
-cmake_args=(-DCMAKE_BUILD_TYPE=Release -DCOHORT_BUILD_TESTS=ON)
+# Arguments on top of scripts/configure.sh's (the release build has none: demo.sh's build is this one).
+cmake_args=()
 case "$mode" in
   release) build=${COHORT_BUILD_DIR:-build} ;;
   asan)
     build=${COHORT_BUILD_DIR:-build-asan}
     # -O1 keeps sanitized builds and runs reasonably fast while keeping stacks readable.
-    cmake_args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" -DCOHORT_BUILD_TESTS=ON
+    cmake_args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g"
                 -DCOHORT_SANITIZE_ADDRESS=ON -DCOHORT_SANITIZE_THREAD=OFF)
     export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:strict_string_checks=1:detect_stack_use_after_return=1}
     export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
@@ -41,7 +43,7 @@ case "$mode" in
     ;;
   tsan)
     build=${COHORT_BUILD_DIR:-build-tsan}
-    cmake_args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" -DCOHORT_BUILD_TESTS=ON
+    cmake_args=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g"
                 -DCOHORT_SANITIZE_THREAD=ON -DCOHORT_SANITIZE_ADDRESS=OFF)
     export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
     ;;
@@ -49,19 +51,9 @@ esac
 
 ./scripts/setup.sh
 
-if [[ ! -f "$build/CMakeCache.txt" ]]; then
-  command -v ninja >/dev/null && cmake_args+=(-G Ninja)
-fi
-if command -v ccache >/dev/null; then
-  cmake_args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
-  # Paths relative to the checkout, so build directories with the same flags share cache entries.
-  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
-fi
-# shellcheck disable=SC2206
-cmake_args+=(${COHORT_CMAKE_ARGS:-})
-
 echo "test.sh: configuring $build ($mode)"
-cmake -S . -B "$build" "${cmake_args[@]}"
+source scripts/configure.sh
+cohort_configure "$build" "${cmake_args[@]}"
 echo "test.sh: building with $jobs jobs"
 cmake --build "$build" --parallel "$jobs"
 echo "test.sh: running tests"
