@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -63,9 +64,11 @@ std::vector<int64_t> flatten(const std::vector<std::vector<int64_t>>& b) {
 struct EnvGuard {
   std::string name;
   std::optional<std::string> old;
+  // v == nullptr: unset while the guard lives.
   EnvGuard(const char* n, const char* v) : name(n) {
     if (const char* o = std::getenv(n)) old = o;
-    ::setenv(n, v, 1);
+    if (v) ::setenv(n, v, 1);
+    else ::unsetenv(n);
   }
   ~EnvGuard() {
     if (old) ::setenv(name.c_str(), old->c_str(), 1);
@@ -139,6 +142,38 @@ TEST(Digits, MissingDataDirNamesPathAndKnob) {
     EXPECT_NE(m.find("COHORT_DATA_DIR"), std::string::npos) << m;
   }
   EXPECT_THROW(kjvText(), ValueError);
+}
+
+TEST(DataDir, DefaultIsTheFolderBesideTheLibrary) {
+  EnvGuard g("COHORT_DATA_DIR", nullptr);
+  // <libdir>/../share/cohort/data, as installed; in the build tree a link to the source's data/.
+  std::string dir = dataDir();
+  EXPECT_TRUE(dir.ends_with("/share/cohort/data")) << dir;
+  EXPECT_TRUE(std::filesystem::path(dir).is_absolute()) << dir;
+  EXPECT_EQ(dataFile("digits.csv"), dir + "/digits.csv");
+  EXPECT_TRUE(std::filesystem::is_regular_file(dir + "/kjv.txt")) << dir;
+}
+
+TEST(DataDir, MissingFolderNamesWhereItLooked) {
+  EnvGuard g("COHORT_DATA_DIR", "/nonexistent/cohort-data/");
+  EXPECT_EQ(dataDir(), "/nonexistent/cohort-data");
+  try {
+    dataFile("digits.csv");
+    FAIL() << "expected ValueError";
+  } catch (const ValueError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("the data folder '/nonexistent/cohort-data' does not exist"), std::string::npos) << m;
+    EXPECT_NE(m.find("COHORT_DATA_DIR='/nonexistent/cohort-data', from the environment"), std::string::npos) << m;
+  }
+  // A folder that exists but lacks the file names the file.
+  EnvGuard here("COHORT_DATA_DIR", ::testing::TempDir().c_str());
+  try {
+    dataFile("no-such-dataset.csv");
+    FAIL() << "expected ValueError";
+  } catch (const ValueError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("no-such-dataset.csv' does not exist"), std::string::npos) << m;
+  }
 }
 
 TEST(Digits, MalformedFileNamesLine) {
