@@ -37,7 +37,7 @@ class Backend {
   const std::string& name() const { return name_; }
   int rank() const { return rank_; }
   int size() const { return size_; }
-  virtual bool supports(OpType op) const { return false; }
+  virtual bool supports(OpType /*op*/) const { return false; }
   virtual bool supportsDevice(DeviceType type) const { return type == DeviceType::CPU; }
 
   virtual void allreduce(Tensor& tensor, const AllreduceOptions& opts, const WorkPtr& work);
@@ -78,7 +78,7 @@ class Backend {
 
   // Stops all transport activity: pending and future ops fail with `reason`. Used when a peer is
   // known dead or on timeout, so no thread stays blocked. Idempotent.
-  virtual void abort(const std::string& reason) {}
+  virtual void abort(const std::string& /*reason*/) {}
 
  protected:
   [[noreturn]] void unsupported(OpType op) const;
@@ -94,11 +94,11 @@ using BackendPtr = std::shared_ptr<Backend>;
 struct BackendOptions {
   std::string groupName = "world";
   Millis timeout = kDefaultGroupTimeout;
-  std::vector<int> globalRanks;  // this group's members as ranks of the world group
+  std::vector<int> globalRanks{};  // this group's members as ranks of the world group
   // This rank's node (empty: COHORT_NODE_ID, else the hostname; see topology.h), and every rank's
   // when the group already exchanged them (empty: a backend that needs them exchanges them).
-  std::string nodeId;
-  std::vector<std::string> nodeIds;
+  std::string nodeId{};
+  std::vector<std::string> nodeIds{};
 };
 
 // Makes a backend for one process group. `store` is already prefixed for this group.

@@ -33,14 +33,14 @@
 namespace cohort::dist {
 
 struct InitOptions {
-  std::string backend;  // empty: COHORT_BACKEND (default "auto")
+  std::string backend{};  // empty: COHORT_BACKEND (default "auto")
   std::string groupName = "world";
   Millis timeout = kDefaultGroupTimeout;       // every collective's default timeout
   Millis storeTimeout = kDefaultStoreTimeout;  // store calls, connecting and the rendezvous
   // Skips detection (ranks as threads in tests, programs that know their place).
-  std::optional<env::LaunchEnvironment> environment;
+  std::optional<env::LaunchEnvironment> environment{};
   // nullopt: rank 0 hosts the store unless COHORT_STORE_HOSTED_BY_LAUNCHER=1.
-  std::optional<bool> hostStore;
+  std::optional<bool> hostStore{};
   // Make the new group the process's default group (an error when one is already set).
   bool setDefault = true;
 };

@@ -53,7 +53,7 @@ struct ProcessGroupOptions {
   std::string backend = "auto";
   // This rank's node for grouping ranks by host; empty: COHORT_NODE_ID, else the hostname.
   // Ranks that are threads of one process set it to simulate several nodes.
-  std::string nodeId;
+  std::string nodeId{};
   DebugLevel debug = DebugLevel::Off;  // overridden by COHORT_DEBUG when set
   // Ops the group's flight recorder keeps (0: none); overridden by COHORT_FLIGHT_RECORDER_ENTRIES.
   size_t flightRecorderEntries = 2000;

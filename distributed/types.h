@@ -62,8 +62,8 @@ struct ReduceScatterOptions {
 };
 struct AlltoallOptions {
   // For AlltoallV: elements along dim 0 sent to / received from each rank (empty = equal splits).
-  std::vector<int64_t> outputSplitSizes;
-  std::vector<int64_t> inputSplitSizes;
+  std::vector<int64_t> outputSplitSizes{};
+  std::vector<int64_t> inputSplitSizes{};
   Millis timeout = kDefaultTimeout;
 };
 struct GatherOptions {

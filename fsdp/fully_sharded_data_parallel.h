@@ -79,23 +79,23 @@ AutoWrapPolicy wrapBySize(int64_t minNumel);
 // Unset fields keep the module's dtype. The optimizer's shards stay float32 (master weights);
 // paramDtype is what forward and backward compute in, reduceDtype what gradients travel in.
 struct MixedPrecision {
-  std::optional<DType> paramDtype;
-  std::optional<DType> reduceDtype;  // defaults to paramDtype
-  std::optional<DType> bufferDtype;
+  std::optional<DType> paramDtype{};
+  std::optional<DType> reduceDtype{};  // defaults to paramDtype
+  std::optional<DType> bufferDtype{};
 };
 
 struct FSDPOptions {
   ShardingStrategy strategy = ShardingStrategy::FullShard;
-  AutoWrapPolicy autoWrapPolicy;  // null: one unit, the root
-  MixedPrecision mixedPrecision;
+  AutoWrapPolicy autoWrapPolicy{};  // null: one unit, the root
+  MixedPrecision mixedPrecision{};
   bool forwardPrefetch = false;
   BackwardPrefetch backwardPrefetch = BackwardPrefetch::BackwardPre;
   bool syncModuleStates = true;  // copy rank 0's parameters and buffers to every rank first
   // HYBRID_SHARD: the groups to shard in and replicate across. Both null: found from the node
   // layout (nodeId as in ProcessGroupOptions: empty = COHORT_NODE_ID, else the hostname).
-  dist::ProcessGroupPtr shardGroup;
-  dist::ProcessGroupPtr replicateGroup;
-  std::string nodeId;
+  dist::ProcessGroupPtr shardGroup{};
+  dist::ProcessGroupPtr replicateGroup{};
+  std::string nodeId{};
 };
 
 class FullyShardedDataParallel : public nn::Module {

@@ -30,7 +30,7 @@ enum StreamBits : int { kNoStreams = 0, kStdout = 1, kStderr = 2, kBothStreams =
 // "3" (every local rank) or "0:1,2:3" (per local rank; ranks not named get 0).
 struct StreamSpec {
   int all = kNoStreams;
-  std::vector<std::pair<int, int>> perRank;  // (local rank, bits)
+  std::vector<std::pair<int, int>> perRank{};  // (local rank, bits)
   int forLocalRank(int localRank) const;
 };
 StreamSpec parseStreamSpec(const std::string& text, const char* flag);  // ValueError naming the flag
@@ -40,23 +40,23 @@ struct LaunchOptions {
   int maxNodes = 1;
   std::string nprocPerNode = "1";  // as given
   int nproc = 1;                   // resolved
-  std::optional<int> nodeRank;
-  std::string rdzvEndpoint;  // host:port as given, may be empty
-  std::string rdzvId;        // run id; empty: generated (single node) or "none" is an error for several
+  std::optional<int> nodeRank{};
+  std::string rdzvEndpoint{};  // host:port as given, may be empty
+  std::string rdzvId{};        // run id; empty: generated (single node) or "none" is an error for several
   bool standalone = false;
   int maxRestarts = 0;
   double monitorInterval = 0.1;  // seconds between supervision checks of the store
   double rdzvTimeout = 900;      // seconds a rendezvous round may take
   double rdzvLastCall = 1.0;     // with MIN < MAX nodes: wait this long for more once MIN arrived
   double stopTimeout = 10;       // seconds between SIGTERM and SIGKILL when stopping workers
-  std::string logDir;
-  StreamSpec redirects;
-  StreamSpec tee;
-  std::optional<std::vector<int>> localRanksFilter;  // console shows only these local ranks
-  std::string masterAddr;
-  std::optional<int> masterPort;
-  std::string program;
-  std::vector<std::string> programArgs;
+  std::string logDir{};
+  StreamSpec redirects{};
+  StreamSpec tee{};
+  std::optional<std::vector<int>> localRanksFilter{};  // console shows only these local ranks
+  std::string masterAddr{};
+  std::optional<int> masterPort{};
+  std::string program{};
+  std::vector<std::string> programArgs{};
   bool helpEnv = false;
   bool version = false;
 };

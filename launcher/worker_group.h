@@ -35,14 +35,14 @@ namespace cohort::launcher {
 struct WorkerSpec {
   int globalRank = 0;
   int localRank = 0;
-  std::vector<std::string> env;  // "NAME=value", the whole environment
+  std::vector<std::string> env{};  // "NAME=value", the whole environment
 };
 
 struct LogConfig {
-  std::string attemptDir;  // empty: no log files
-  StreamSpec redirects;
-  StreamSpec tee;
-  std::optional<std::vector<int>> localRanksFilter;
+  std::string attemptDir{};  // empty: no log files
+  StreamSpec redirects{};
+  StreamSpec tee{};
+  std::optional<std::vector<int>> localRanksFilter{};
   size_t lastLines = 10;
 };
 

@@ -57,7 +57,7 @@ struct WorkerInfo {
 struct RpcOptions {
   // The rendezvous store (shared by all workers). Null: the default process group's store, under
   // the prefix "rpc" (dist::initProcessGroup() must have run).
-  dist::StorePtr store;
+  dist::StorePtr store{};
   Millis rpcTimeout = kDefaultRpcTimeout;  // per call, unless the call gives its own
   Millis initTimeout{60'000};              // rendezvous: every worker must arrive by then
   Millis shutdownTimeout{60'000};          // graceful shutdown: outstanding calls and the barrier
@@ -74,16 +74,16 @@ struct RpcOptions {
   // carries an HMAC of it over a fresh nonce and a timestamp, and a replayed hello is refused
   // (hello_auth.h). It keeps strangers and stray jobs out; the traffic after the hello is neither
   // authenticated nor encrypted.
-  std::string secret;
+  std::string secret{};
   // The address other hosts reach this worker at over TCP. Empty: this host's name resolved, or
   // 127.0.0.1 when that fails.
-  std::string tcpHost;
+  std::string tcpHost{};
   bool useShm = true;  // peers on the same host (and network namespace) talk over shared memory
   bool useCma = true;  // tensors between processes of one host move by cross-memory attach
   // Threads that read one large tensor (2 MiB and up) out of the sender's memory at once: one
   // process_vm_readv moves ~4-5 GB/s here, two ~9. 0: one per core, at most 4.
   int copyThreads = 0;
-  WireLimits limits;
+  WireLimits limits{};
   std::string agent = "tensorpipe";  // which registered transport
 };
 

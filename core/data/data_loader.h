@@ -59,7 +59,7 @@ struct DataLoaderOptions {
   bool shuffle = false;
   uint64_t seed = 0;
   bool dropLast = false;                 // drop a last batch smaller than batchSize
-  SamplerRef sampler;                    // e.g. DistributedSampler({.rank = r, .worldSize = w})
+  SamplerRef sampler{};                  // e.g. DistributedSampler({.rank = r, .worldSize = w})
   int numWorkers = 1;                    // >= 1 background threads
   int prefetchFactor = 2;                // batches in flight per worker (>= 1)
   std::chrono::milliseconds timeout{0};  // > 0: longest wait for one batch before TimeoutError

@@ -40,14 +40,14 @@ namespace cohort::io {
 inline constexpr const char* kCheckpointFileName = "checkpoint.safetensors";
 
 struct TrainingState {
-  TensorDict model;  // nn::Module::stateDict()
-  std::optional<optim::OptimizerStateDict> optimizer;
-  std::optional<optim::SchedulerState> scheduler;
+  TensorDict model{};  // nn::Module::stateDict()
+  std::optional<optim::OptimizerStateDict> optimizer{};
+  std::optional<optim::SchedulerState> scheduler{};
   int64_t step = 0;
-  data::DataPosition dataPosition;
-  std::map<std::string, GeneratorState> generators;  // e.g. "cpu" -> defaultGenerator().state()
-  std::map<std::string, TensorDict> extraTensors;    // other named tensor groups (an EMA model, ...)
-  std::string extraJson;                             // any JSON value the program wants back ("" = none)
+  data::DataPosition dataPosition{};
+  std::map<std::string, GeneratorState> generators{};  // e.g. "cpu" -> defaultGenerator().state()
+  std::map<std::string, TensorDict> extraTensors{};    // other named tensor groups (an EMA model, ...)
+  std::string extraJson{};                             // any JSON value the program wants back ("" = none)
 };
 
 // The file a checkpoint path means: `path` itself, or path/checkpoint.safetensors when `path` is

@@ -33,8 +33,8 @@ using TensorDict = nn::OrderedDict<Tensor>;
 using Metadata = std::map<std::string, std::string>;
 
 struct SafetensorsContents {
-  TensorDict tensors;
-  Metadata metadata;
+  TensorDict tensors{};
+  Metadata metadata{};
 };
 
 const char* safetensorsDType(DType dtype);  // "F32", "BF16", "BOOL", ...

@@ -38,8 +38,8 @@ namespace cohort::optim {
 using GroupOptions = std::map<std::string, double>;
 
 struct ParamGroup {
-  std::vector<Tensor> params;
-  GroupOptions options;  // when passed to a constructor: overrides of the optimizer's defaults
+  std::vector<Tensor> params{};
+  GroupOptions options{};  // when passed to a constructor: overrides of the optimizer's defaults
 
   double lr() const;
   void setLr(double lr) { options["lr"] = lr; }

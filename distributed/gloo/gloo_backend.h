@@ -52,7 +52,7 @@ class GlooBackend : public Backend {
   GlooBackend(const StorePtr& store, int rank, int size, const BackendOptions& opts);
   ~GlooBackend() override;
 
-  bool supports(OpType op) const override { return true; }
+  bool supports(OpType /*op*/) const override { return true; }
 
   void allreduce(Tensor& tensor, const AllreduceOptions& opts, const WorkPtr& work) override;
   void allreduceCoalesced(std::vector<Tensor>& tensors, const AllreduceOptions& opts, const WorkPtr& work) override;

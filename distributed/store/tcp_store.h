@@ -82,7 +82,7 @@ struct TCPStoreServerOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 0;  // 0: the kernel picks a free port; port() reports it
   // nullopt: COHORT_STORE_TOKEN (unset or empty: no token required). At most 4096 bytes.
-  std::optional<std::string> token;
+  std::optional<std::string> token{};
   size_t maxKeySize = kDefaultMaxKeySize;
   size_t maxValueSize = kDefaultMaxValueSize;  // at most 1 GiB
   // A connection that has not completed its hello by then is dropped.
@@ -116,10 +116,10 @@ class TCPStoreServer {
 struct TCPStoreOptions {
   std::string host = "127.0.0.1";
   uint16_t port = kDefaultStorePort;
-  Millis timeout = kDefaultStoreTimeout;  // the default deadline of every call
-  std::optional<Millis> connectTimeout;   // nullopt: `timeout`
+  Millis timeout = kDefaultStoreTimeout;   // the default deadline of every call
+  std::optional<Millis> connectTimeout{};  // nullopt: `timeout`
   // nullopt: COHORT_STORE_TOKEN (unset or empty: present none).
-  std::optional<std::string> token;
+  std::optional<std::string> token{};
   // Also host a TCPStoreServer bound to host:port (port 0: a free one, see port()), with the
   // same token and default limits, living as long as this client. As c10d's is_master.
   bool isServer = false;
