@@ -36,8 +36,8 @@ namespace cohort_bench {
 using Clock = std::chrono::steady_clock;
 
 inline const std::vector<std::string>& allOps() {
-  static const std::vector<std::string> ops = {"allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall"};
-  return ops;
+  static const std::vector<std::string> kOps = {"allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall"};
+  return kOps;
 }
 
 inline double busFactor(const std::string& op, int n) {

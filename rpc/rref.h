@@ -71,7 +71,7 @@ class RRef {
   bool defined() const { return h_ != nullptr; }
   bool isOwner() const { return handle().isOwner(); }
   WorkerInfo owner() const { return agentOf()->worker(handle().owner()); }
-  const std::shared_ptr<RRefHandle>& handle_ptr() const { return h_; }
+  const std::shared_ptr<RRefHandle>& handlePtr() const { return h_; }
 
   // A copy of the value (on the owner: the value itself, once the creating function finished).
   Future<T> toHereAsync(Millis timeout = Millis(0)) const {
@@ -115,7 +115,7 @@ template <typename T>
 struct Convert<RRef<T>> {
   static Value to(const RRef<T>& r) {
     if (!r.defined()) throw RpcError("an undefined RRef cannot be sent");
-    return Value(r.handle_ptr());
+    return Value(r.handlePtr());
   }
   static RRef<T> from(const Value& v, const std::string& where) {
     if (v.kind() != Kind::RRef) detail::throwConvert(where, name(), v);

@@ -208,7 +208,7 @@ std::mutex gThreadsMu;         // keeps gThreads and OpenBLAS's count in step
 int threadCount() {
   int n = gThreads.load(std::memory_order_acquire);
   if (n > 0) return n;
-  static const int def = [] {
+  static const int kDefault = [] {
     const OpenBlasLoad& o = openblasLoad();
     if (o.lib && o.lib->getThreads) return std::max(1, o.lib->getThreads());
     const DnnlLoad& d = dnnlLoad();
@@ -216,7 +216,7 @@ int threadCount() {
     return 1;
   }();
   int expected = 0;
-  gThreads.compare_exchange_strong(expected, def, std::memory_order_acq_rel);
+  gThreads.compare_exchange_strong(expected, kDefault, std::memory_order_acq_rel);
   return gThreads.load(std::memory_order_acquire);
 }
 
@@ -258,8 +258,8 @@ Choice chooseBackend() {
 }
 
 const Choice& choice() {
-  static const Choice c = chooseBackend();  // a throw leaves it unset: the next call throws again
-  return c;
+  static const Choice kChoice = chooseBackend();  // a throw leaves it unset: the next call throws again
+  return kChoice;
 }
 
 // ---- arguments ---------------------------------------------------------------------------------

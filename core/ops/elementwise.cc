@@ -206,9 +206,9 @@ bool smallIntPowKernel(const Tensor& out, const Tensor& x, double e) {
     (((e == static_cast<double>(I - kMax)) && !done
           ? (detail::mapKernel<T, T, 1>(out, {x},
                                         [](float v) COHORT_KERNEL_FN {
-                                          constexpr int k = I - kMax;
-                                          const double p = intPowD<(k < 0 ? -k : k)>(static_cast<double>(v));
-                                          return static_cast<float>(k < 0 ? 1.0 / p : p);
+                                          constexpr int kExp = I - kMax;
+                                          const double p = intPowD<(kExp < 0 ? -kExp : kExp)>(static_cast<double>(v));
+                                          return static_cast<float>(kExp < 0 ? 1.0 / p : p);
                                         }),
              done = true)
           : false),

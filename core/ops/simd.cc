@@ -38,7 +38,7 @@ COHORT_ENV_KNOB(kSimdKnob, "COHORT_SIMD", "auto",
 
 // What the CPU and COHORT_SIMD allow, decided once.
 bool allowed() {
-  static const bool ok = [] {
+  static const bool kOk = [] {
     std::string mode = kSimdKnob.str();
     std::transform(mode.begin(), mode.end(), mode.begin(), [](unsigned char c) { return std::tolower(c); });
     if (mode != "auto" && mode != "avx2" && mode != "avx512")
@@ -53,7 +53,7 @@ bool allowed() {
     return false;  // the kernels exist only for x86-64 (built() is false elsewhere anyway)
 #endif
   }();
-  return ok;
+  return kOk;
 }
 
 std::atomic<bool> gSwitchedOff{false};

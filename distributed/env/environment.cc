@@ -47,29 +47,29 @@ constexpr uint16_t kFallbackPort = 29500;
 constexpr uint16_t kDerivedPortBase = 20000;  // below Linux's ephemeral range (32768+)
 
 const std::vector<const Knob*>& allLaunchKnobs() {
-  static const std::vector<const Knob*> knobs = {&kRank,
-                                                 &kWorldSize,
-                                                 &kLocalRank,
-                                                 &kLocalWorldSize,
-                                                 &kMasterAddr,
-                                                 &kMasterPort,
-                                                 &kOmpiRank,
-                                                 &kOmpiSize,
-                                                 &kOmpiLocalRank,
-                                                 &kOmpiLocalSize,
-                                                 &kOmpiJobId,
-                                                 &kSlurmProcId,
-                                                 &kSlurmNtasks,
-                                                 &kSlurmNprocs,
-                                                 &kSlurmLocalId,
-                                                 &kSlurmNtasksPerNode,
-                                                 &kSlurmTasksPerNode,
-                                                 &kSlurmNodeId,
-                                                 &kSlurmStepNodeList,
-                                                 &kSlurmJobNodeList,
-                                                 &kSlurmNodeList,
-                                                 &kSlurmJobId};
-  return knobs;
+  static const std::vector<const Knob*> kKnobs = {&kRank,
+                                                  &kWorldSize,
+                                                  &kLocalRank,
+                                                  &kLocalWorldSize,
+                                                  &kMasterAddr,
+                                                  &kMasterPort,
+                                                  &kOmpiRank,
+                                                  &kOmpiSize,
+                                                  &kOmpiLocalRank,
+                                                  &kOmpiLocalSize,
+                                                  &kOmpiJobId,
+                                                  &kSlurmProcId,
+                                                  &kSlurmNtasks,
+                                                  &kSlurmNprocs,
+                                                  &kSlurmLocalId,
+                                                  &kSlurmNtasksPerNode,
+                                                  &kSlurmTasksPerNode,
+                                                  &kSlurmNodeId,
+                                                  &kSlurmStepNodeList,
+                                                  &kSlurmJobNodeList,
+                                                  &kSlurmNodeList,
+                                                  &kSlurmJobId};
+  return kKnobs;
 }
 
 const char* kLookedFor =

@@ -195,10 +195,10 @@ void TCPStore::Impl::hello(const std::string& token, Clock::time_point deadline)
   f.u8(static_cast<uint8_t>(tcp::Op::Hello)).u32(0).u32(tcp::kMagic).u16(tcp::kVersion).str(token);
   Bytes frame = f.finish();
 
-  auto step = [&](auto&& start_op, const char* what) {
+  auto step = [&](auto&& startOp, const char* what) {
     bool done = false;
     error_code ec;
-    start_op([&](error_code e, size_t) {
+    startOp([&](error_code e, size_t) {
       ec = e;
       done = true;
     });

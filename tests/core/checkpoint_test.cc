@@ -94,8 +94,8 @@ void expectSame(const TensorDict& a, const TensorDict& b) {
 }
 
 bool havePythonTorch() {
-  static const bool have = std::system("/usr/bin/python3 -c 'import torch, numpy' >/dev/null 2>&1") == 0;
-  return have;
+  static const bool kHave = std::system("/usr/bin/python3 -c 'import torch, numpy' >/dev/null 2>&1") == 0;
+  return kHave;
 }
 
 template <typename F>

@@ -459,10 +459,10 @@ TEST(Elementwise, MaximumMinimum) {
 TEST(Elementwise, ComparisonsGiveBoolAndBroadcast) {
   Tensor a = fromVector<float>({1.0f, 2.0f, 3.0f});
   Tensor b = fromVector<int64_t>({2}, {1, 1});
-  Tensor lt_ = lt(a, b);
-  EXPECT_EQ(lt_.dtype(), DType::Bool);
-  EXPECT_EQ(lt_.sizes(), (Shape{1, 3}));
-  EXPECT_EQ(lt_.toVector<bool>(), (std::vector<bool>{true, false, false}));
+  Tensor less = lt(a, b);
+  EXPECT_EQ(less.dtype(), DType::Bool);
+  EXPECT_EQ(less.sizes(), (Shape{1, 3}));
+  EXPECT_EQ(less.toVector<bool>(), (std::vector<bool>{true, false, false}));
   EXPECT_EQ(le(a, b).toVector<bool>(), (std::vector<bool>{true, true, false}));
   EXPECT_EQ(gt(a, b).toVector<bool>(), (std::vector<bool>{false, false, true}));
   EXPECT_EQ(ge(a, b).toVector<bool>(), (std::vector<bool>{false, true, true}));

@@ -19,14 +19,14 @@ constexpr Millis kLong{20000};  // a deadline that only a bug reaches
 template <typename Kind>
 class StoreTest : public ::testing::Test {
  protected:
-  Kind kind;
+  Kind kind_;
 };
 
 using Kinds = ::testing::Types<HashKind, FileKind, TCPKind, PrefixKind>;
 class KindNames {
  public:
   template <typename T>
-  static std::string GetName(int) {
+  static std::string GetName(int) {  // NOLINT(readability-identifier-naming): GoogleTest's name for it
     if (std::is_same_v<T, HashKind>) return "Hash";
     if (std::is_same_v<T, FileKind>) return "File";
     if (std::is_same_v<T, TCPKind>) return "TCP";
@@ -36,7 +36,7 @@ class KindNames {
 TYPED_TEST_SUITE(StoreTest, Kinds, KindNames);
 
 TYPED_TEST(StoreTest, SetThenGetReturnsTheLatestBytes) {
-  auto s = this->kind.open(kLong);
+  auto s = this->kind_.open(kLong);
   s->set("a", "1");
   EXPECT_EQ(s->getString("a"), "1");
   s->set("a", "second value");
@@ -50,7 +50,7 @@ TYPED_TEST(StoreTest, SetThenGetReturnsTheLatestBytes) {
 }
 
 TYPED_TEST(StoreTest, GetOfAMissingKeyTimesOutNamingTheKey) {
-  auto s = this->kind.open(kShort);
+  auto s = this->kind_.open(kShort);
   try {
     s->get("never-set");
     FAIL() << "get of a missing key returned";
@@ -62,8 +62,8 @@ TYPED_TEST(StoreTest, GetOfAMissingKeyTimesOutNamingTheKey) {
 }
 
 TYPED_TEST(StoreTest, GetWaitsForAKeySetLater) {
-  auto s = this->kind.open(kLong);
-  auto other = this->kind.open(kLong);
+  auto s = this->kind_.open(kLong);
+  auto other = this->kind_.open(kLong);
   std::thread setter([&] {
     std::this_thread::sleep_for(50ms);
     other->set("late", "here");
@@ -73,7 +73,7 @@ TYPED_TEST(StoreTest, GetWaitsForAKeySetLater) {
 }
 
 TYPED_TEST(StoreTest, AddCountsFromZeroAndStoresDecimalText) {
-  auto s = this->kind.open(kLong);
+  auto s = this->kind_.open(kLong);
   EXPECT_EQ(s->add("n", 5), 5);
   EXPECT_EQ(s->add("n", -2), 3);
   EXPECT_EQ(s->add("n", 0), 3);
@@ -85,7 +85,7 @@ TYPED_TEST(StoreTest, AddCountsFromZeroAndStoresDecimalText) {
 }
 
 TYPED_TEST(StoreTest, AddOnANonIntegerIsAValueErrorAndChangesNothing) {
-  auto s = this->kind.open(kLong);
+  auto s = this->kind_.open(kLong);
   s->set("word", "abc");
   try {
     s->add("word", 1);
@@ -101,7 +101,7 @@ TYPED_TEST(StoreTest, AddOnANonIntegerIsAValueErrorAndChangesNothing) {
 }
 
 TYPED_TEST(StoreTest, CompareSetFollowsC10dSemantics) {
-  auto s = this->kind.open(kLong);
+  auto s = this->kind_.open(kLong);
   // Missing key, non-empty expected: nothing stored, `expected` returned.
   EXPECT_EQ(toString(s->compareSet("k", toBytes("x"), toBytes("y"))), "x");
   EXPECT_FALSE(s->check({"k"}));
@@ -119,7 +119,7 @@ TYPED_TEST(StoreTest, CompareSetFollowsC10dSemantics) {
 }
 
 TYPED_TEST(StoreTest, CheckNeedsEveryKey) {
-  auto s = this->kind.open(kLong);
+  auto s = this->kind_.open(kLong);
   EXPECT_TRUE(s->check({}));
   EXPECT_FALSE(s->check({"a"}));
   s->set("a", "1");
@@ -130,7 +130,7 @@ TYPED_TEST(StoreTest, CheckNeedsEveryKey) {
 }
 
 TYPED_TEST(StoreTest, DeleteKeySaysWhetherItExisted) {
-  auto s = this->kind.open(kLong);
+  auto s = this->kind_.open(kLong);
   s->set("a", "1");
   s->set("b", "2");
   EXPECT_EQ(s->numKeys(), 2);
@@ -144,7 +144,7 @@ TYPED_TEST(StoreTest, DeleteKeySaysWhetherItExisted) {
 }
 
 TYPED_TEST(StoreTest, NumKeysCountsDistinctKeys) {
-  auto s = this->kind.open(kLong);
+  auto s = this->kind_.open(kLong);
   EXPECT_EQ(s->numKeys(), 0);
   s->set("a", "1");
   s->set("a", "2");
@@ -155,7 +155,7 @@ TYPED_TEST(StoreTest, NumKeysCountsDistinctKeys) {
 }
 
 TYPED_TEST(StoreTest, WaitReturnsAtOnceForPresentOrNoKeys) {
-  auto s = this->kind.open(kLong);
+  auto s = this->kind_.open(kLong);
   s->wait({}, kShort);
   s->set("a", "1");
   s->set("b", "1");
@@ -164,8 +164,8 @@ TYPED_TEST(StoreTest, WaitReturnsAtOnceForPresentOrNoKeys) {
 }
 
 TYPED_TEST(StoreTest, WaitIsWokenByWritesFromAnotherHandle) {
-  auto waiter = this->kind.open(kLong);
-  auto writer = this->kind.open(kLong);
+  auto waiter = this->kind_.open(kLong);
+  auto writer = this->kind_.open(kLong);
   std::thread t([&] {
     std::this_thread::sleep_for(30ms);
     writer->set("x", "1");
@@ -178,7 +178,7 @@ TYPED_TEST(StoreTest, WaitIsWokenByWritesFromAnotherHandle) {
 }
 
 TYPED_TEST(StoreTest, WaitTimesOutNamingOnlyTheMissingKeys) {
-  auto s = this->kind.open(kLong);
+  auto s = this->kind_.open(kLong);
   s->set("present", "1");
   try {
     s->wait({"gone1", "present", "gone2"}, kShort);
@@ -200,7 +200,7 @@ TYPED_TEST(StoreTest, WaitTimesOutNamingOnlyTheMissingKeys) {
 TYPED_TEST(StoreTest, ManyWaitersOnOneKeyAllWake) {
   constexpr int kWaiters = 4;
   std::vector<StorePtr> handles;
-  for (int i = 0; i <= kWaiters; ++i) handles.push_back(this->kind.open(kLong));
+  for (int i = 0; i <= kWaiters; ++i) handles.push_back(this->kind_.open(kLong));
   std::atomic<int> woke{0};
   std::vector<std::thread> threads;
   for (int i = 0; i < kWaiters; ++i)
@@ -218,7 +218,7 @@ TYPED_TEST(StoreTest, ManyWaitersOnOneKeyAllWake) {
 TYPED_TEST(StoreTest, ConcurrentAddsFromThreadsAreAtomic) {
   constexpr int kThreads = 4, kAdds = 50;
   std::vector<StorePtr> handles;
-  for (int i = 0; i < kThreads; ++i) handles.push_back(this->kind.open(kLong));
+  for (int i = 0; i < kThreads; ++i) handles.push_back(this->kind_.open(kLong));
   std::vector<std::vector<int64_t>> seen(kThreads);
   std::vector<std::thread> threads;
   for (int i = 0; i < kThreads; ++i)
@@ -238,7 +238,7 @@ TYPED_TEST(StoreTest, ConcurrentAddsFromThreadsAreAtomic) {
 }
 
 TYPED_TEST(StoreTest, SeveralThreadsShareOneHandle) {
-  auto s = this->kind.open(kLong);
+  auto s = this->kind_.open(kLong);
   std::vector<std::thread> threads;
   // One thread blocks in a wait on the shared handle while the others keep using it.
   std::thread blocked([&] { s->wait({"release"}, kLong); });
@@ -264,8 +264,8 @@ TYPED_TEST(StoreTest, ConcurrentProcesses) {
     GTEST_SKIP() << "ThreadSanitizer does not support threads started in a child of a multi-threaded fork";
   } else {
     constexpr int kChildren = 3, kAdds = 20;
-    auto parent = this->kind.open(kLong);
-    auto& kind = this->kind;
+    auto parent = this->kind_.open(kLong);
+    auto& kind = this->kind_;
     // Fork only once the parent's own connection is set up and its store threads are idle (see
     // runChildren: a thread busy at the fork may leave a lock held in the child).
     (void)parent->check({"counter"});
