@@ -219,11 +219,11 @@ std::string saveShardedCheckpoint(FullyShardedDataParallel& f, const std::string
   f.processGroup().barrier()->wait();
   if (f.processGroup().rank() == 0) {
     // Shards of an older checkpoint with another count would make the folder ambiguous.
-    static const std::regex re(R"(shard-(\d+)-of-(\d+)\.safetensors)");
+    static const std::regex kShardFile(R"(shard-(\d+)-of-(\d+)\.safetensors)");
     for (const auto& entry : fs::directory_iterator(dir)) {
       std::smatch m;
       std::string name = entry.path().filename().string();
-      if (std::regex_match(name, m, re) && std::stoi(m[2].str()) != n) fs::remove(entry.path());
+      if (std::regex_match(name, m, kShardFile) && std::stoi(m[2].str()) != n) fs::remove(entry.path());
     }
   }
   f.processGroup().barrier()->wait();
@@ -262,12 +262,12 @@ void loadShardedCheckpoint(FullyShardedDataParallel& f, const std::string& dir, 
   if (!fs::is_directory(dir)) throw CheckpointError(fmt::format("FSDP sharded checkpoint '{}': no such folder", dir));
 
   // The shard files and their count.
-  static const std::regex re(R"(shard-(\d+)-of-(\d+)\.safetensors)");
+  static const std::regex kShardFile(R"(shard-(\d+)-of-(\d+)\.safetensors)");
   std::map<int, std::set<int>> found;  // count -> indices
   for (const auto& entry : fs::directory_iterator(dir)) {
     std::smatch m;
     std::string name = entry.path().filename().string();
-    if (std::regex_match(name, m, re)) found[std::stoi(m[2].str())].insert(std::stoi(m[1].str()));
+    if (std::regex_match(name, m, kShardFile)) found[std::stoi(m[2].str())].insert(std::stoi(m[1].str()));
   }
   if (found.empty())
     throw CheckpointError(fmt::format("FSDP sharded checkpoint '{}': no shard-<i>-of-<n>.safetensors files", dir));

@@ -50,9 +50,10 @@ namespace {
 // A function-local knob: the allocator may be created during another file's static
 // initialisation, before this file's namespace-scope objects exist.
 const env::Knob& cpuCacheKnob() {
-  static const env::Knob k{"COHORT_CPU_ALLOCATOR_CACHE_MB", "1024",
-                           "Largest total size (MiB) of freed large CPU blocks kept for reuse; 0 disables the cache."};
-  return k;
+  static const env::Knob kCacheKnob{
+      "COHORT_CPU_ALLOCATOR_CACHE_MB", "1024",
+      "Largest total size (MiB) of freed large CPU blocks kept for reuse; 0 disables the cache."};
+  return kCacheKnob;
 }
 const bool kCpuCacheKnobListed = (cpuCacheKnob(), true);  // listed by --help-env from the start
 

@@ -52,7 +52,7 @@ struct Half {
 
   static float toFloat(uint16_t h) {
 #if defined(__F16C__)
-    return _cvtsh_ss_impl(h);
+    return hardwareToFloat(h);
 #else
     uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
     uint32_t exp = (h >> 10) & 0x1fu;
@@ -96,7 +96,7 @@ struct Half {
 
  private:
 #if defined(__F16C__)
-  static float _cvtsh_ss_impl(uint16_t h);
+  static float hardwareToFloat(uint16_t h);
 #endif
 };
 
@@ -104,7 +104,7 @@ struct Half {
 
 #if defined(__F16C__)
 #include <immintrin.h>
-inline float cohort::Half::_cvtsh_ss_impl(uint16_t h) { return _cvtsh_ss(h); }
+inline float cohort::Half::hardwareToFloat(uint16_t h) { return _cvtsh_ss(h); }
 #endif
 
 namespace cohort {
