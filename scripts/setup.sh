@@ -24,6 +24,8 @@ packages=(
   libssl-dev
   # launcher tests (network namespaces)
   iproute2
+  # scripts/lint.sh: formatting (the root .clang-format is written for 14) and the naming rules
+  clang-format-14 clang-tidy-14
 )
 
 missing=()
