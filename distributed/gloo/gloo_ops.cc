@@ -197,7 +197,7 @@ void GlooBackend::reduce(Tensor& tensor, const ReduceOptions& opts, const WorkPt
   });
 }
 
-void GlooBackend::allgather(std::vector<Tensor>& outputs, const Tensor& input, const AllgatherOptions& opts,
+void GlooBackend::allgather(std::vector<Tensor>& outputs, const Tensor& input, const AllgatherOptions& /*opts*/,
                             const WorkPtr& work) {
   enqueue(work, [ctx = context_, outs = outputs, in = input, work]() -> std::vector<Tensor> {
     const size_t n = in.nbytes();
@@ -210,7 +210,7 @@ void GlooBackend::allgather(std::vector<Tensor>& outputs, const Tensor& input, c
   });
 }
 
-void GlooBackend::allgatherIntoTensor(Tensor& output, const Tensor& input, const AllgatherOptions& opts,
+void GlooBackend::allgatherIntoTensor(Tensor& output, const Tensor& input, const AllgatherOptions& /*opts*/,
                                       const WorkPtr& work) {
   enqueue(work, [ctx = context_, out = output, in = input, work]() -> std::vector<Tensor> {
     allgatherBytes(ctx, in.dataPtr(), in.nbytes(), out.dataPtr(), work->remaining());
@@ -219,7 +219,7 @@ void GlooBackend::allgatherIntoTensor(Tensor& output, const Tensor& input, const
 }
 
 void GlooBackend::allgatherCoalesced(std::vector<std::vector<Tensor>>& outputs, const std::vector<Tensor>& inputs,
-                                     const AllgatherOptions& opts, const WorkPtr& work) {
+                                     const AllgatherOptions& /*opts*/, const WorkPtr& work) {
   enqueue(work, [ctx = context_, outs = outputs, ins = inputs, work]() -> std::vector<Tensor> {
     size_t n = 0;
     for (const Tensor& t : ins) n += t.nbytes();
@@ -287,8 +287,8 @@ void GlooBackend::alltoall(Tensor& output, const Tensor& input, const AlltoallOp
   });
 }
 
-void GlooBackend::alltoallList(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs, const AlltoallOptions& opts,
-                               const WorkPtr& work) {
+void GlooBackend::alltoallList(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs,
+                               const AlltoallOptions& /*opts*/, const WorkPtr& work) {
   enqueue(work, [ctx = context_, outs = outputs, ins = inputs, work]() -> std::vector<Tensor> {
     const int size = ctx->size;
     std::vector<int64_t> inBytes(size), outBytes(size);
@@ -356,7 +356,7 @@ void GlooBackend::scatter(Tensor& output, const std::vector<Tensor>& inputs, con
   });
 }
 
-void GlooBackend::barrier(const BarrierOptions& opts, const WorkPtr& work) {
+void GlooBackend::barrier(const BarrierOptions& /*opts*/, const WorkPtr& work) {
   enqueue(work, [ctx = context_, work]() -> std::vector<Tensor> {
     ::gloo::BarrierOptions o(ctx);
     o.setTimeout(work->remaining());

@@ -203,7 +203,7 @@ void HierarchicalBackend::reduce(Tensor& tensor, const ReduceOptions& opts, cons
   });
 }
 
-void HierarchicalBackend::allgather(std::vector<Tensor>& outputs, const Tensor& input, const AllgatherOptions& opts,
+void HierarchicalBackend::allgather(std::vector<Tensor>& outputs, const Tensor& input, const AllgatherOptions& /*opts*/,
                                     const WorkPtr& work) {
   run(work, [this, outputs, input](const WorkPtr& w) mutable -> std::vector<Tensor> {
     const int64_t n = input.numel();
@@ -215,7 +215,7 @@ void HierarchicalBackend::allgather(std::vector<Tensor>& outputs, const Tensor& 
   });
 }
 
-void HierarchicalBackend::allgatherIntoTensor(Tensor& output, const Tensor& input, const AllgatherOptions& opts,
+void HierarchicalBackend::allgatherIntoTensor(Tensor& output, const Tensor& input, const AllgatherOptions& /*opts*/,
                                               const WorkPtr& work) {
   run(work, [this, output, input](const WorkPtr& w) mutable -> std::vector<Tensor> {
     Tensor full = output.view({-1});

@@ -166,7 +166,7 @@ void MpiBackend::reduce(Tensor& tensor, const ReduceOptions& opts, const WorkPtr
 
 // ---- allgather ---------------------------------------------------------------------------------
 
-void MpiBackend::allgather(std::vector<Tensor>& outputs, const Tensor& input, const AllgatherOptions& opts,
+void MpiBackend::allgather(std::vector<Tensor>& outputs, const Tensor& input, const AllgatherOptions& /*opts*/,
                            const WorkPtr& work) {
   int count = mpiCount(input.numel(), "allgather's input");
   mpiCount(input.numel() * size(), "allgather's outputs together");
@@ -181,7 +181,7 @@ void MpiBackend::allgather(std::vector<Tensor>& outputs, const Tensor& input, co
   });
 }
 
-void MpiBackend::allgatherIntoTensor(Tensor& output, const Tensor& input, const AllgatherOptions& opts,
+void MpiBackend::allgatherIntoTensor(Tensor& output, const Tensor& input, const AllgatherOptions& /*opts*/,
                                      const WorkPtr& work) {
   int count = mpiCount(input.numel(), "allgather_into_tensor's input");
   mpiCount(output.numel(), "allgather_into_tensor's output");
@@ -204,7 +204,7 @@ void MpiBackend::allgatherIntoTensor(Tensor& output, const Tensor& input, const 
 }
 
 void MpiBackend::allgatherCoalesced(std::vector<std::vector<Tensor>>& outputs, const std::vector<Tensor>& inputs,
-                                    const AllgatherOptions& opts, const WorkPtr& work) {
+                                    const AllgatherOptions& /*opts*/, const WorkPtr& work) {
   int count = mpiCount(totalNumel(inputs), "allgather_coalesced's inputs together");
   mpiCount(totalNumel(inputs) * size(), "allgather_coalesced's outputs together");
   int n = size();
@@ -339,8 +339,8 @@ void MpiBackend::alltoall(Tensor& output, const Tensor& input, const AlltoallOpt
                   });
 }
 
-void MpiBackend::alltoallList(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs, const AlltoallOptions& opts,
-                              const WorkPtr& work) {
+void MpiBackend::alltoallList(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs,
+                              const AlltoallOptions& /*opts*/, const WorkPtr& work) {
   const int n = size();
   std::vector<int> sendCounts(n), sendDispls(n), recvCounts(n), recvDispls(n);
   int64_t sendOff = 0, recvOff = 0;
@@ -404,7 +404,7 @@ void MpiBackend::scatter(Tensor& output, const std::vector<Tensor>& inputs, cons
   });
 }
 
-void MpiBackend::barrier(const BarrierOptions& opts, const WorkPtr& work) {
+void MpiBackend::barrier(const BarrierOptions& /*opts*/, const WorkPtr& work) {
   state_->enqueue(work, [](MPI_Comm comm) -> Outputs {
     check(MPI_Barrier(comm), "MPI_Barrier");
     return std::vector<Tensor>{};

@@ -297,7 +297,7 @@ void ShmBackend::reduce(Tensor& tensor, const ReduceOptions& opts, const WorkPtr
   });
 }
 
-void ShmBackend::allgather(std::vector<Tensor>& outputs, const Tensor& input, const AllgatherOptions& opts,
+void ShmBackend::allgather(std::vector<Tensor>& outputs, const Tensor& input, const AllgatherOptions& /*opts*/,
                            const WorkPtr& work) {
   run(work, [=, this](Deadline dl) mutable -> std::vector<Tensor> {
     std::vector<uint8_t*> outs(size());
@@ -307,7 +307,7 @@ void ShmBackend::allgather(std::vector<Tensor>& outputs, const Tensor& input, co
   });
 }
 
-void ShmBackend::allgatherIntoTensor(Tensor& output, const Tensor& input, const AllgatherOptions& opts,
+void ShmBackend::allgatherIntoTensor(Tensor& output, const Tensor& input, const AllgatherOptions& /*opts*/,
                                      const WorkPtr& work) {
   run(work, [=, this](Deadline dl) mutable -> std::vector<Tensor> {
     const size_t bytes = input.nbytes();
@@ -319,7 +319,7 @@ void ShmBackend::allgatherIntoTensor(Tensor& output, const Tensor& input, const 
 }
 
 void ShmBackend::allgatherCoalesced(std::vector<std::vector<Tensor>>& outputs, const std::vector<Tensor>& inputs,
-                                    const AllgatherOptions& opts, const WorkPtr& work) {
+                                    const AllgatherOptions& /*opts*/, const WorkPtr& work) {
   run(work, [=, this](Deadline dl) mutable -> std::vector<Tensor> {
     const int n = size();
     size_t bytes = 0;
@@ -415,8 +415,8 @@ void ShmBackend::alltoall(Tensor& output, const Tensor& input, const AlltoallOpt
   });
 }
 
-void ShmBackend::alltoallList(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs, const AlltoallOptions& opts,
-                              const WorkPtr& work) {
+void ShmBackend::alltoallList(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs,
+                              const AlltoallOptions& /*opts*/, const WorkPtr& work) {
   run(work, [=, this](Deadline dl) mutable -> std::vector<Tensor> {
     const int n = size();
     std::vector<const uint8_t*> send(n);
@@ -479,7 +479,7 @@ void ShmBackend::scatter(Tensor& output, const std::vector<Tensor>& inputs, cons
   });
 }
 
-void ShmBackend::barrier(const BarrierOptions& opts, const WorkPtr& work) {
+void ShmBackend::barrier(const BarrierOptions& /*opts*/, const WorkPtr& work) {
   run(work, [=, this](Deadline dl) mutable -> std::vector<Tensor> {
     sync(dl, "barrier");
     return {};

@@ -43,7 +43,7 @@ TEST(FileStore, CountSpansProcesses) {
   TempDir dir;
   std::string path = dir.file("s");
   auto parent = std::make_unique<FileStore>(path, Millis{5000});
-  auto codes = runChildren(2, [&](int i) {
+  auto codes = runChildren(2, [&](int /*i*/) {
     FileStore s(path, Millis{5000});
     s.add("opened", 1);
     s.wait({"opened"});

@@ -270,7 +270,7 @@ TEST(RpcAgent, MessagesOverTheLimitsAreRefused) {
         int64_t small = rpcSync<int64_t>("w1", "nbytes", zeros({4}));
         return own + "|" + std::to_string(small);
       },
-      [](int rank, RpcOptions& o) { o.limits.maxTensorBytes = size_t{4} << 20; });
+      [](int /*rank*/, RpcOptions& o) { o.limits.maxTensorBytes = size_t{4} << 20; });
   EXPECT_EQ(reports[0],
             "RpcError: rpc 'nbytes' to worker 'w1' (rank 1) failed: the message's 1 tensors (8388608 bytes) "
             "exceed the limits (65536 tensors, 4194304 bytes)|16");
