@@ -25,7 +25,7 @@ case "${1:-}" in
   --format) do_names=0 ;;
   --names) do_format=0 ;;
   -h | --help)
-    sed -n '2,18p' "$0"
+    sed -n '2,17p' "$0"
     exit 0
     ;;
   *)

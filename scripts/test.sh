@@ -19,7 +19,7 @@ while [[ $# -gt 0 ]]; do
     --sanitize|--asan) mode=asan ;;
     --tsan) mode=tsan ;;
     --) shift; ctest_args=("$@"); break ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) echo "test.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
