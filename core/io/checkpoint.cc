@@ -177,6 +177,9 @@ TrainingState loadCheckpoint(const std::string& path) {
       fail(file, fmt::format("tensor '{}' has no known group prefix (model/, optimizer/, extra/)", name));
     }
   }
+  st.model.describeAs(fmt::format("the model state of checkpoint '{}'", file), "tensor");
+  for (auto& [group, dict] : st.extraTensors)
+    dict.describeAs(fmt::format("extra tensor group '{}' of checkpoint '{}'", group, file), "tensor");
   return st;
 }
 

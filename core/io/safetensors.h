@@ -51,6 +51,8 @@ SafetensorsContents parseSafetensors(std::string_view bytes, const std::string& 
 
 // Writes atomically (temp file, fsync, rename, fsync folder).
 void saveSafetensors(const std::string& path, const TensorDict& tensors, const Metadata& metadata = {});
+// The tensors come back described as the file's (describeAs): asking them for a name the file
+// does not hold is an IndexError naming the file, the name and the names it does hold.
 SafetensorsContents loadSafetensors(const std::string& path);
 
 }  // namespace cohort::io
