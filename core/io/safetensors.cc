@@ -288,8 +288,8 @@ SafetensorsContents parseSafetensors(std::string_view bytes, const std::string& 
   return out;
 }
 
-void saveSafetensors(const std::string& path, const TensorDict& tensors, const Metadata& metadata) {
-  writeFileAtomically(path, [&](AtomicWriter& w) {
+FileDigest saveSafetensors(const std::string& path, const TensorDict& tensors, const Metadata& metadata) {
+  return writeFileAtomically(path, [&](AtomicWriter& w) {
     emit(path, tensors, metadata, [&](const void* p, size_t n) { w.write(p, n); });
   });
 }
