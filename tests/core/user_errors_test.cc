@@ -1,5 +1,7 @@
 // Errors where a new user got stuck say what is wrong and what to do:
-// - a tensor that a safetensors file or a checkpoint does not hold names the file and the tensor.
+// - a tensor that a safetensors file or a checkpoint does not hold names the file and the tensor;
+// - a DistributedDataParallel state dict ("module." on every key) loaded into the bare model says
+//   so and how to strip the prefix (nn::stripPrefix), and the other way round.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -59,6 +61,64 @@ TEST(UserErrors, ATensorMissingFromACheckpointNamesTheCheckpoint) {
             "the model state of checkpoint '" + file + "' has no tensor 'head.weight' (it has 2: weight, bias)");
   EXPECT_EQ(errorOf<IndexError>([&] { back.extraTensors.at("ema").at("bias"); }),
             "extra tensor group 'ema' of checkpoint '" + file + "' has no tensor 'bias' (it has 1: weight)");
+}
+
+// A model with two layers, and the same model as DDP's state dict shows it.
+std::shared_ptr<nn::Sequential> makeNet(uint64_t seed) {
+  Generator g(seed);
+  return std::make_shared<nn::Sequential>(nn::Linear(4, 3, true, &g), nn::Tanh(), nn::Linear(3, 2, true, &g));
+}
+
+nn::StateDict withPrefix(const nn::StateDict& d) {
+  nn::StateDict out;
+  for (const auto& [k, v] : d) out.insert("module." + k, v);
+  return out;
+}
+
+TEST(UserErrors, ADdpStateDictLoadedIntoTheBareModelSaysToStripThePrefix) {
+  auto source = makeNet(1), bare = makeNet(2);
+  nn::StateDict ddpDict = withPrefix(source->stateDict());
+  std::string msg = errorOf<ValueError>([&] { bare->loadStateDict(ddpDict); });
+  EXPECT_TRUE(contains(msg, "every key of the dict carries the prefix \"module.\" (e.g. 'module.0.weight' for the "
+                            "model's '0.weight')"))
+      << msg;
+  EXPECT_TRUE(contains(msg, "nn::stripPrefix(dict, \"module.\")")) << msg;
+  EXPECT_TRUE(contains(msg, "nothing was loaded")) << msg;
+  EXPECT_NE((bare->stateDict().at("0.weight") - source->stateDict().at("0.weight")).abs().max().item<double>(), 0.0);
+
+  // The helper makes it load, and the values arrive.
+  nn::StateDict stripped = nn::stripPrefix(ddpDict);
+  EXPECT_EQ(stripped.keys(), source->stateDict().keys());
+  bare->loadStateDict(stripped);
+  for (const auto& [k, v] : source->stateDict())
+    EXPECT_EQ((bare->stateDict().at(k) - v).abs().max().item<double>(), 0.0) << k;
+
+  // The other way round: a bare dict into a model whose keys carry the prefix.
+  auto wrapper = std::make_shared<nn::Module>("Wrapper");
+  wrapper->registerModule("module", makeNet(3));
+  std::string back = errorOf<ValueError>([&] { wrapper->loadStateDict(source->stateDict()); });
+  EXPECT_TRUE(contains(back, "every key of this model carries the prefix \"module.\" (e.g. 'module.0.weight')"))
+      << back;
+  EXPECT_TRUE(contains(back, "load the dict into ddp.module() instead")) << back;
+
+  // Unrelated mismatches keep the plain message.
+  nn::StateDict partial;
+  partial.insert("0.weight", source->stateDict().at("0.weight"));
+  std::string plain = errorOf<ValueError>([&] { bare->loadStateDict(partial); });
+  EXPECT_FALSE(contains(plain, "prefix")) << plain;
+  EXPECT_TRUE(contains(plain, "missing keys: [0.bias, 2.weight, 2.bias]")) << plain;
+}
+
+TEST(UserErrors, StripPrefixKeepsOtherKeysAndRefusesCollisions) {
+  nn::StateDict d;
+  d.insert("module.a", zeros({1}));
+  d.insert("b", ones({1}));
+  nn::StateDict s = nn::stripPrefix(d);
+  EXPECT_EQ(s.keys(), (std::vector<std::string>{"a", "b"}));
+  d.insert("a", ones({1}));
+  EXPECT_EQ(errorOf<ValueError>([&] { nn::stripPrefix(d); }),
+            "stripPrefix(\"module.\"): keys 'module.a' and 'a' both become 'a'");
+  EXPECT_EQ(nn::stripPrefix(d, "mod.").keys(), d.keys());
 }
 
 }  // namespace
