@@ -1,9 +1,15 @@
 // Errors where a new user got stuck say what is wrong and what to do:
 // - a tensor that a safetensors file or a checkpoint does not hold names the file and the tensor;
 // - a DistributedDataParallel state dict ("module." on every key) loaded into the bare model says
-//   so and how to strip the prefix (nn::stripPrefix), and the other way round.
+//   so and how to strip the prefix (nn::stripPrefix), and the other way round;
+// - a bad COHORT_CPU_ALLOCATOR_CACHE_MB is a ValueError naming it (checked in a child process of
+//   this binary, whose allocator is made after the variable is set).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include <cohort/core/io/checkpoint.h>
@@ -119,6 +125,51 @@ TEST(UserErrors, StripPrefixKeepsOtherKeysAndRefusesCollisions) {
   EXPECT_EQ(errorOf<ValueError>([&] { nn::stripPrefix(d); }),
             "stripPrefix(\"module.\"): keys 'module.a' and 'a' both become 'a'");
   EXPECT_EQ(nn::stripPrefix(d, "mod.").keys(), d.keys());
+}
+
+// ---- COHORT_CPU_ALLOCATOR_CACHE_MB, in child processes of this binary -------------------------
+
+std::pair<int, std::string> runChild(const std::string& env) {
+  char self[4096];
+  ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+  EXPECT_GT(len, 0);
+  self[std::max<ssize_t>(len, 0)] = '\0';
+  std::string cmd = env + " '" + self +
+                    "' --gtest_also_run_disabled_tests --gtest_filter=UserErrorsChild.DISABLED_FirstAllocation 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  EXPECT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t got;
+  while (p && (got = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, got);
+  int status = p ? pclose(p) : -1;
+  return {status, out};
+}
+
+// Run only by the tests below, in a child whose environment they set: prints how the first
+// allocation went.
+TEST(UserErrorsChild, DISABLED_FirstAllocation) {
+  try {
+    Tensor t = zeros({1 << 20});
+    std::printf("ALLOCATED %.0f\n", t.sum().item<double>());
+  } catch (const ValueError& e) {
+    std::printf("VALUEERROR %s\n", e.what());
+  }
+}
+
+TEST(UserErrors, ABadCpuAllocatorCacheSizeIsAValueErrorNamingTheVariable) {
+  auto [status, out] = runChild("COHORT_CPU_ALLOCATOR_CACHE_MB=lots");
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_TRUE(contains(out, "VALUEERROR environment variable COHORT_CPU_ALLOCATOR_CACHE_MB='lots' is not an integer"))
+      << out;
+  std::tie(status, out) = runChild("COHORT_CPU_ALLOCATOR_CACHE_MB=-5");
+  EXPECT_TRUE(contains(out, "VALUEERROR environment variable COHORT_CPU_ALLOCATOR_CACHE_MB='-5' must be a size in "
+                            "MiB from 0"))
+      << out;
+  for (const char* good : {"COHORT_CPU_ALLOCATOR_CACHE_MB=0", "COHORT_CPU_ALLOCATOR_CACHE_MB=64"}) {
+    std::tie(status, out) = runChild(good);
+    EXPECT_TRUE(contains(out, "ALLOCATED 0")) << good << ": " << out;
+  }
 }
 
 }  // namespace
