@@ -1,10 +1,10 @@
 // FSDP training checkpoints (fsdp/training_checkpoint.h), ranks as forked processes over gloo: a
 // rank SIGKILLed at each stage of a save leaves a folder that loads either the previous or the new
 // checkpoint, never a mixture, and the resumed run ends with the same weights and optimizer state
-// as an uninterrupted one, bit for bit; a checkpoint saved by 2 ranks loads on 3; a truncated or
-// corrupt manifest, a missing, damaged or foreign part, or per-rank states on another world size
-// are CheckpointErrors naming the file (and both steps for a foreign part), on every rank, and the
-// ranks stay in step after them.
+// as an uninterrupted one, bit for bit (FULL_SHARD; NO_SHARD and HYBRID_SHARD resume exactly too);
+// a checkpoint saved by 2 ranks loads on 3; a truncated or corrupt manifest, a missing, damaged or
+// foreign part, or per-rank states on another world size are CheckpointErrors naming the file
+// (and both steps for a foreign part), on every rank, and the ranks stay in step after them.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -63,6 +63,8 @@ struct WorldRun {
   int killRank = -1;
   SaveStage killStage = SaveStage::BeforeParts;
   int killStep = -1;
+  ShardingStrategy strategy = ShardingStrategy::FullShard;
+  int ranksPerNode = 0;  // > 0: simulated nodes of that many ranks (HYBRID_SHARD)
 };
 
 std::string outputFile(const std::string& dir, const std::string& name, int rank) {
@@ -78,7 +80,11 @@ std::string rankBody(const std::string& dir, const WorldRun& run, int rank) {
   o.timeout = dist::Millis(20'000);
   auto pg = dist::ProcessGroup::create(store, rank, run.world, o);
   auto net = std::make_shared<Net>(run.initSeed + static_cast<uint64_t>(rank));
-  FullyShardedDataParallel f(net, pg, {.autoWrapPolicy = wrapModuleTypes({"Block"})});
+  FullyShardedDataParallel f(net, pg,
+                             {.strategy = run.strategy,
+                              .autoWrapPolicy = wrapModuleTypes({"Block"}),
+                              .nodeId = run.ranksPerNode > 0 ? fmt::format("node{}", rank / run.ranksPerNode)
+                                                             : std::string()});
   auto opt = makeOptimizer(/*adamw=*/true, f.parameters());
   optim::CosineWithWarmup sched(*opt, {.warmupSteps = 2, .totalSteps = kSteps, .minLr = 1e-3});
   Generator dataGen(7);
@@ -285,6 +291,48 @@ TEST(FSDPTrainingCheckpoint, SavedByTwoRanksLoadsOnThreeWhenTheRankStatesAreTheS
     ++compared;
   }
   EXPECT_EQ(compared, 16);  // inp, three blocks of two layers, head: weight and bias each
+}
+
+TEST(FSDPTrainingCheckpoint, NoShardAndHybridShardCheckpointsResumeExactly) {
+  if (!dist::hasBackend("gloo")) GTEST_SKIP() << "gloo is not built";
+  TempDir tmp;
+  const std::string base = tmp.path().string();
+  struct Case {
+    const char* name;
+    ShardingStrategy strategy;
+    int world, ranksPerNode, shards;
+  };
+  for (const Case& c :
+       {Case{"no-shard", ShardingStrategy::NoShard, 2, 0, 1}, Case{"hybrid", ShardingStrategy::HybridShard, 4, 2, 2}}) {
+    SCOPED_TRACE(c.name);
+    const std::string ckpt = base + "/" + c.name;
+    WorldRun ref{.name = std::string(c.name) + "-ref",
+                 .world = c.world,
+                 .steps = 4,
+                 .saves = {{2, ckpt}},
+                 .strategy = c.strategy,
+                 .ranksPerNode = c.ranksPerNode};
+    expectAllReport(runWorld(tmp, ref), "done", "the uninterrupted run");
+    // One shard file per shard (only the first replica writes them), one state file per rank.
+    const std::string folder = onlyFolderOfStep(ckpt, 2);
+    for (int i = 0; i < c.shards; ++i)
+      EXPECT_TRUE(fs::exists(fmt::format("{}/shard-{}-of-{}.safetensors", folder, i, c.shards)));
+    for (int r = 0; r < c.world; ++r)
+      EXPECT_TRUE(fs::exists(fmt::format("{}/state-{}-of-{}.safetensors", folder, r, c.world)));
+    EXPECT_EQ(static_cast<int>(std::distance(fs::directory_iterator(folder), fs::directory_iterator())),
+              c.shards + c.world);
+    WorldRun resume{.name = std::string(c.name) + "-resume",
+                    .world = c.world,
+                    .steps = 4,
+                    .load = ckpt,
+                    .initSeed = 1234,
+                    .strategy = c.strategy,
+                    .ranksPerNode = c.ranksPerNode};
+    expectAllReport(runWorld(tmp, resume), "loaded 2|done", "the resume");
+    for (int r = 0; r < c.world; ++r)
+      expectSameOutput(outputFile(base, ref.name, r), outputFile(base, resume.name, r),
+                       fmt::format("rank {} after the resume vs the uninterrupted run", r));
+  }
 }
 
 void flipByte(const std::string& path, std::streamoff fromEnd) {
