@@ -1,8 +1,10 @@
-// RPC figures between two processes on this host (the parent calls, a forked child serves), in the
-// form of the PyTorch RPC baselines (../shared/BASELINES.md, bench/rpc_torch.py):
+// RPC figures between two processes on this host (the parent calls, a forked child serves), the
+// same four that bench/rpc_torch.py measures for PyTorch's RPC:
 //   tiny rpcSync round trip; a 16 MiB tensor sent and acknowledged (callee returns its size); a
 //   16 MiB tensor echoed back; N concurrent rpcAsync calls in flight (calls/s).
-// Usage: rpc [--iters N] [--concurrent N] [--reps R] [--no-shm]
+// It prints only what it measured; scripts/bench_rpc.sh runs it and bench/rpc_torch.py in one
+// invocation and prints both measured columns side by side.
+// Usage: rpc [--iters N] [--concurrent N] [--reps R] [--no-shm] [--copy-threads N] [--json]
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -10,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -36,6 +39,8 @@ int main(int argc, char** argv) {
   app.add_option("--concurrent", concurrent, "rpcAsync calls in flight at once");
   app.add_option("--reps", reps, "repetitions (medians are reported)");
   app.add_flag("--no-shm", noShm, "use TCP (uv) between the two processes");
+  bool jsonLine = false;
+  app.add_flag("--json", jsonLine, "print one JSON line (as bench/rpc_torch.py --json does) instead of the table");
   app.add_option("--copy-threads", copyThreads,
                  "threads reading one large tensor (RpcOptions::copyThreads; 0: one per core, at most 4)")
       ->check(CLI::Range(0, 64));
@@ -64,6 +69,7 @@ int main(int argc, char** argv) {
   rpc::init("client", 0, 2, options());
 
   std::vector<double> tiny, send16, echo16, conc, perCall;
+  int64_t wrongTotal = 0;
   perCall.reserve(static_cast<size_t>(iters) * reps);
   Tensor big = ones({4 * 1024 * 1024});                                      // 16 MiB of float32
   for (int i = 0; i < 200; ++i) rpc::rpcSync<int64_t>("server", "noop", i);  // warm-up
@@ -93,27 +99,41 @@ int main(int argc, char** argv) {
     int64_t wrong = 0;
     for (int i = 0; i < concurrent; ++i) wrong += fs[i].value() != i;
     conc.push_back(concurrent / seconds(t0, Clock::now()));
-    if (wrong) std::printf("ERROR: %lld concurrent calls returned wrong values\n", static_cast<long long>(wrong));
+    if (wrong)
+      std::fprintf(stderr, "ERROR: %lld concurrent calls returned wrong values\n", static_cast<long long>(wrong));
+    wrongTotal += wrong;
   }
   rpc::shutdown();
   int status = 0;
   waitpid(child, &status, 0);
   std::filesystem::remove_all(dir);
 
-  double bytes = 16.0 * 1024 * 1024;
-  std::printf("cohort RPC, 2 processes, transport %s, copy threads %s, medians of %d repetitions\n",
-              noShm ? "uv (TCP)" : "shm", copyThreads == 0 ? "auto" : std::to_string(copyThreads).c_str(), reps);
-  std::printf("%-44s %12s %14s\n", "", "cohort", "PyTorch 1.13");
-  std::printf("%-44s %9.1f us %11s us\n", "rpcSync of a tiny function (round trip)", median(tiny) * 1e6, "373");
+  const double bytes = 16.0 * 1024 * 1024;
   std::sort(perCall.begin(), perCall.end());
   auto pct = [&](double q) {
     return perCall[std::min(perCall.size() - 1, static_cast<size_t>(q * perCall.size()))] * 1e6;
   };
-  std::printf("%-44s %9.1f us / %.1f us / %.1f us\n", "  its p50 / p90 / p99 over all calls", pct(0.5), pct(0.9),
-              pct(0.99));
-  std::printf("%-44s %9.2f ms %11s ms  (%.2f GB/s vs 4.3)\n", "16 MiB tensor sent, callee returns its size",
-              median(send16) * 1e3, "3.9", bytes / median(send16) / 1e9);
-  std::printf("%-44s %9.2f ms %11s ms\n", "16 MiB tensor echoed back", median(echo16) * 1e3, "12.1");
-  std::printf("%-44s %9.0f calls/s (all %d completed)\n", "concurrent rpcAsync in flight", median(conc), concurrent);
+  const std::string transport = noShm ? "uv (TCP)" : "shm";
+  const std::string threads = copyThreads == 0 ? "auto" : std::to_string(copyThreads);
+  if (jsonLine) {
+    std::printf("{\"impl\": \"cohort\", \"label\": \"cohort (transport %s, copy threads %s)\", \"reps\": %d, "
+                "\"tiny_us\": %.3f, \"tiny_p50_us\": %.3f, \"tiny_p90_us\": %.3f, \"tiny_p99_us\": %.3f, "
+                "\"send16_ms\": %.4f, \"send16_gbs\": %.4f, \"echo16_ms\": %.4f, \"concurrent_calls_s\": %.1f, "
+                "\"concurrent\": %d, \"wrong\": %lld}\n",
+                transport.c_str(), threads.c_str(), reps, median(tiny) * 1e6, pct(0.5), pct(0.9), pct(0.99),
+                median(send16) * 1e3, bytes / median(send16) / 1e9, median(echo16) * 1e3, median(conc), concurrent,
+                static_cast<long long>(wrongTotal));
+  } else {
+    std::printf("cohort RPC, 2 processes, transport %s, copy threads %s, medians of %d repetitions\n",
+                transport.c_str(), threads.c_str(), reps);
+    std::printf("%-44s %9.1f us\n", "rpcSync of a tiny function (round trip)", median(tiny) * 1e6);
+    std::printf("%-44s %9.1f us / %.1f us / %.1f us\n", "  its p50 / p90 / p99 over all calls", pct(0.5), pct(0.9),
+                pct(0.99));
+    std::printf("%-44s %9.2f ms (%.2f GB/s)\n", "16 MiB tensor sent, callee returns its size", median(send16) * 1e3,
+                bytes / median(send16) / 1e9);
+    std::printf("%-44s %9.2f ms\n", "16 MiB tensor echoed back", median(echo16) * 1e3);
+    std::printf("%-44s %9.0f calls/s (all %d completed)\n", "concurrent rpcAsync in flight", median(conc), concurrent);
+  }
+  if (wrongTotal != 0) return 1;
   return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
 }

@@ -12,9 +12,11 @@
 // resumes from it (so a job restarted by cohortrun continues where the last checkpoint was).
 // With --fsdp the model is FullyShardedDataParallel instead (FULL_SHARD, each TransformerBlock a
 // unit): the optimizer holds only this rank's shards, gradients are clipped by the global norm,
-// and the checkpoint is sharded: every rank writes its shard into <checkpoint>.shards/ (which any
-// number of ranks can resume from) and rank 0 writes the rest of the training state to
-// <checkpoint>; at the end rank 0 evaluates and samples from the gathered full state dict.
+// and --checkpoint names a folder holding one FSDP training checkpoint (fsdp/training_checkpoint.h):
+// every rank writes its model and optimizer shard and its training state, and a manifest written
+// last commits them together, so a crash while saving leaves the previous checkpoint whole (any
+// number of ranks can resume from it); at the end rank 0 evaluates and samples from the gathered
+// full state dict.
 #include <CLI/CLI.hpp>
 
 #include <filesystem>
@@ -28,6 +30,7 @@
 #include <cohort/distributed.h>
 #include <cohort/fsdp/fully_sharded_data_parallel.h>
 #include <cohort/fsdp/state_dict.h>
+#include <cohort/fsdp/training_checkpoint.h>
 
 #include "common/checksum.h"
 #include "common/progress.h"
@@ -82,7 +85,8 @@ int main(int argc, char** argv) {
   app.add_option("--clip", clip, "gradient norm clip")->check(CLI::PositiveNumber);
   app.add_option("--seed", seed, "seed for initialisation, batches and sampling");
   app.add_option("--log-interval", logInterval, "steps between progress lines")->check(CLI::PositiveNumber);
-  app.add_option("--checkpoint", checkpoint, "checkpoint file (written atomically every --checkpoint-every steps)");
+  app.add_option("--checkpoint", checkpoint,
+                 "checkpoint file, or folder with --fsdp (written atomically every --checkpoint-every steps)");
   app.add_option("--checkpoint-every", ckptEvery, "steps between checkpoints")->check(CLI::PositiveNumber);
   app.add_flag("--resume", resume, "continue from --checkpoint if it exists");
   app.add_option("--sample-tokens", sampleTokens, "characters to sample at the end (0 = none)");
@@ -123,7 +127,6 @@ int main(int argc, char** argv) {
     } else if (pg) {
       trained = std::make_shared<dist::DistributedDataParallel>(gpt, pg);
     }
-    const std::string shardDir = checkpoint + ".shards";
     optim::AdamW opt(trained->parameters(), {.lr = lr, .beta1 = 0.9, .beta2 = 0.95, .weightDecay = weightDecay});
     optim::CosineWithWarmup sched(opt, {.warmupSteps = warmup, .totalSteps = steps, .minLr = minLr});
     data::DataLoaderOptions lo{.batchSize = batchSize, .shuffle = true, .seed = seed, .dropLast = true};
@@ -132,13 +135,16 @@ int main(int argc, char** argv) {
     data::DataLoader valLoader(val, {.batchSize = batchSize});
 
     int64_t step = 0;
-    if (resume && std::filesystem::exists(checkpoint)) {
-      if (sharded) fsdp::loadShardedCheckpoint(*sharded, shardDir, &opt);
-      io::TrainingState st = io::restoreCheckpoint(checkpoint, {.model = sharded ? nullptr : &model,
-                                                                .optimizer = sharded ? nullptr : &opt,
-                                                                .scheduler = &sched,
-                                                                .loader = &loader,
-                                                                .generator = &defaultGenerator()});
+    if (resume && (sharded ? fsdp::hasTrainingCheckpoint(checkpoint) : std::filesystem::exists(checkpoint))) {
+      io::TrainingState st =
+          sharded ? fsdp::loadTrainingCheckpoint(
+                        *sharded, checkpoint,
+                        {.optimizer = &opt, .scheduler = &sched, .loader = &loader, .generator = &defaultGenerator()})
+                  : io::restoreCheckpoint(checkpoint, {.model = &model,
+                                                       .optimizer = &opt,
+                                                       .scheduler = &sched,
+                                                       .loader = &loader,
+                                                       .generator = &defaultGenerator()});
       step = st.step;
       if (talk)
         fmt::print("resumed from {} at step {} (epoch {}, batch {})\n", checkpoint, step, st.dataPosition.epoch,
@@ -171,20 +177,19 @@ int main(int argc, char** argv) {
         progress.add(b.data.numel() * world);
         if (talk && (step % logInterval == 0 || step == stopAt))
           progress.log(step, loss.item<double>(), fmt::format("lr {:.2e}", opt.paramGroups()[0].lr()));
-        if (sharded && !checkpoint.empty() && (step % ckptEvery == 0 || step == stopAt)) {
-          fsdp::saveShardedCheckpoint(*sharded, shardDir, &opt);  // every rank, before rank 0's state file
-        }
-        if (talk && !checkpoint.empty() && (step % ckptEvery == 0 || step == stopAt)) {
+        if (!checkpoint.empty() && (step % ckptEvery == 0 || step == stopAt) && (sharded || talk)) {
           io::TrainingState st;
-          if (!sharded) {
-            st.model = model.stateDict();
-            st.optimizer = opt.stateDict();
-          }
           st.scheduler = sched.state();
           st.step = step;
           st.dataPosition = loader.position();
           st.generators["cpu"] = defaultGenerator().state();
-          io::saveCheckpoint(checkpoint, st);
+          if (sharded) {
+            fsdp::saveTrainingCheckpoint(*sharded, checkpoint, &opt, st);  // every rank: one commit
+          } else {
+            st.model = model.stateDict();
+            st.optimizer = opt.stateDict();
+            io::saveCheckpoint(checkpoint, st);
+          }
         }
         if (step >= stopAt) break;
       }

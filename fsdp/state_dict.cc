@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <regex>
 #include <set>
@@ -150,8 +151,8 @@ std::string shardFileName(const std::string& dir, int index, int count) {
   return (fs::path(dir) / fmt::format("shard-{}-of-{}.safetensors", index, count)).string();
 }
 
-std::string saveShardedCheckpoint(FullyShardedDataParallel& f, const std::string& dir,
-                                  const optim::Optimizer* optimizer) {
+std::optional<WrittenShard> writeShardFile(FullyShardedDataParallel& f, const std::string& dir,
+                                           const optim::Optimizer* optimizer, const io::Metadata& extraMetadata) {
   const char* op = "FSDP saveShardedCheckpoint";
   const int n = numShards(f), i = shardIndex(f);
   const bool writer = !f.groups().replicate || f.groups().replicate->rank() == 0;
@@ -160,8 +161,8 @@ std::string saveShardedCheckpoint(FullyShardedDataParallel& f, const std::string
     checkOptimizer(f, *optimizer, op);
     osd = optimizer->stateDict();
   }
-  std::string file;
-  if (writer) {
+  if (!writer) return std::nullopt;
+  {
     io::TensorDict tensors;
     json layout;
     layout["params"] = json::array();
@@ -212,10 +213,19 @@ std::string saveShardedCheckpoint(FullyShardedDataParallel& f, const std::string
                     {"layout", layout.dump()}};
     if (osd) md["optimizer"] = osd->metadataJson();
     md["checksum"] = checksum(tensors);
+    for (const auto& [k, v] : extraMetadata) md.emplace(k, v);  // the format's own keys win
     fs::create_directories(dir);
-    file = shardFileName(dir, i, n);
-    io::saveSafetensors(file, tensors, md);
+    WrittenShard out{shardFileName(dir, i, n), i, n, {}};
+    out.digest = io::saveSafetensors(out.path, tensors, md);
+    return out;
   }
+}
+
+std::string saveShardedCheckpoint(FullyShardedDataParallel& f, const std::string& dir,
+                                  const optim::Optimizer* optimizer) {
+  const int n = numShards(f);
+  std::optional<WrittenShard> written = writeShardFile(f, dir, optimizer);
+  const std::string file = written ? written->path : "";
   f.processGroup().barrier()->wait();
   if (f.processGroup().rank() == 0) {
     // Shards of an older checkpoint with another count would make the folder ambiguous.
@@ -284,10 +294,19 @@ void loadShardedCheckpoint(FullyShardedDataParallel& f, const std::string& dir, 
   }
 
   std::vector<io::SafetensorsContents> files(n);
+  for (int i = 0; i < n; ++i) files[i] = io::loadSafetensors(shardFileName(dir, i, n));
+  prepareShardedLoad(f, dir, std::move(files), optimizer)();
+}
+
+std::function<void()> prepareShardedLoad(FullyShardedDataParallel& f, const std::string& dir,
+                                         std::vector<io::SafetensorsContents> files, optim::Optimizer* optimizer) {
+  const char* op = "FSDP loadShardedCheckpoint";
+  if (optimizer) checkOptimizer(f, *optimizer, op);
+  const int n = static_cast<int>(files.size());
+  if (n == 0) throw CheckpointError(fmt::format("FSDP sharded checkpoint '{}': no shard files", dir));
   std::vector<json> layouts(n);
   for (int i = 0; i < n; ++i) {
     const std::string file = shardFileName(dir, i, n);
-    files[i] = io::loadSafetensors(file);
     const auto& md = files[i].metadata;
     auto get = [&](const char* key) -> std::string {
       auto it = md.find(key);
@@ -403,6 +422,7 @@ void loadShardedCheckpoint(FullyShardedDataParallel& f, const std::string& dir, 
     shards.push_back(s);
   }
 
+  std::optional<optim::OptimizerStateDict> newOptimizerState;
   if (optimizer) {
     auto it = files[0].metadata.find("optimizer");
     if (it == files[0].metadata.end())
@@ -452,26 +472,36 @@ void loadShardedCheckpoint(FullyShardedDataParallel& f, const std::string& dir, 
         osd.tensors[fmt::format("state.{}.{}", u, key)] = s;
       }
     }
-    try {
-      optimizer->loadStateDict(osd);  // checks before it writes
-    } catch (const CheckpointError&) {
-      throw;
-    } catch (const Error& e) {
-      throw CheckpointError(
-          fmt::format("FSDP sharded checkpoint '{}': the optimizer does not match: {}", dir, e.what()));
-    }
+    newOptimizerState = std::move(osd);
   }
 
-  // Everything checked: write.
-  for (size_t u = 0; u < f.numUnits(); ++u) {
-    Tensor dst = f.unit(u).shard().detach();
-    dst.copy_(shards[u]);
-  }
-  for (const auto& [key, t] : current) {
-    if (paramNames.contains(key)) continue;
-    Tensor dst = t.detach();
-    dst.copy_(*files[0].tensors.find("buffer/" + key));
-  }
+  // Everything checked: what the returned function writes. The optimizer first: its loadStateDict
+  // checks the options it holds before it writes, and a failure there leaves everything as it was.
+  std::vector<std::pair<Tensor, Tensor>> buffers;  // (module buffer, value)
+  for (const auto& [key, t] : current)
+    if (!paramNames.contains(key)) buffers.emplace_back(t, *files[0].tensors.find("buffer/" + key));
+  return [&f, optimizer, dir, shards = std::move(shards), buffers = std::move(buffers),
+          osd = std::move(newOptimizerState)] {
+    autograd::NoGradGuard noGrad;
+    if (optimizer && osd) {
+      try {
+        optimizer->loadStateDict(*osd);
+      } catch (const CheckpointError&) {
+        throw;
+      } catch (const Error& e) {
+        throw CheckpointError(
+            fmt::format("FSDP sharded checkpoint '{}': the optimizer does not match: {}", dir, e.what()));
+      }
+    }
+    for (size_t u = 0; u < f.numUnits(); ++u) {
+      Tensor dst = f.unit(u).shard().detach();
+      dst.copy_(shards[u]);
+    }
+    for (const auto& [t, value] : buffers) {
+      Tensor dst = t.detach();
+      dst.copy_(value);
+    }
+  };
 }
 
 }  // namespace cohort::fsdp

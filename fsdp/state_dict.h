@@ -29,8 +29,12 @@
  */
 #pragma once
 
+#include <functional>
+#include <optional>
 #include <string>
+#include <vector>
 
+#include <cohort/core/io/safetensors.h>
 #include <cohort/core/nn/module.h>
 #include <cohort/core/optim/optimizer.h>
 #include <cohort/fsdp/fully_sharded_data_parallel.h>
@@ -61,5 +65,29 @@ std::string saveShardedCheckpoint(FullyShardedDataParallel& fsdp, const std::str
 // Reads every shard file of the checkpoint in `dir` and loads the ranges this rank owns.
 void loadShardedCheckpoint(FullyShardedDataParallel& fsdp, const std::string& dir,
                            optim::Optimizer* optimizer = nullptr);
+
+// ---- The two halves of the functions above, for checkpoints that commit shard files together with
+// other files (training_checkpoint.h). Neither is collective.
+
+struct WrittenShard {
+  std::string path;
+  int index = 0, count = 1;  // shard `index` of `count`
+  io::FileDigest digest;     // the file's size and checksum
+};
+// Writes this rank's shard file into `dir` (created if needed; the file atomically and durably),
+// with `extraMetadata` added to its safetensors metadata. Ranks of other replicas write nothing
+// and get nullopt.
+std::optional<WrittenShard> writeShardFile(FullyShardedDataParallel& fsdp, const std::string& dir,
+                                           const optim::Optimizer* optimizer = nullptr,
+                                           const io::Metadata& extraMetadata = {});
+
+// Checks one checkpoint's shard files (their contents in shard order, as loadSafetensors gives
+// them; `dir` names them in messages) against this rank's model and optimizer, and builds what
+// this rank loads from them, changing nothing: every problem loadShardedCheckpoint reports is
+// thrown here. The returned function writes it into the optimizer, the shards and the buffers; it
+// refers to `fsdp` and `optimizer`, which must outlive it.
+std::function<void()> prepareShardedLoad(FullyShardedDataParallel& fsdp, const std::string& dir,
+                                         std::vector<io::SafetensorsContents> files,
+                                         optim::Optimizer* optimizer = nullptr);
 
 }  // namespace cohort::fsdp

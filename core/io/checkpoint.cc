@@ -52,14 +52,7 @@ std::string checkpointFile(const std::string& path) {
   return path;
 }
 
-std::string saveCheckpoint(const std::string& path, const TrainingState& st) {
-  const std::string file = checkpointFile(path);
-  if (!path.empty() && path.back() == '/') {
-    std::error_code ec;
-    std::filesystem::create_directories(path, ec);
-    if (ec) fail(file, fmt::format("cannot create folder '{}': {}", path, ec.message()));
-  }
-
+SafetensorsContents encodeCheckpoint(const TrainingState& st, const std::string& file) {
   TensorDict all;
   for (const auto& [k, t] : st.model) all.insert("model/" + k, t);
   json state = json::object();
@@ -96,13 +89,27 @@ std::string saveCheckpoint(const std::string& path, const TrainingState& st) {
     state["extra"] = nullptr;
   }
   Metadata meta{{"format", kFormat}, {"version", kVersion}, {"state", state.dump()}};
-  saveSafetensors(file, all, meta);
+  return {std::move(all), std::move(meta)};
+}
+
+std::string saveCheckpoint(const std::string& path, const TrainingState& st) {
+  const std::string file = checkpointFile(path);
+  SafetensorsContents c = encodeCheckpoint(st, file);  // bad arguments fail before anything is created
+  if (!path.empty() && path.back() == '/') {
+    std::error_code ec;
+    std::filesystem::create_directories(path, ec);
+    if (ec) fail(file, fmt::format("cannot create folder '{}': {}", path, ec.message()));
+  }
+  saveSafetensors(file, c.tensors, c.metadata);
   return file;
 }
 
 TrainingState loadCheckpoint(const std::string& path) {
   const std::string file = checkpointFile(path);
-  SafetensorsContents c = loadSafetensors(file);  // CheckpointError naming the file on any damage
+  return decodeCheckpoint(loadSafetensors(file), file);  // CheckpointError naming the file on any damage
+}
+
+TrainingState decodeCheckpoint(SafetensorsContents c, const std::string& file) {
   auto fmtIt = c.metadata.find("format");
   if (fmtIt == c.metadata.end() || fmtIt->second != kFormat)
     fail(file, fmt::format("not a cohort training checkpoint (__metadata__ \"format\" is {}, expected \"{}\"); a plain "
@@ -177,6 +184,9 @@ TrainingState loadCheckpoint(const std::string& path) {
       fail(file, fmt::format("tensor '{}' has no known group prefix (model/, optimizer/, extra/)", name));
     }
   }
+  st.model.describeAs(fmt::format("the model state of checkpoint '{}'", file), "tensor");
+  for (auto& [group, dict] : st.extraTensors)
+    dict.describeAs(fmt::format("extra tensor group '{}' of checkpoint '{}'", group, file), "tensor");
   return st;
 }
 
@@ -241,8 +251,12 @@ void checkOptimizer(const std::string& file, const optim::Optimizer& opt, const 
 TrainingState restoreCheckpoint(const std::string& path, const RestoreTargets& targets) {
   const std::string file = checkpointFile(path);
   TrainingState st = loadCheckpoint(path);
+  checkRestore(file, st, targets);  // everything first, so a mismatch changes nothing
+  applyRestore(file, st, targets);
+  return st;
+}
 
-  // Check everything first, so a mismatch changes nothing.
+void checkRestore(const std::string& file, const TrainingState& st, const RestoreTargets& targets) {
   if (targets.model) checkModel(file, *targets.model, st.model);
   if (targets.optimizer) {
     if (!st.optimizer) fail(file, "an optimizer was given, but the checkpoint holds no optimizer state");
@@ -263,7 +277,9 @@ TrainingState restoreCheckpoint(const std::string& path, const RestoreTargets& t
   }
   if (targets.generator && !st.generators.count("cpu"))
     fail(file, "a generator was given, but the checkpoint holds no \"cpu\" generator state");
+}
 
+void applyRestore(const std::string& file, const TrainingState& st, const RestoreTargets& targets) {
   try {
     if (targets.model) targets.model->loadStateDict(st.model, /*strict=*/true);
     if (targets.optimizer) targets.optimizer->loadStateDict(*st.optimizer);
@@ -275,7 +291,6 @@ TrainingState restoreCheckpoint(const std::string& path, const RestoreTargets& t
   } catch (const Error& e) {
     fail(file, fmt::format("restoring failed: {}", e.what()));
   }
-  return st;
 }
 
 }  // namespace cohort::io

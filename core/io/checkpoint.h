@@ -72,4 +72,15 @@ struct RestoreTargets {
 // the loader's epoch, a saved "cpu" generator). Returns the loaded state.
 TrainingState restoreCheckpoint(const std::string& path, const RestoreTargets& targets);
 
+// The pieces of the functions above, for checkpoints that commit this file together with others
+// (fsdp/training_checkpoint.h keeps one per rank beside the model's shards):
+// encodeCheckpoint gives the tensors and metadata saveCheckpoint writes (ValueError for a bad
+// extra group name or extraJson), decodeCheckpoint reads them back (CheckpointError naming `file`),
+// checkRestore checks that `state` fits every non-null target and changes nothing, and
+// applyRestore then restores them (after checkRestore it fails only if a target changed since).
+SafetensorsContents encodeCheckpoint(const TrainingState& state, const std::string& file);
+TrainingState decodeCheckpoint(SafetensorsContents contents, const std::string& file);
+void checkRestore(const std::string& file, const TrainingState& state, const RestoreTargets& targets);
+void applyRestore(const std::string& file, const TrainingState& state, const RestoreTargets& targets);
+
 }  // namespace cohort::io

@@ -282,12 +282,14 @@ std::string serializeSafetensors(const TensorDict& tensors, const Metadata& meta
 }
 
 SafetensorsContents parseSafetensors(std::string_view bytes, const std::string& what) {
-  return readAll(what, bytes.size(),
-                 [&](uint64_t off, size_t n, void* dst) { std::memcpy(dst, bytes.data() + off, n); });
+  SafetensorsContents out =
+      readAll(what, bytes.size(), [&](uint64_t off, size_t n, void* dst) { std::memcpy(dst, bytes.data() + off, n); });
+  out.tensors.describeAs(fmt::format("safetensors '{}'", what), "tensor");
+  return out;
 }
 
-void saveSafetensors(const std::string& path, const TensorDict& tensors, const Metadata& metadata) {
-  writeFileAtomically(path, [&](AtomicWriter& w) {
+FileDigest saveSafetensors(const std::string& path, const TensorDict& tensors, const Metadata& metadata) {
+  return writeFileAtomically(path, [&](AtomicWriter& w) {
     emit(path, tensors, metadata, [&](const void* p, size_t n) { w.write(p, n); });
   });
 }
@@ -303,7 +305,7 @@ SafetensorsContents loadSafetensors(const std::string& path) {
   if (::fstat(fd, &st) != 0) fail(path, fmt::format("cannot stat: {}", std::strerror(errno)));
   if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
   const uint64_t size = static_cast<uint64_t>(st.st_size);
-  return readAll(path, size, [&](uint64_t off, size_t n, void* dst) {
+  SafetensorsContents out = readAll(path, size, [&](uint64_t off, size_t n, void* dst) {
     char* p = static_cast<char*>(dst);
     while (n > 0) {
       ssize_t r = ::pread(fd, p, n, static_cast<off_t>(off));
@@ -317,6 +319,8 @@ SafetensorsContents loadSafetensors(const std::string& path) {
       off += static_cast<uint64_t>(r);
     }
   });
+  out.tensors.describeAs(fmt::format("safetensors file '{}'", path), "tensor");
+  return out;
 }
 
 }  // namespace cohort::io

@@ -23,6 +23,7 @@
 #include <string>
 #include <string_view>
 
+#include <cohort/core/io/atomic_file.h>
 #include <cohort/core/nn/ordered_dict.h>
 #include <cohort/core/tensor/tensor.h>
 
@@ -49,8 +50,10 @@ std::string serializeSafetensors(const TensorDict& tensors, const Metadata& meta
 // source in error messages.
 SafetensorsContents parseSafetensors(std::string_view bytes, const std::string& what = "<memory>");
 
-// Writes atomically (temp file, fsync, rename, fsync folder).
-void saveSafetensors(const std::string& path, const TensorDict& tensors, const Metadata& metadata = {});
+// Writes atomically (temp file, fsync, rename, fsync folder); returns the file's size and checksum.
+FileDigest saveSafetensors(const std::string& path, const TensorDict& tensors, const Metadata& metadata = {});
+// The tensors come back described as the file's (describeAs): asking them for a name the file
+// does not hold is an IndexError naming the file, the name and the names it does hold.
 SafetensorsContents loadSafetensors(const std::string& path);
 
 }  // namespace cohort::io

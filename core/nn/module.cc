@@ -1,6 +1,7 @@
 #include <cohort/core/nn/module.h>
 
 #include <algorithm>
+#include <unordered_map>
 #include <unordered_set>
 
 #include <cohort/core/autograd/grad_mode.h>
@@ -370,6 +371,25 @@ LoadStateDictResult Module::loadStateDict(const StateDict& dict, bool strict) {
     if (!own.contains(k)) result.unexpectedKeys.push_back(k);
 
   const bool fail = !mismatched.empty() || (strict && !result.ok());
+  if (fail && strict && !result.missingKeys.empty()) {
+    // A DDP state dict ("module.<name>") loaded into the bare model, or a bare one into DDP: every
+    // missing key is an unexpected one with the prefix added or taken off.
+    const std::string pre = "module.";
+    std::unordered_set<std::string> unexpected(result.unexpectedKeys.begin(), result.unexpectedKeys.end());
+    auto all = [&](auto pred) { return std::all_of(result.missingKeys.begin(), result.missingKeys.end(), pred); };
+    if (all([&](const std::string& k) { return unexpected.count(pre + k) != 0; }))
+      throw ValueError(fmt::format(
+          "{}.loadStateDict: every key of the dict carries the prefix \"module.\" (e.g. '{}' for the model's '{}'): "
+          "it is the state dict of a DistributedDataParallel (or another wrapper) around this model. Load "
+          "nn::stripPrefix(dict, \"module.\") instead, or save ddp.module().stateDict(); nothing was loaded",
+          name_, pre + result.missingKeys.front(), result.missingKeys.front()));
+    if (all([&](const std::string& k) { return k.starts_with(pre) && unexpected.count(k.substr(pre.size())) != 0; }))
+      throw ValueError(fmt::format(
+          "{}.loadStateDict: every key of this model carries the prefix \"module.\" (e.g. '{}') and the dict has "
+          "them without it ('{}'): this model wraps the one the dict was saved from (DistributedDataParallel); load "
+          "the dict into ddp.module() instead; nothing was loaded",
+          name_, result.missingKeys.front(), result.missingKeys.front().substr(pre.size())));
+  }
   if (fail) {
     std::vector<std::string> parts;
     if (strict && !result.missingKeys.empty())
@@ -392,6 +412,20 @@ LoadStateDictResult Module::loadStateDict(const StateDict& dict, bool strict) {
     dst.copy_(*src);
   }
   return result;
+}
+
+StateDict stripPrefix(const StateDict& dict, const std::string& prefix) {
+  StateDict out;
+  std::unordered_map<std::string, std::string> from;  // new key -> the key it came from
+  for (const auto& [k, t] : dict) {
+    std::string key = k.starts_with(prefix) ? k.substr(prefix.size()) : k;
+    auto [it, fresh] = from.emplace(key, k);
+    if (!fresh)
+      throw ValueError(
+          fmt::format("stripPrefix(\"{}\"): keys '{}' and '{}' both become '{}'", prefix, it->second, k, key));
+    out.insert(key, t);
+  }
+  return out;
 }
 
 // ---- printing --------------------------------------------------------------------------------

@@ -72,6 +72,12 @@ class HookHandle {
   int id_ = 0;
 };
 
+// The dict with `prefix` taken off every key that starts with it (other keys are kept as they
+// are), in the same order: stripPrefix(ddp.stateDict(), "module.") is the bare model's state
+// dict, as torch.nn.modules.utils.consume_prefix_in_state_dict_if_present makes it. Stripping
+// two keys to one name is a ValueError naming both.
+StateDict stripPrefix(const StateDict& dict, const std::string& prefix = "module.");
+
 // What a non-strict loadStateDict found (a strict load throws instead).
 struct LoadStateDictResult {
   std::vector<std::string> missingKeys;     // in the module, not in the dict
@@ -175,7 +181,9 @@ class Module : public std::enable_shared_from_this<Module> {
   // Copies values in place into the existing tensors (converting dtype). Every problem is checked
   // before anything is written: strict mode throws one ValueError listing every missing,
   // unexpected and mis-shaped key; non-strict mode still throws for mis-shaped keys (nothing is
-  // written then) and reports missing and unexpected keys.
+  // written then) and reports missing and unexpected keys. When every missing key is in the dict
+  // under a "module." prefix (a DistributedDataParallel state dict loaded into the bare model),
+  // or the other way round, the error says so and how to strip or add the prefix.
   LoadStateDictResult loadStateDict(const StateDict& dict, bool strict = true);
 
   // ---- printing ----------------------------------------------------------------------------

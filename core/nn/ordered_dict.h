@@ -6,6 +6,7 @@
  */
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -51,9 +52,10 @@ class OrderedDict {
     auto it = index_.find(key);
     return it == index_.end() ? nullptr : &items_[it->second].second;
   }
+  // A missing key is an IndexError naming the key, what the dict is (see describeAs) and its keys.
   V& at(const std::string& key) {
     V* v = find(key);
-    if (!v) throw IndexError(fmt::format("OrderedDict: no key '{}'", key));
+    if (!v) throw IndexError(missingKeyMessage(key));
     return *v;
   }
   const V& at(const std::string& key) const { return const_cast<OrderedDict*>(this)->at(key); }
@@ -69,6 +71,14 @@ class OrderedDict {
     for (auto& [k, i] : index_)
       if (i > pos) --i;
     return true;
+  }
+
+  // What this dict is and what its keys name, for the error of a missing key: a safetensors load
+  // says describeAs("safetensors file 'w.safetensors'", "tensor"), and at("x") then throws
+  // "safetensors file 'w.safetensors' has no tensor 'x' (it has 2: a, b)". Copies keep it.
+  void describeAs(std::string what, std::string keyNoun = "key") {
+    what_ = std::move(what);
+    keyNoun_ = std::move(keyNoun);
   }
 
   size_t size() const { return items_.size(); }
@@ -99,8 +109,19 @@ class OrderedDict {
   const_iterator end() const { return items_.end(); }
 
  private:
+  std::string missingKeyMessage(const std::string& key) const {
+    std::string have;
+    const size_t shown = std::min<size_t>(items_.size(), 16);
+    for (size_t i = 0; i < shown; ++i) have += (i ? ", " : "") + items_[i].first;
+    if (items_.size() > shown) have += fmt::format(", and {} more", items_.size() - shown);
+    return fmt::format("{} has no {} '{}' ({})", what_.empty() ? "OrderedDict" : what_, keyNoun_, key,
+                       items_.empty() ? "it is empty" : fmt::format("it has {}: {}", items_.size(), have));
+  }
+
   std::vector<Item> items_;
   std::unordered_map<std::string, size_t> index_;
+  std::string what_;
+  std::string keyNoun_ = "key";
 };
 
 }  // namespace cohort::nn

@@ -64,13 +64,14 @@ const bool kCpuCacheKnobListed = (cpuCacheKnob(), true);  // listed by --help-en
 // that fills it. Training allocates the same shapes every step, so reuse is nearly perfect.
 class CpuAllocator final : public Allocator {
  public:
+  // A value that is not a whole number of MiB from 0 up is a ValueError naming the variable: the
+  // registry below is then not made, so every allocation throws it until the variable is fixed.
   CpuAllocator() {
-    int64_t mb = 1024;
-    try {
-      mb = cpuCacheKnob().integer();
-    } catch (const std::exception&) {
-    }
-    budget_ = mb <= 0 ? 0 : static_cast<size_t>(mb) << 20;
+    const int64_t mb = cpuCacheKnob().integer();  // ValueError naming the variable when not an integer
+    if (mb < 0 || mb > (int64_t{1} << 40))
+      throw ValueError(fmt::format("environment variable {}='{}' must be a size in MiB from 0 (no cache) to 2^40",
+                                   cpuCacheKnob().name(), cpuCacheKnob().str()));
+    budget_ = static_cast<size_t>(mb) << 20;
   }
   Device device() const override { return Device::cpu(); }
 
@@ -135,18 +136,23 @@ class CpuAllocator final : public Allocator {
   size_t budget_ = 0;
 };
 
+// The default CPU allocator, made on first use rather than with the registry (device runtimes
+// register while libraries load, before main): a bad COHORT_CPU_ALLOCATOR_CACHE_MB then throws its
+// ValueError at the first allocation, where the program can catch it, and again at every later
+// one until the variable is fixed.
+Allocator* defaultCpuAllocator() {
+  static Allocator* a = new CpuAllocator();  // lives for the process: storage may be freed during teardown
+  return a;
+}
+
 struct Registry {
   std::mutex mu;
-  Allocator* cpu = nullptr;
+  Allocator* cpu = nullptr;  // set by setAllocator; null: the default
   DeviceRuntime* runtimes[kNumDeviceTypes] = {};
   Allocator* overrides[kNumDeviceTypes] = {};
 };
 Registry& registry() {
-  static Registry* r = [] {
-    auto* reg = new Registry();
-    reg->cpu = new CpuAllocator();  // lives for the process: storage may be freed during teardown
-    return reg;
-  }();
+  static Registry* r = new Registry();
   return *r;
 }
 
@@ -166,7 +172,10 @@ DeviceRuntime* deviceRuntime(DeviceType type) {
 
 Allocator* allocatorFor(Device d) {
   auto& r = registry();
-  if (d.isCpu()) return r.cpu;
+  if (d.isCpu()) {
+    Allocator* a = r.cpu;
+    return a ? a : defaultCpuAllocator();
+  }
   DeviceRuntime* rt = nullptr;
   {
     std::lock_guard<std::mutex> lock(r.mu);
@@ -190,7 +199,7 @@ Allocator* setAllocator(Device d, Allocator* a) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   Allocator*& slot = d.isCpu() ? r.cpu : r.overrides[static_cast<int>(d.type())];
-  Allocator* prev = slot;
+  Allocator* prev = slot != nullptr || !d.isCpu() ? slot : defaultCpuAllocator();
   slot = a;
   return prev;
 }

@@ -23,6 +23,7 @@
 #include <tensorpipe/tensorpipe.h>
 #include <tensorpipe/transport/connection.h>
 
+#include <cohort/core/util/error.h>
 #include <cohort/rpc/thread_pool.h>
 
 namespace tp = tensorpipe;
@@ -359,8 +360,7 @@ CmaStats cmaStats() {
 
 std::shared_ptr<tp::channel::Context> createParallelCmaChannel(int copyThreads) {
   if (copyThreads < 1 || copyThreads > 64) {
-    throw std::invalid_argument(
-        fmt::format("createParallelCmaChannel: copyThreads must be 1 to 64, got {}", copyThreads));
+    throw ValueError(fmt::format("createParallelCmaChannel: copyThreads must be 1 to 64, got {}", copyThreads));
   }
   return std::make_shared<Context>(copyThreads);
 }

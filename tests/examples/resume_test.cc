@@ -1,7 +1,9 @@
 // Exact resume (issue 3): training 20 steps in one process equals training 10, checkpointing,
 // and training 10 more in a fresh process from that checkpoint — bit for bit, for every tensor of
 // the model and the optimizer. Runs the real examples/train_gpt binary (its path is compiled in by
-// tests/CMakeLists.txt; COHORT_TRAIN_GPT overrides it) with a tiny model so it takes seconds.
+// tests/CMakeLists.txt; COHORT_TRAIN_GPT overrides it) with a tiny model so it takes seconds. The
+// same holds for train_gpt --fsdp on 2 ranks under cohortrun, whose checkpoint is an FSDP
+// training checkpoint (fsdp/training_checkpoint.h): every shard file's tensors match.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -11,6 +13,7 @@
 
 #include <cohort/cohort.h>
 #include <cohort/core/io/checkpoint.h>
+#include <cohort/core/io/safetensors.h>
 
 using namespace cohort;
 namespace fs = std::filesystem;
@@ -26,8 +29,8 @@ std::string binary() {
 #endif
 }
 
-int run(const std::string& args) {
-  std::string cmd = binary() +
+int run(const std::string& args, const std::string& launcher = "") {
+  std::string cmd = launcher + binary() +
                     " --layers 1 --heads 2 --embd 16 --block-size 16 --batch-size 4 --warmup 3 "
                     "--log-interval 5 --sample-tokens 0 --dropout 0.1 " +
                     args + " > /dev/null";
@@ -81,4 +84,47 @@ TEST(ExactResume, TwentyStepsEqualTenPlusTenInAFreshProcess) {
   EXPECT_EQ(a.dataPosition, b.dataPosition);
   EXPECT_EQ(a.generators.at("cpu"), b.generators.at("cpu"));
   fs::remove_all(dir);
+}
+
+// The one step folder of an FSDP training checkpoint (the save after the last step removed the others).
+fs::path stepFolder(const std::string& ckpt) {
+  std::vector<fs::path> found;
+  for (const auto& e : fs::directory_iterator(ckpt))
+    if (e.is_directory()) found.push_back(e.path());
+  EXPECT_EQ(found.size(), 1u) << ckpt;
+  return found.empty() ? fs::path(ckpt) : found[0];
+}
+
+TEST(ExactResume, FsdpOnTwoRanksTwentyStepsEqualTenPlusTen) {
+#ifdef COHORTRUN_PATH
+  if (binary().empty()) GTEST_SKIP() << "examples are not built (COHORT_BUILD_EXAMPLES=OFF)";
+  const std::string launch = std::string(COHORTRUN_PATH) + " --standalone --nproc-per-node 2 ";
+  fs::path dir = fs::temp_directory_path() / fmt::format("cohort_resume_fsdp_{}", ::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::string whole = (dir / "whole.ckpt").string(), split = (dir / "split.ckpt").string();
+  const std::string common = "--fsdp --backend gloo --steps 20 --checkpoint-every 10 --checkpoint ";
+  ASSERT_EQ(run(common + whole, launch), 0);
+  ASSERT_EQ(run(common + split + " --stop-after 10", launch), 0);
+  EXPECT_NE(stepFolder(split).filename().string().find("step-10-"), std::string::npos) << stepFolder(split);
+  ASSERT_EQ(run(common + split + " --resume", launch), 0);
+  for (const char* shard : {"shard-0-of-2.safetensors", "shard-1-of-2.safetensors"}) {
+    io::SafetensorsContents a = io::loadSafetensors((stepFolder(whole) / shard).string());
+    io::SafetensorsContents b = io::loadSafetensors((stepFolder(split) / shard).string());
+    EXPECT_NE(stepFolder(whole).filename().string().find("step-20-"), std::string::npos);
+    EXPECT_GT(a.tensors.size(), 10u);
+    expectSameDict(a.tensors, b.tensors, shard);
+  }
+  for (const char* state : {"state-0-of-2.safetensors", "state-1-of-2.safetensors"}) {
+    io::TrainingState a = io::loadCheckpoint((stepFolder(whole) / state).string());
+    io::TrainingState b = io::loadCheckpoint((stepFolder(split) / state).string());
+    EXPECT_EQ(a.step, 20);
+    EXPECT_EQ(b.step, 20);
+    EXPECT_EQ(a.dataPosition, b.dataPosition);
+    EXPECT_EQ(a.generators.at("cpu"), b.generators.at("cpu"));
+  }
+  fs::remove_all(dir);
+#else
+  GTEST_SKIP() << "cohortrun is not built";
+#endif
 }
