@@ -1,5 +1,5 @@
 // RPC figures between two processes on this host (the parent calls, a forked child serves), in the
-// form of the PyTorch RPC baselines (../shared/BASELINES.md, bench/rpc_torch.py):
+// form of the PyTorch RPC figures it is compared with (bench/rpc_torch.py, docs/benchmarks.md):
 //   tiny rpcSync round trip; a 16 MiB tensor sent and acknowledged (callee returns its size); a
 //   16 MiB tensor echoed back; N concurrent rpcAsync calls in flight (calls/s).
 // Usage: rpc [--iters N] [--concurrent N] [--reps R] [--no-shm]
