@@ -82,8 +82,8 @@ inline void printRow(const std::string& op, size_t bytes, const char* type, doub
   std::fflush(stdout);
 }
 
-// One core's memcpy of `bytes` between two touched buffers, in GB/s of bytes copied (the figure
-// BASELINES.md quotes: 5.4 GB/s at 64 MiB). Best of a few runs.
+// One core's memcpy of `bytes` between two touched buffers, in GB/s of bytes copied (the project's
+// baseline measurements found 5.4 GB/s at 64 MiB; docs/benchmarks.md). Best of a few runs.
 inline double memcpyGBps(size_t bytes) {
   std::vector<char> a(bytes, 1), b(bytes, 2);
   int reps = static_cast<int>(std::clamp<size_t>((size_t{1} << 30) / std::max<size_t>(bytes, 1), 3, 100000));

@@ -1,5 +1,5 @@
 /*
- * DistributedDataParallel training step (issue 6, "How fast"), side by side with PyTorch's DDP
+ * DistributedDataParallel training step, side by side with PyTorch's DDP
  * (bench/torch_ddp.py runs the same workload; scripts/bench_ddp.sh runs both, interleaved).
  *
  * Workload: MLP 784-1024-1024-10 (1,863,690 parameters), batch 64 per rank, SGD (lr 0.01),

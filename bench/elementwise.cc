@@ -6,7 +6,7 @@
  * The limit is memcpy of 64 MB between two already-touched buffers, counted the same way
  * (read + write = 128 MB per call), measured in this run: each repetition of an op is paired with a
  * memcpy taken right before it, so a neighbour that slows the machine slows both. Figures are
- * medians of CPU time (user + system: page faults count), with the wall-clock ratio beside them. The bar from issue 2
+ * medians of CPU time (user + system: page faults count), with the wall-clock ratio beside them. The goal
  * is 50% of the limit; PASS/MISS is printed for information and the program always exits 0.
  *
  * Out-of-place ops (add, exp, clone, to, ...) include allocating their 64 MB output: glibc serves a
@@ -18,7 +18,7 @@
  * --threads N (default 1) sets the intra-op threads (blas::setNumThreads): the compute-bound
  * kernels (transcendentals, pow) split large tensors across them (core/util/parallel.h), the
  * memory-bound ones stay on one. CPU time then sums the threads, so with N > 1 an op's GB/s comes
- * from wall-clock time instead; the limit stays one core's memcpy by CPU time, as issue 2 defines it.
+ * from wall-clock time instead; the limit stays one core's memcpy by CPU time, as the goal defines it.
  *
  * Usage: elementwise [--n 16777216] [--reps 9] [--only SUBSTRING] [--threads 1]
  */

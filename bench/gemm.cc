@@ -16,7 +16,7 @@
  * step of an MLP 784 -> 1024 -> 1024 at batch 64, with the transposes nn.Linear gives them:
  * forward x W^T (B transposed), backward dX = dY W (none) and dW = dY^T X (A transposed).
  * Every repetition calls all of them in turn, so a noisy neighbour slows them alike; figures are
- * medians. The summary compares cohort::mm with the best candidate (issue 2's bar: >= 90% at
+ * medians. The summary compares cohort::mm with the best candidate (the goal: >= 90% at
  * float32 1024^3).
  *
  * Usage: gemm [--sizes 256,512,1024,2048] [--mlp on|off] [--rounds 3] [--dtypes f32,f64]

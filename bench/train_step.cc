@@ -1,4 +1,4 @@
-// Training-step time of the two reference models (issue 3), one thread, for a side-by-side ratio
+// Training-step time of the two reference models, one thread, for a side-by-side ratio
 // against PyTorch 1.13 (bench/torch_train_step.py runs the same models and shapes):
 //   MLP 784-1024-1024-10, batch 64, SGD;  GPT 6 layers, 6 heads, width 384, block 256, batch 8, AdamW.
 // Prints one JSON line per model: {"model": "mlp", "ms_per_step": ...} (process CPU time per step). With --profile,

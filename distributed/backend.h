@@ -1,9 +1,15 @@
 /*
- * Backend: one transport's implementation of the collectives (gloo, mpi, shm, nccl), for one
- * process group. ProcessGroup validates arguments, assigns the sequence number, records the op in
- * the flight recorder and creates the Work; then it calls the backend, which must return quickly
- * and complete `work` (Work::finish / Work::fail) from its own threads. A backend never blocks
- * the caller for the duration of the op and never leaves an op pending past its timeout.
+ * Backend: one transport's implementation of the collectives (gloo, mpi, shm, hierarchical), for
+ * one process group. ProcessGroup validates arguments, assigns the sequence number, records the op
+ * in the flight recorder and creates the Work; then it calls the backend, which completes `work`
+ * (Work::finish / Work::fail) in one of two ways:
+ *  - on the caller's thread, before it returns: shm and mpi do this by default
+ *    (COHORT_SHM_THREAD, COHORT_MPI_COLLECTIVE_THREAD), since handing a small op to another thread
+ *    costs more than the op; the caller is blocked for the op's duration;
+ *  - on its own threads, returning at once: gloo, hierarchical, and shm and mpi in worker mode.
+ * Either way no op stays pending past its deadline: a caller-thread op bounds every wait by it
+ * (shm), or a watchdog acts at the deadline (mpi, which ends the job then, since MPI cannot
+ * interrupt a blocking call; mpi/mpi_backend.h).
  *
  * Tensors arrive validated (same dtype and shape rules as the op requires, contiguous, on a
  * device the backend supports). float16/bfloat16 reductions accumulate in float32.

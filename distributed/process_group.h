@@ -1,7 +1,7 @@
 /*
  * ProcessGroup: what training code talks to. A group of `size` processes, this one being `rank`,
- * that meet through a Store and run collectives on one Backend per device type (CPU tensors on
- * gloo/shm/mpi, CUDA tensors on nccl).
+ * that meet through a Store and run collectives on one Backend per device type. Today only CPU
+ * tensors have one (gloo, shm, mpi or hierarchical); no backend serves CUDA tensors yet.
  *
  * Every collective:
  *  - validates its arguments (ValueError naming the op, the group and the offending shapes/dtypes);
@@ -20,7 +20,8 @@
  * Subgroups (newGroup, split) are independent ProcessGroups with their own sequence numbers,
  * store prefix and backend instances, so they may run collectives concurrently with the world.
  * Thread model: collectives may be issued from any one thread at a time per group (as c10d);
- * completion callbacks run on backend threads.
+ * completion callbacks run on the thread that completes the op: a backend thread, or the issuing
+ * thread when the backend ran the op there (shm and mpi by default; docs/thread_model.md).
  */
 #pragma once
 

@@ -1,9 +1,9 @@
 /*
  * Work: the handle of one collective in flight. Every collective returns one at once; the
- * operation runs on the backend's threads (or, for the mpi backend's caller mode, has already run
- * on the caller's). Callers may wait, poll, or chain with future().then(); the Future (its value
- * is the op's output tensors) is made on the first call to future(), so an op nobody chains on
- * costs one allocation (the Work) and no lock beyond its completion.
+ * operation runs on the backend's threads (or, in the shm and mpi backends' default caller mode,
+ * has already run on the caller's). Callers may wait, poll, or chain with future().then(); the
+ * Future (its value is the op's output tensors) is made on the first call to future(), so an op
+ * nobody chains on costs one allocation (the Work) and no lock beyond its completion.
  *
  * wait() blocks until the op's deadline (creation + its timeout) plus a short grace that lets the
  * backend report its own, more precise error; wait(timeout) blocks at most `timeout`. They throw:
@@ -11,7 +11,8 @@
  *    sequence number and, when the group could find out through the store, the ranks that never
  *    reached this op;
  *  - the op's own error (PeerError when a peer died or disconnected, DistError otherwise).
- * A failed or timed-out Work never leaves a thread blocked forever: the backend aborts the op.
+ * A failed or timed-out Work never leaves a thread blocked forever: the backend aborts the op (the
+ * mpi backend in caller mode ends the job instead: mpi/mpi_backend.h).
  * Thread-safe.
  */
 #pragma once

@@ -7,7 +7,7 @@
 //
 //   build-*/examples/rpc_model_parallel [--micro-batches 8]
 //
-// (Inference only: training across stages needs distributed autograd, a later layer.)
+// (Inference only: training across stages needs distributed autograd, which cohort does not have yet.)
 #include <sys/wait.h>
 #include <unistd.h>
 

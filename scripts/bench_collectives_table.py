@@ -3,7 +3,7 @@
 
 Usage: bench_collectives_table.py DIR   (DIR holds cohort_gloo.N.txt, cohort_mpi.N.txt, mpi.N.txt,
 gloo.N.txt as the programs printed them, N = 1.. for repeated runs; a row keeps its fastest run). For each size: time (µs) and busbw (GB/s) of every
-program, the memcpy limit, and the ratios the issue asks about: cohort mpi time / bare MPI time,
+program, the memcpy limit, and the ratios the goals are about: cohort mpi time / bare MPI time,
 and cohort gloo busbw / bare gloo busbw (time ratio at small sizes). Wrong results are flagged.
 """
 import glob

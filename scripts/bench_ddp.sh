@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# DDP training step, cohort against PyTorch 1.13, side by side in one run (issue 6, "How fast"):
+# DDP training step, cohort against PyTorch 1.13, side by side in one run (the goals: gloo at most
+# PyTorch's DDP step; shm at most half of it and at least 1.6x one process's samples/s):
 # MLP 784-1024-1024-10, batch 64 per rank, SGD, 2 ranks with one thread each, and one process
 # without DDP. Each repetition runs, in turn:
 #   cohort one process (bench/ddp --world 1)      PyTorch one process (bench/torch_ddp.py --world 1)
@@ -7,7 +8,7 @@
 #   cohort DDP shm                                cohort DDP shm with COHORT_SHM_THREAD=worker
 #   cohort DDP mpi (under mpirun, when built)
 # every DDP program over each bucket cap in CAPS. The table keeps the median over repetitions of
-# each program's medians, and prints the issue's goals as ratios.
+# each program's medians, and prints those goals as ratios.
 #
 #   ./scripts/bench_ddp.sh                        REPEAT=3, CAPS=1,4,25, 50 timed steps
 #   REPEAT=5 CAPS=25 STEPS=100 ./scripts/bench_ddp.sh

@@ -4,7 +4,7 @@
  * Which library (measured in docs/benchmarks.md, "GEMM"):
  *  - float32 runs on oneDNN's dnnl_sgemm (Debian's libdnnl2, libdnnl.so.2) when that library can be
  *    loaded: on this project's CPUs it is 10-15% faster than every OpenBLAS kernel family, BLIS and
- *    Eigen, and issue 2's bar is 90% of the best BLAS on the machine. Otherwise float32 runs on
+ *    Eigen, and the goal is 90% of the best BLAS on the machine. Otherwise float32 runs on
  *    OpenBLAS. The environment variable COHORT_BLAS=auto|openblas|onednn (read once, at the first
  *    float32 GEMM) forces one; COHORT_BLAS=onednn when oneDNN cannot be loaded is a
  *    NotSupportedError, not a silent fallback.

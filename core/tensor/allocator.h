@@ -1,7 +1,7 @@
 /*
  * Allocators and their accounting. Every byte of tensor storage comes from the Allocator
  * registered for its device; the base class counts bytes live, peak bytes and allocation counts
- * per device so the profiler, the FSDP memory benchmark and out-of-memory messages can read them.
+ * per device so the FSDP memory benchmark, tests and out-of-memory messages can read them.
  * Thread-safe: any thread may allocate and free.
  */
 #pragma once
@@ -70,7 +70,7 @@ Allocator* allocatorFor(Device d);
 // The caller keeps ownership of both and must keep `a` alive while tensors use it.
 Allocator* setAllocator(Device d, Allocator* a);
 
-// Profiler API: the accounting of the current allocator of `d`.
+// The accounting of the current allocator of `d`.
 AllocatorStats memoryStats(Device d = Device::cpu());
 void resetPeakMemory(Device d = Device::cpu());
 // Returns the blocks the device's allocator keeps for reuse to the system.

@@ -1,8 +1,8 @@
 /*
  * Invariant and argument checks. COHORT_CHECK(cond, fmt, args...) throws cohort::Error (or the
- * type given to COHORT_CHECK_T) whose message is "<formatted message> (cond; at file:line)".
- * COHORT_CHECK_EQ/NE/LT/LE/GT/GE also print both values. Messages use fmt syntax and are only
- * formatted when the check fails.
+ * type given to COHORT_CHECK_T) whose message is "<formatted message> [cond; at file:line]".
+ * COHORT_CHECK_EQ/NE/LT/LE/GT/GE also print both values: "<message> (a vs. b) [cond; at ...]".
+ * Messages use fmt syntax and are only formatted when the check fails.
  */
 #pragma once
 

@@ -1,10 +1,12 @@
 /*
- * cohort's error types. Two tiers (DESIGN.md "Errors"):
+ * cohort's error types. Two tiers (docs/errors.md):
  *  - recoverable, typed errors a caller may catch and act on (Error and its subclasses);
  *  - broken invariants and bad arguments, raised by COHORT_CHECK* (check.h) as Error with
  *    file:line.
- * A library never exits or aborts: everything is thrown, and errors raised on background threads
- * travel as std::exception_ptr to whoever waits.
+ * The libraries throw rather than exit or abort, and errors raised on background threads travel
+ * as std::exception_ptr to whoever waits. The one exception is deliberate: the mpi backend ends
+ * the job with MPI_Abort when a collective on its caller's thread passes its deadline, since MPI
+ * cannot interrupt it (distributed/mpi/mpi_backend.h).
  */
 #pragma once
 

@@ -1,8 +1,10 @@
 /*
- * Levelled logging to stderr: COHORT_LOG(INFO, "fmt {}", x). The level comes from
- * COHORT_LOG_LEVEL (debug, info, warning, error, off; default warning) or setLogLevel().
- * Lines are written whole under a lock, prefixed with the level, time and (when known) the rank,
- * so output of several threads does not interleave mid-line. Any thread may log.
+ * Levelled logging to stderr: COHORT_LOG(Info, "fmt {}", x), with the levels Debug, Info, Warning
+ * and Error. The level comes from COHORT_LOG_LEVEL (debug, info, warning, error, off; default
+ * warning) or logging::setLevel(); a disabled level costs one comparison and its arguments are not
+ * evaluated. Lines are written whole under a lock, as "[cohort <D|I|W|E> <local time with µs>
+ * <prefix> <file>:<line>] <message>", so output of several threads does not interleave mid-line.
+ * The prefix is whatever setPrefix() set (dist::initProcessGroup sets "rank N"). Any thread may log.
  */
 #pragma once
 

@@ -7,10 +7,11 @@
  * last one goes (at exit, after every backend). No MPI call happens after that: get() then throws.
  *
  * Thread level. cohort asks for MPI_THREAD_MULTIPLE (OpenMPI 4.1 as Debian builds it gives it),
- * so each group's backend runs its collectives on its own worker thread and groups proceed
- * concurrently. When MPI gives only MPI_THREAD_SERIALIZED, every MPI call takes the global lock
- * returned by lock(), as c10d's ProcessGroupMPI does: groups then take turns, one MPI call at a
- * time. Less than MPI_THREAD_SERIALIZED is refused with a DistError.
+ * so groups proceed concurrently, each on the threads that run its collectives (the issuing
+ * thread in caller mode, the group's worker in worker mode; mpi_backend.h). When MPI gives only
+ * MPI_THREAD_SERIALIZED, every MPI call takes the global lock returned by lock(), as c10d's
+ * ProcessGroupMPI does: groups then take turns, one MPI call at a time. Less than
+ * MPI_THREAD_SERIALIZED is refused with a DistError.
  *
  * If the program initialised MPI itself, cohort uses that MPI and leaves MPI_Finalize to it.
  * If a thread was left blocked inside MPI (an op past its timeout: MPI has no way to cancel a

@@ -1,4 +1,4 @@
-// Step-for-step parity with PyTorch (issue 3): the same model, the same initial weights (written
+// Step-for-step parity with PyTorch: the same model, the same initial weights (written
 // by cohort as safetensors), the same batches, 20 AdamW steps with gradient clipping and the
 // warmup+cosine schedule; per-step losses must agree to 1e-5 relative and the final parameters
 // closely. The PyTorch side is tests/parity/torch_reference.py, run with Debian's python3-torch

@@ -532,7 +532,7 @@ TEST(DDP, BucketAssignment) {
   EXPECT_EQ(b[2], (std::vector<size_t>{4}));
   EXPECT_EQ(b[3], (std::vector<size_t>{3}));
   EXPECT_EQ(b[4], (std::vector<size_t>{5}));
-  // The MLP 784-1024-1024-10 with the default caps (1 and 25 MiB), reverse order:
+  // The benchmark's MLP 784-1024-1024-10 (bench/ddp.cc) with the default caps (1 and 25 MiB), reverse order:
   // fc3 and fc2 (4.2 MB) in the first bucket, fc1 (3.2 MB) in the second, as PyTorch.
   std::vector<Tensor> mlp = {zeros({1024, 784}), zeros({1024}),     zeros({1024, 1024}),
                              zeros({1024}),      zeros({10, 1024}), zeros({10})};

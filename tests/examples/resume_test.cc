@@ -1,4 +1,4 @@
-// Exact resume (issue 3): training 20 steps in one process equals training 10, checkpointing,
+// Exact resume: training 20 steps in one process equals training 10, checkpointing,
 // and training 10 more in a fresh process from that checkpoint — bit for bit, for every tensor of
 // the model and the optimizer. Runs the real examples/train_gpt binary (its path is compiled in by
 // tests/CMakeLists.txt; COHORT_TRAIN_GPT overrides it) with a tiny model so it takes seconds. The

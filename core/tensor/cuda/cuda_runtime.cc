@@ -1,6 +1,7 @@
 // CUDA device storage: an allocator over cudaMalloc and copies between host and devices.
 // Built only when COHORT_USE_CUDA; registers itself with the device registry at load, so core code
-// reaches it without any #if. Kernels on CUDA tensors come with the GPU backends (NCCL issue).
+// reaches it without any #if. No kernel runs on CUDA tensors yet: kernels refuse them with a
+// NotSupportedError (Tensor::dataPtr).
 #include <cuda_runtime_api.h>
 
 #include <mutex>
