@@ -52,12 +52,12 @@ constexpr int kSteps = 8;
 // training checkpoint at the listed steps; optionally loading one first, and optionally killing a
 // rank at a stage of one save.
 struct WorldRun {
-  std::string name;  // unique per world in a test: names its store and its output files
+  std::string name{};  // unique per world in a test: names its store and its output files
   int world = 2;
   int steps = kSteps;
-  std::vector<std::pair<int, std::string>> saves;  // (after step, folder)
-  std::string load;                                // folder to resume from ("" = start fresh)
-  std::vector<std::string> tryLoads;               // folders every rank loads in turn, reporting each error
+  std::vector<std::pair<int, std::string>> saves{};  // (after step, folder)
+  std::string load{};                                // folder to resume from ("" = start fresh)
+  std::vector<std::string> tryLoads{};               // folders every rank loads in turn, reporting each error
   uint64_t initSeed = 42;
   bool sameRngOnEveryRank = false;
   int killRank = -1;
