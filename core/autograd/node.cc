@@ -107,6 +107,16 @@ AutogradMeta& autogradMeta(const Tensor& t) {
   return *impl->autograd;
 }
 
+void setManagedBy(const Tensor& param, std::string note) {
+  if (note.empty() && !param.impl()->autograd) return;
+  autogradMeta(param).managedBy = std::move(note);
+}
+
+const std::string* managedBy(const Tensor& t) {
+  if (!t.defined() || !t.impl()->autograd || t.impl()->autograd->managedBy.empty()) return nullptr;
+  return &t.impl()->autograd->managedBy;
+}
+
 Edge gradientEdge(const Tensor& t) {
   if (!t.defined() || !t.impl()->autograd) return {};
   AutogradMeta& meta = *t.impl()->autograd;

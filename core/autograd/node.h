@@ -139,10 +139,20 @@ struct AutogradMeta {
   };
   std::vector<PostHook> postAccumulateHooks;
   int nextHandle = 1;
+  // Non-empty: a wrapper owns this parameter's gradient and update (FSDP sends it to a flat
+  // shard); says which and what to optimize instead. See setManagedBy.
+  std::string managedBy;
 };
 
 // The edge a gradient for `t` flows along: its gradFn, its leaf accumulator, or invalid.
 Edge gradientEdge(const Tensor& t);
 AutogradMeta& autogradMeta(const Tensor& t);  // creates it on first use
+
+// Marks `param` as owned by a wrapper that routes its gradient elsewhere (FSDP: into the unit's
+// flat shard, so .grad stays undefined). An optimizer built over it, or clipGradNorm given it,
+// raises ValueError with `note` instead of silently skipping it. An empty note clears the mark.
+void setManagedBy(const Tensor& param, std::string note);
+// The note, or null when `t` is not managed.
+const std::string* managedBy(const Tensor& t);
 
 }  // namespace cohort::autograd

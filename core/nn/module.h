@@ -8,10 +8,12 @@
  * appears once in namedParameters/parameters (under its first name) and under every name in
  * stateDict, as in PyTorch.
  *
- * The registry is the source of truth: built-in layers read their weights and children from it
- * on every forward (parameter("weight"), child("attn")), so a wrapper (FSDP, DDP) may swap a
- * parameter's storage, replace a parameter (replaceParameter) or a child (replaceModule) and the
- * layer uses the new one.
+ * Parameter handles stay valid: registerParameter returns the registered Tensor, and a module
+ * may keep it and use it in forward. Whatever changes a parameter's storage later (Module::to,
+ * loadStateDict, FSDP's flat buffers) changes it inside the parameter's own TensorImpl, so the
+ * registry, a member the module kept and an optimizer's list all see the same values. Built-in
+ * layers read their weights and children from the registry (parameter("weight"), child("attn")),
+ * so replaceParameter and replaceModule (before a wrapper takes the model) are seen too.
  *
  * Calling a module: operator()(x) / call(inputs) run the forward pre-hooks, the virtual forward
  * and the forward hooks. Single-input modules override forward(const Tensor&); modules with
@@ -177,14 +179,16 @@ class Module : public std::enable_shared_from_this<Module> {
   // ---- state dicts -------------------------------------------------------------------------
   // Parameters then persistent buffers of each module, pre-order. The values are detached
   // handles that share storage with the module's tensors.
-  StateDict stateDict() const;
+  // Wrappers whose registry does not hold the model's values override both (FSDP raises, naming
+  // fsdp::fullStateDict and the sharded checkpoints).
+  virtual StateDict stateDict() const;
   // Copies values in place into the existing tensors (converting dtype). Every problem is checked
   // before anything is written: strict mode throws one ValueError listing every missing,
   // unexpected and mis-shaped key; non-strict mode still throws for mis-shaped keys (nothing is
   // written then) and reports missing and unexpected keys. When every missing key is in the dict
   // under a "module." prefix (a DistributedDataParallel state dict loaded into the bare model),
   // or the other way round, the error says so and how to strip or add the prefix.
-  LoadStateDictResult loadStateDict(const StateDict& dict, bool strict = true);
+  virtual LoadStateDictResult loadStateDict(const StateDict& dict, bool strict = true);
 
   // ---- printing ----------------------------------------------------------------------------
   // "Linear(in_features=4, out_features=3, bias=true)" plus children, indented like PyTorch.

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include <cohort/core/autograd/grad_mode.h>
+#include <cohort/core/autograd/node.h>
 #include <cohort/core/ops/ops.h>
 
 namespace cohort::optim {
@@ -61,10 +62,14 @@ double combine(const std::vector<double>& norms, double p) {
   return std::pow(s, 1.0 / p);
 }
 
-std::vector<Tensor> gradsOf(const std::vector<Tensor>& params) {
+std::vector<Tensor> gradsOf(const std::vector<Tensor>& params, const char* op) {
   std::vector<Tensor> out;
-  for (const Tensor& p : params) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& p = params[i];
     if (!p.defined()) continue;
+    // A wrapper's parameter (FSDP) has no .grad of its own: a norm without it would be wrong.
+    if (const std::string* owner = autograd::managedBy(p))
+      throw ValueError(fmt::format("{}: parameter {} (shape {}) {}", op, i, shapeStr(p.sizes()), *owner));
     Tensor g = p.grad();
     if (g.defined()) out.push_back(g);
   }
@@ -86,11 +91,11 @@ double totalNorm(const std::vector<Tensor>& grads, double p, const char* op) {
 }  // namespace
 
 double gradNorm(const std::vector<Tensor>& params, double normType) {
-  return totalNorm(gradsOf(params), normType, "gradNorm");
+  return totalNorm(gradsOf(params, "gradNorm"), normType, "gradNorm");
 }
 
 double clipGradNorm(const std::vector<Tensor>& params, double maxNorm, double normType, bool errorIfNonfinite) {
-  std::vector<Tensor> grads = gradsOf(params);
+  std::vector<Tensor> grads = gradsOf(params, "clipGradNorm");
   if (grads.empty()) return 0.0;
   const double total = totalNorm(grads, normType, "clipGradNorm");
   if (errorIfNonfinite && !std::isfinite(total))

@@ -7,6 +7,7 @@
 #include <variant>
 
 #include <cohort/core/autograd/grad_mode.h>
+#include <cohort/core/autograd/node.h>
 #include <cohort/core/ops/ops.h>
 
 namespace cohort::optim {
@@ -43,6 +44,9 @@ void Optimizer::addParamGroup(ParamGroup group) {
     if (!p.defined()) throw ValueError(fmt::format("{}: parameter {} of the new group is undefined", type_, i));
     if (!p.isFloatingPoint())
       throw ValueError(fmt::format("{}: parameter {} of the new group is {}, not floating point", type_, i, p.dtype()));
+    if (const std::string* owner = autograd::managedBy(p))
+      throw ValueError(
+          fmt::format("{}: parameter {} of the new group (shape {}) {}", type_, i, shapeStr(p.sizes()), *owner));
     if (!p.isLeaf())
       throw ValueError(fmt::format("{}: parameter {} of the new group (shape {}) is not a leaf tensor", type_, i,
                                    shapeStr(p.sizes())));
@@ -71,6 +75,15 @@ const ParamState* Optimizer::state(const Tensor& param) const {
 
 void Optimizer::step() {
   autograd::NoGradGuard ng;
+  // A parameter a wrapper took over after this optimizer was built (FSDP routes its gradient to
+  // a flat shard) would otherwise be skipped silently, every step, as one without a gradient.
+  int64_t index = 0;
+  for (const ParamGroup& g : groups_)
+    for (const Tensor& p : g.params) {
+      if (const std::string* owner = autograd::managedBy(p))
+        throw ValueError(fmt::format("{}.step: parameter {} (shape {}) {}", type_, index, shapeStr(p.sizes()), *owner));
+      ++index;
+    }
   for (ParamGroup& g : groups_) stepGroup(g);
 }
 

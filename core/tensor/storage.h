@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include <cohort/core/tensor/allocator.h>
 
@@ -28,6 +29,10 @@ class Storage {
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
   bool released() const { return released_; }
+  // Why this storage may be released and what to use instead: appended to the error a tensor
+  // raises when its data is touched while released (FSDP names the unit and SummonFullParams).
+  const std::string& releasedNote() const { return releasedNote_; }
+  void setReleasedNote(std::string note) { releasedNote_ = std::move(note); }
 
   // Frees the memory; views stay valid objects but their data may not be touched until
   // reallocate(). Idempotent.
@@ -44,6 +49,7 @@ class Storage {
   Allocator* allocator_ = nullptr;      // null when wrapping external memory
   std::function<void(void*)> deleter_;  // for external memory
   bool released_ = false;
+  std::string releasedNote_;
 };
 
 }  // namespace cohort

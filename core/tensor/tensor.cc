@@ -155,8 +155,9 @@ void* Tensor::dataPtr() const {
                                         shapeStr(impl_->sizes), s.device()));
   if (s.released())
     throw Error(fmt::format("tensor of shape {} ({}) views storage that was freed; its data cannot be used until "
-                            "the storage is reallocated",
-                            shapeStr(impl_->sizes), impl_->dtype));
+                            "the storage is reallocated{}{}",
+                            shapeStr(impl_->sizes), impl_->dtype, s.releasedNote().empty() ? "" : ": ",
+                            s.releasedNote()));
   if (impl_->numel == 0) return static_cast<char*>(s.data());
   // The furthest element this view can reach must lie inside the storage.
   int64_t hi = impl_->offset, lo = impl_->offset;
