@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <cohort/core/autograd/grad_mode.h>
+#include <cohort/core/autograd/node.h>
 #include <cohort/core/ops/ops.h>
 #include <cohort/core/util/check.h>
 #include <cohort/core/util/error.h>
@@ -36,7 +37,7 @@ FlatParamHandle::FlatParamHandle(std::string label, std::vector<FlatParamInfo> p
   for (auto& p : params_) {
     const int64_t b = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
     if (b < e) {
-      Tensor src = p.original.detach().reshape({-1}).narrow(0, b - p.offset, e - b);
+      Tensor src = p.param.detach().reshape({-1}).narrow(0, b - p.offset, e - b);
       shard_.narrow(0, b - lo, e - b).copy_(src);
     }
   }
@@ -51,11 +52,53 @@ FlatParamHandle::FlatParamHandle(std::string label, std::vector<FlatParamInfo> p
         std::make_shared<Storage>(static_cast<size_t>(paddedNumel_) * elementSize(computeDtype_), Device::cpu());
     fullStorage_->release();
   }
+  fullStorage_->setReleasedNote(fmt::format(
+      "it is the full parameter buffer of FSDP unit '{}', which exists only while the unit runs forward and "
+      "backward (the values live in the shards); read or write the full parameters inside "
+      "FullyShardedDataParallel::SummonFullParams, or take fsdp::fullStateDict",
+      label_));
   fullFlat_ = viewOfStorage(fullStorage_, 0, {paddedNumel_}, computeDtype_);
+  const std::string note = fmt::format(
+      "is managed by FullyShardedDataParallel (unit '{}'): its gradient goes to the unit's flat shard, not to "
+      "its .grad; build the optimizer over the FSDP module's parameters() (the shards), and clip with "
+      "FullyShardedDataParallel::clipGradNorm",
+      label_);
   for (auto& p : params_) {
-    p.full = viewOfStorage(fullStorage_, p.offset, p.shape, computeDtype_);
-    for (auto& [module, name] : p.slots) module->replaceParameter(name, p.full);
-    p.original = Tensor();
+    // The parameter keeps its TensorImpl: every handle to it now views the flat buffer.
+    nn::replaceTensorData(p.param, viewOfStorage(fullStorage_, p.offset, p.shape, computeDtype_));
+    p.param.setGrad(Tensor());
+    autograd::setManagedBy(p.param, note);
+  }
+}
+
+void FlatParamHandle::checkParams() const {
+  for (const auto& p : params_) {
+    for (size_t k = 0; k < p.slots.size(); ++k) {
+      const auto& [module, local] = p.slots[k];
+      if (!module->hasParameter(local) || module->parameter(local).impl() != p.param.impl())
+        throw ValueError(fmt::format(
+            "FSDP unit '{}': parameter '{}' was replaced in its module after wrapping (replaceParameter); FSDP "
+            "trains the tensor it wrapped, so the new one would never be trained. Replace parameters before "
+            "wrapping the model",
+            label_, p.names[k]));
+    }
+    const TensorImpl& impl = *p.param.impl();
+    if (impl.storage != fullStorage_ || impl.offset != p.offset || impl.dtype != computeDtype_ ||
+        impl.sizes != p.shape || !impl.contiguous)
+      throw ValueError(fmt::format(
+          "FSDP unit '{}': parameter '{}' no longer views the unit's flat buffer (its storage or dtype was changed "
+          "after wrapping, e.g. by Module::to or replaceTensorData), so it would not be trained; convert the "
+          "model before wrapping, or use FSDPOptions::mixedPrecision",
+          label_, p.name));
+  }
+}
+
+void FlatParamHandle::restParams() {
+  for (auto& p : params_) {
+    if (!p.param.impl()->autograd) continue;
+    autograd::AutogradMeta& m = *p.param.impl()->autograd;
+    m.gradFn = nullptr;
+    m.outputNr = 0;
   }
 }
 
@@ -115,13 +158,6 @@ void FlatParamHandle::resetIteration() {
   reduced_ = false;
   ranForward = false;
   backwardGathered = false;
-}
-
-std::vector<Tensor> FlatParamHandle::freshViews() const {
-  std::vector<Tensor> out;
-  out.reserve(params_.size());
-  for (const auto& p : params_) out.push_back(viewOfStorage(fullStorage_, p.offset, p.shape, computeDtype_));
-  return out;
 }
 
 Tensor FlatParamHandle::startReduce(const std::vector<Tensor>& grads) {

@@ -7,13 +7,21 @@
  * float32 (or the parameters' own dtype) leaf tensor that requires grad and is what the optimizer
  * sees, so optimizer state is sharded with it.
  *
- * While the unit runs, the full buffer lives in one Storage (`fullStorage`) and each module
- * parameter is a leaf tensor viewing its slice of that storage (registered in the module with
- * replaceParameter, under every name it had, so tied weights stay tied). Between uses the storage
- * is released (Storage::release): the parameter tensors and every tensor autograd saved from them
- * stay valid objects and get their data back when the unit is gathered again into the same
- * Storage. The gather writes through a separate TensorImpl (its own version counter), so it does
- * not look like an in-place change to autograd's saved-tensor checks.
+ * Parameter handles: each module parameter keeps its own TensorImpl for good, so every handle to
+ * it (the module's registry, a member the module kept from registerParameter, any other copy of
+ * the Tensor) is the same tensor. Wrapping copies its values into the shard and points that
+ * TensorImpl at its slice of the unit's full buffer (one Storage, `fullStorage`, in the compute
+ * dtype); the storage it had before is released with a note naming the parameter, so a tensor
+ * derived from it before wrapping (a view kept aside) fails clearly instead of holding stale
+ * values. While the unit runs forward and backward the full buffer holds the gathered values and
+ * the parameter is the output of the unit's autograd node (FullyShardedDataParallel records it);
+ * between uses the storage is released (Storage::release) and the parameter is a leaf again whose
+ * data may not be touched: the values live in the shard. Every tensor autograd saved from a
+ * parameter stays a valid object and gets its data back when the unit is gathered again into the
+ * same Storage. The gather writes through a separate TensorImpl (its own version counter), so it
+ * does not look like an in-place change to autograd's saved-tensor checks. Parameters are marked
+ * managed (autograd::setManagedBy), so an optimizer or clipGradNorm given them instead of the
+ * shards is an error, not a silent no-op.
  *
  * With S == 1 and compute dtype == master dtype (NO_SHARD without mixed precision), the full
  * buffer is the shard's own storage: nothing is gathered or freed, the optimizer's in-place update
@@ -50,8 +58,9 @@ struct FlatParamInfo {
   Shape shape;
   int64_t offset = 0;  // in the flat buffer, elements
   int64_t numel = 0;
-  Tensor original;  // the module's parameter before wrapping (values copied in; then dropped)
-  Tensor full;      // a leaf (no grad) viewing fullStorage: what the module holds between steps
+  // The module's own parameter (the one TensorImpl every handle shares). Before wrapping it holds
+  // the values to shard; after, it views its slice of the full buffer (see the comment above).
+  Tensor param;
 };
 
 struct FlatParamGroups {
@@ -61,8 +70,8 @@ struct FlatParamGroups {
 
 class FlatParamHandle {
  public:
-  // `params` carry name, slots, shape and `original`; offsets are assigned here. The values of the
-  // originals are copied into the shard, then the module parameters are replaced by views.
+  // `params` carry name, slots, shape and `param`; offsets are assigned here. The parameters'
+  // values are copied into the shard, then each parameter is pointed at the full buffer.
   FlatParamHandle(std::string label, std::vector<FlatParamInfo> params, FlatParamGroups groups, DType masterDtype,
                   DType computeDtype, DType reduceDtype);
   ~FlatParamHandle();
@@ -81,7 +90,6 @@ class FlatParamHandle {
   bool aliased() const { return aliased_; }  // full buffer == shard storage (never freed)
   bool gathered() const { return gathered_; }
   bool gatherInFlight() const { return pending_ != nullptr; }
-  // Whether some module still uses the full parameters: they are views into the flat buffer.
   DType computeDtype() const { return computeDtype_; }
 
   // Starts the all-gather into the full buffer (no-op when gathered or in flight).
@@ -94,9 +102,12 @@ class FlatParamHandle {
   // parameters were changed in place; no-op when aliased).
   void writeBackShard();
 
-  // Fresh tensors viewing each parameter's slice of the full buffer (own TensorImpls), for one
-  // forward: FSDP makes them the outputs of the unit's autograd node.
-  std::vector<Tensor> freshViews() const;
+  // Throws ValueError naming the parameter when one is no longer what this unit wrapped: replaced
+  // in a module slot (replaceParameter) or re-pointed at other memory (Module::to, say) after
+  // wrapping. FSDP checks before each forward, so such a parameter is never trained silently wrong.
+  void checkParams() const;
+  // Makes every parameter a leaf again (after a backward, or a forward that had none).
+  void restParams();
 
   // Backward: flattens `grads` (one per parameter; undefined = none) into a flat gradient buffer
   // and launches its reduction. Returns the tensor that holds the shard's gradient (master dtype)

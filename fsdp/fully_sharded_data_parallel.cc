@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cohort/core/autograd/engine.h>
 #include <cohort/core/autograd/function.h>
@@ -30,10 +31,13 @@ const char* strategyName(ShardingStrategy s) {
   return "?";
 }
 
+bool ModuleTypePolicy::operator()(const nn::Module& module, const std::string&, int64_t) const {
+  return std::find(typeNames.begin(), typeNames.end(), module.name()) != typeNames.end();
+}
+
 AutoWrapPolicy wrapModuleTypes(std::vector<std::string> typeNames) {
-  return [names = std::move(typeNames)](const nn::Module& m, const std::string&, int64_t) {
-    return std::find(names.begin(), names.end(), m.name()) != names.end();
-  };
+  if (typeNames.empty()) throw ValueError("wrapModuleTypes: no type names given");
+  return ModuleTypePolicy{std::move(typeNames)};
 }
 
 AutoWrapPolicy wrapBySize(int64_t minNumel) {
@@ -68,14 +72,42 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::ModulePtr module, dist::P
         if (b.isFloatingPoint() && b.dtype() != bd) m->setBuffer(name, b.to(bd));
     }
   }
+  checkPolicy();
   buildGroups();
   buildUnits();
+}
+
+void FullyShardedDataParallel::checkPolicy() {
+  const auto* byType = opts_.autoWrapPolicy ? opts_.autoWrapPolicy.target<ModuleTypePolicy>() : nullptr;
+  if (byType == nullptr) return;
+  std::vector<std::string> present;  // type names below the root, first appearance order
+  for (auto& [path, m] : module_->namedModules())
+    if (!path.empty() && std::find(present.begin(), present.end(), m->name()) == present.end())
+      present.push_back(m->name());
+  std::vector<std::string> unmatched;
+  for (const std::string& name : byType->typeNames)
+    if (std::find(present.begin(), present.end(), name) == present.end()) unmatched.push_back(name);
+  if (unmatched.empty()) return;
+  throw ValueError(fmt::format(
+      "FullyShardedDataParallel: wrapModuleTypes names {} that no module of the model has{}; the model's module "
+      "types (below the root '{}') are: {}",
+      fmt::join(unmatched, ", "),
+      std::find(unmatched.begin(), unmatched.end(), module_->name()) != unmatched.end()
+          ? " (the root is always a unit of its own; list the types of its children)"
+          : "",
+      module_->name(), present.empty() ? std::string("none") : fmt::format("{}", fmt::join(present, ", "))));
 }
 
 FullyShardedDataParallel::~FullyShardedDataParallel() {
   for (auto& u : units_) {
     for (auto& h : u.hooks) h.remove();
     u.handle->shard().removeHook(u.shardHook);
+    u.handle->restParams();
+    for (const auto& p : u.handle->params())
+      autograd::setManagedBy(p.param, fmt::format("belonged to a FullyShardedDataParallel wrapper (unit '{}') that "
+                                                  "was destroyed; its values lived in that wrapper's shards (take "
+                                                  "fsdp::fullStateDict before destroying the wrapper)",
+                                                  u.handle->label()));
   }
 }
 
@@ -167,7 +199,7 @@ void FullyShardedDataParallel::buildUnits() {
         info.slots.push_back({&m, name});
         info.names.push_back(fqn);
         info.shape = p.sizes();
-        info.original = p;
+        info.param = p;
         where[p.impl()] = {unit, pending[unit].params.size()};
         pending[unit].params.push_back(std::move(info));
       } else {
@@ -190,16 +222,21 @@ void FullyShardedDataParallel::buildUnits() {
   };
   assign(*module_, "", 0);
 
+  // The storage each parameter had before wrapping: released once every unit copied its values.
+  std::vector<std::pair<std::shared_ptr<Storage>, std::string>> before;
+  for (const Pending& pu : pending)
+    for (const FlatParamInfo& p : pu.params) before.emplace_back(p.param.storage(), p.name);
+
   const DType master = DType::Float32;
   for (size_t k = 0; k < pending.size(); ++k) {
     Pending& pu = pending[k];
     if (pu.params.empty()) continue;
-    DType own = pu.params.front().original.dtype();
+    DType own = pu.params.front().param.dtype();
     for (const auto& p : pu.params) {
-      if (p.original.dtype() != own)
+      if (p.param.dtype() != own)
         throw NotSupportedError(fmt::format("FullyShardedDataParallel: unit '{}' mixes parameter dtypes ({} for '{}', "
                                             "{} for '{}'); one flat parameter holds one dtype",
-                                            pu.path, own, pu.params.front().name, p.original.dtype(), p.name));
+                                            pu.path, own, pu.params.front().name, p.param.dtype(), p.name));
     }
     const DType masterDt = isFloating(own) && own != DType::Float64 ? master : own;
     const DType compute = opts_.mixedPrecision.paramDtype.value_or(own);
@@ -213,6 +250,7 @@ void FullyShardedDataParallel::buildUnits() {
     units_.push_back(std::move(unit));
   }
   if (units_.empty()) throw ValueError("FullyShardedDataParallel: the module has no parameters");
+  releaseOldStorage(before);
 
   for (size_t u = 0; u < units_.size(); ++u) {
     Unit& unit = units_[u];
@@ -243,7 +281,7 @@ nn::TensorList FullyShardedDataParallel::forwardMulti(const nn::TensorList& inpu
   if (hasRootUnit_) {
     units_[0].handle->waitGather();
     units_[0].handle->ranForward = true;
-    if (autograd::isGradEnabled()) installLiveParams(0);
+    installLiveParams(0);
   }
   if (opts_.forwardPrefetch && orderKnown_ && !forwardOrder_.empty()) units_[forwardOrder_[0]].handle->startGather();
   noteGathered();
@@ -282,7 +320,7 @@ void FullyShardedDataParallel::preForward(size_t u) {
   if (!orderKnown_ && std::find(forwardOrder_.begin(), forwardOrder_.end(), u) == forwardOrder_.end())
     forwardOrder_.push_back(u);
   h.waitGather();
-  if (autograd::isGradEnabled()) installLiveParams(u);
+  installLiveParams(u);
   if (opts_.forwardPrefetch && orderKnown_) {
     auto it = std::find(forwardOrder_.begin(), forwardOrder_.end(), u);
     if (it != forwardOrder_.end() && it + 1 != forwardOrder_.end()) units_[*(it + 1)].handle->startGather();
@@ -330,20 +368,43 @@ void FullyShardedDataParallel::preBackward(size_t u) {
 
 void FullyShardedDataParallel::installLiveParams(size_t u) {
   FlatParamHandle& h = *units_[u].handle;
-  std::vector<Tensor> views = h.freshViews();
-  autograd::record("FSDPUnitBackward", {h.shard()}, views, {},
+  h.checkParams();
+  if (!autograd::isGradEnabled()) return;
+  // The module's own parameters become the outputs of the unit's node: whoever holds them (the
+  // registry, a member the module kept) computes with the gathered values, and autograd hands the
+  // node every gradient of the unit's parameters.
+  std::vector<Tensor> params;
+  params.reserve(h.params().size());
+  for (const auto& p : h.params()) params.push_back(p.param);
+  autograd::record("FSDPUnitBackward", {h.shard()}, params, {},
                    [this, u](autograd::Ctx&, const std::vector<Tensor>& grads) -> std::vector<Tensor> {
                      return {onUnitBackward(u, grads)};
                    });
-  const auto& params = h.params();
-  for (size_t i = 0; i < params.size(); ++i)
-    for (const auto& [module, name] : params[i].slots) module->replaceParameter(name, views[i]);
 }
 
 void FullyShardedDataParallel::restoreRestingParams() {
-  for (auto& unit : units_)
-    for (const auto& p : unit.handle->params())
-      for (const auto& [module, name] : p.slots) module->replaceParameter(name, p.full);
+  for (auto& unit : units_) unit.handle->restParams();
+}
+
+void FullyShardedDataParallel::releaseOldStorage(
+    const std::vector<std::pair<std::shared_ptr<Storage>, std::string>>& before) {
+  // A storage still used by a buffer (or now by a unit) is left alone; every other one is freed
+  // with a note, so a tensor derived from a parameter before wrapping fails on first use instead
+  // of computing with the initial values forever.
+  std::unordered_set<const Storage*> keep;
+  for (const Tensor& b : module_->buffers()) keep.insert(b.storage().get());
+  for (const auto& unit : units_)
+    for (const auto& p : unit.handle->params()) keep.insert(p.param.storage().get());
+  for (const auto& [storage, name] : before) {
+    if (storage == nullptr || keep.contains(storage.get()) || storage->released()) continue;
+    storage->setReleasedNote(fmt::format(
+        "it held parameter '{}' before FullyShardedDataParallel moved the parameter into a flat buffer; the "
+        "parameter itself (the tensor registerParameter returned) follows it, but a tensor made from it before "
+        "wrapping (a view, slice or transpose kept aside) does not: make such tensors from the parameter inside "
+        "forward",
+        name));
+    storage->release();
+  }
 }
 
 Tensor FullyShardedDataParallel::onUnitBackward(size_t u, const std::vector<Tensor>& grads) {
@@ -447,6 +508,20 @@ FullyShardedDataParallel::SummonFullParams::~SummonFullParams() {
     if (writeback_) u.handle->writeBackShard();
     u.handle->release();
   }
+}
+
+nn::StateDict FullyShardedDataParallel::stateDict() const {
+  throw NotSupportedError(
+      "FullyShardedDataParallel::stateDict: the wrapper holds each unit's flat shard, not the model's keys; take "
+      "fsdp::fullStateDict(fsdp) for the plain model's state dict (collective: every rank calls it), or save "
+      "with fsdp::saveShardedCheckpoint (fsdp/state_dict.h)");
+}
+
+nn::LoadStateDictResult FullyShardedDataParallel::loadStateDict(const nn::StateDict&, bool) {
+  throw NotSupportedError(
+      "FullyShardedDataParallel::loadStateDict: the wrapper holds each unit's flat shard, not the model's keys; "
+      "load a plain model's state dict with fsdp::loadFullStateDict(fsdp, dict) (collective), or a sharded "
+      "checkpoint with fsdp::loadShardedCheckpoint (fsdp/state_dict.h)");
 }
 
 std::string FullyShardedDataParallel::extraRepr() const {

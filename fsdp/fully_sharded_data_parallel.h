@@ -70,8 +70,16 @@ enum class BackwardPrefetch { None, BackwardPre };
 // Whether to make `module` (at `path`, "" for the root's children joined by '.') a unit, given
 // the number of its parameter elements not already in a unit below it. Never asked for the root.
 using AutoWrapPolicy = std::function<bool(const nn::Module& module, const std::string& path, int64_t unwrappedNumel)>;
-// Wraps modules whose name() (the type name: "TransformerBlock", "Linear") is listed.
+// Wraps modules whose name() (the type name: "TransformerBlock", "Linear") is listed. A listed
+// name that matches no module below the root is a ValueError at wrap time listing the type names
+// the model has (a misspelt policy would otherwise wrap nothing, silently).
 AutoWrapPolicy wrapModuleTypes(std::vector<std::string> typeNames);
+// What wrapModuleTypes stores in the policy (FullyShardedDataParallel finds it there to check the
+// names against the model).
+struct ModuleTypePolicy {
+  std::vector<std::string> typeNames;
+  bool operator()(const nn::Module& module, const std::string& path, int64_t unwrappedNumel) const;
+};
 // Wraps every module with at least `minNumel` unwrapped parameter elements (PyTorch's
 // size_based_auto_wrap_policy).
 AutoWrapPolicy wrapBySize(int64_t minNumel);
@@ -104,6 +112,11 @@ class FullyShardedDataParallel : public nn::Module {
   ~FullyShardedDataParallel() override;
 
   nn::TensorList forwardMulti(const nn::TensorList& inputs) override;
+  // The wrapper's own registry holds the flat shards, not the model's keys: both raise
+  // NotSupportedError naming fsdp::fullStateDict / loadFullStateDict and the sharded checkpoints
+  // (fsdp/state_dict.h) instead of returning a dict no plain model can load.
+  nn::StateDict stateDict() const override;
+  nn::LoadStateDictResult loadStateDict(const nn::StateDict& dict, bool strict = true) override;
   Module& train(bool on = true) override;
 
   // The wrapped module (its parameters are views into released buffers outside forward/backward).
@@ -162,12 +175,14 @@ class FullyShardedDataParallel : public nn::Module {
   };
 
   void buildGroups();
+  void checkPolicy();
   void buildUnits();
   void preForward(size_t u);
   void postForward(size_t u, nn::TensorList& outputs);
   void preBackward(size_t u);
   void installLiveParams(size_t u);
   void restoreRestingParams();
+  void releaseOldStorage(const std::vector<std::pair<std::shared_ptr<Storage>, std::string>>& before);
   Tensor onUnitBackward(size_t u, const std::vector<Tensor>& grads);
   void onShardGrad(size_t u);
   void queueEndOfBackward();

@@ -170,7 +170,7 @@ TEST(FSDP, FullShardFreesUnitsAfterForwardAndShardGradOpKeepsThemUntilBackward) 
       for (size_t u = 0; u < f.numUnits(); ++u) {
         EXPECT_FALSE(f.unit(u).gathered()) << "unit " << u << " after backward";
         EXPECT_TRUE(f.unit(u).shard().grad().defined()) << "unit " << u;
-        for (const auto& p : f.unit(u).params()) EXPECT_FALSE(p.full.grad().defined()) << p.name;
+        for (const auto& p : f.unit(u).params()) EXPECT_FALSE(p.param.grad().defined()) << p.name;
       }
       // The module's parameters are views into freed memory now: reading them is an error, not garbage.
       EXPECT_THROW(net->parameters()[0].dataPtr(), Error);
