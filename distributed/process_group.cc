@@ -626,6 +626,12 @@ WorkPtr ProcessGroup::alltoall(Tensor& output, const Tensor& input, const Alltoa
 WorkPtr ProcessGroup::alltoallList(std::vector<Tensor>& outputs, std::vector<Tensor>& inputs,
                                    const AlltoallOptions& opts) {
   Checker c(OpType::AlltoallList, opts_.name);
+  // The list form's splits are its tensors: split sizes given as well would be ignored.
+  if (!opts.inputSplitSizes.empty() || !opts.outputSplitSizes.empty()) {
+    c.fail("split sizes apply to alltoall on one tensor; alltoallList sends inputs[i] to rank i and receives "
+           "outputs[i] from it, so each tensor's size is its split (leave inputSplitSizes and outputSplitSizes "
+           "empty)");
+  }
   c.count(inputs.size(), size_, "input tensors");
   c.count(outputs.size(), size_, "output tensors");
   for (int i = 0; i < size_; ++i) {

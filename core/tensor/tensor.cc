@@ -173,14 +173,31 @@ void* Tensor::dataPtr() const {
   return static_cast<char*>(s.data()) + impl_->offset * es;
 }
 
-double Tensor::itemDouble() const {
+void Tensor::requireScalar() const {
   requireDefined("item");
   if (numel() != 1)
     throw ValueError(fmt::format("item: a tensor with {} elements (shape {}) cannot be converted to a scalar", numel(),
                                  shapeStr(sizes())));
   COHORT_CHECK_T(NotSupportedError, device().isCpu(), "item: tensor is on {}; move it to cpu first", device());
+}
+
+double Tensor::itemDouble() const {
+  requireScalar();
   return COHORT_DISPATCH(dtype(), "item", [&]<typename T>() -> double {
     return static_cast<double>(static_cast<Acc<T>>(*static_cast<const T*>(dataPtr())));
+  });
+}
+
+int64_t Tensor::itemInt64() const {
+  requireScalar();
+  return COHORT_DISPATCH(dtype(), "item", [&]<typename T>() -> int64_t {
+    const auto v = static_cast<Acc<T>>(*static_cast<const T*>(dataPtr()));
+    if constexpr (std::is_floating_point_v<decltype(v)>) {
+      // +-2^63 are exact doubles: [-2^63, 2^63) converts without overflow; NaN fails both tests.
+      if (!(v >= -9223372036854775808.0 && v < 9223372036854775808.0))
+        throw ValueError(fmt::format("item: {} value {} cannot be converted to an integer", dtype(), v));
+    }
+    return static_cast<int64_t>(v);
   });
 }
 

@@ -23,6 +23,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -107,12 +108,19 @@ class Tensor {
                    dtypeName(DTypeOf<T>::value), dtype());
     return static_cast<T*>(dataPtr());
   }
-  // The single element of a one-element tensor, converted to T.
+  // The single element of a one-element tensor, converted to T. An integer T reads integer
+  // tensors exactly (int64 values above 2^53 survive); a floating-point value is truncated
+  // toward zero, and one that is NaN, infinite or outside int64's range is a ValueError.
   template <typename T>
   T item() const {
-    return static_cast<T>(itemDouble());
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      return static_cast<T>(itemInt64());
+    } else {
+      return static_cast<T>(itemDouble());
+    }
   }
   double itemDouble() const;
+  int64_t itemInt64() const;
   // All elements (in logical row-major order) converted to T.
   template <typename T>
   std::vector<T> toVector() const;
@@ -238,6 +246,7 @@ class Tensor {
 
  private:
   void requireDefined(const char* what) const;
+  void requireScalar() const;  // item's checks: defined, one element, on the CPU
   std::shared_ptr<TensorImpl> impl_;
 };
 

@@ -467,6 +467,24 @@ TEST(Factories, NegativeSizesAreErrors) {
   EXPECT_THROW((void)eye(-1), ValueError);
 }
 
+TEST(Factories, ItemReadsIntegersExactly) {
+  // 2^53 + 1 has no double: a conversion through double would give 2^53.
+  const int64_t big = (int64_t{1} << 53) + 1;
+  EXPECT_EQ(fromVector<int64_t>({big}).item<int64_t>(), big);
+  EXPECT_EQ(fromVector<int64_t>({-big}).item<int64_t>(), -big);
+  EXPECT_EQ(fromVector<int64_t>({INT64_MAX}).item<int64_t>(), INT64_MAX);
+  EXPECT_EQ(fromVector<int64_t>({INT64_MIN}).item<int64_t>(), INT64_MIN);
+  EXPECT_EQ(fromVector<int32_t>({-7}).item<int32_t>(), -7);
+  EXPECT_EQ(full({1}, -2.75).item<int64_t>(), -2);  // truncated toward zero, as static_cast
+  EXPECT_EQ(full({1}, 3.5, {.dtype = DType::BFloat16}).item<int>(), 3);
+  EXPECT_EQ(full({1}, -9223372036854775808.0, {.dtype = DType::Float64}).item<int64_t>(), INT64_MIN);
+  for (double bad : {std::nan(""), double(INFINITY), -double(INFINITY), 9223372036854775808.0, -1e19}) {
+    std::string msg = messageOf<ValueError>([&] { (void)full({1}, bad, {.dtype = DType::Float64}).item<int64_t>(); });
+    EXPECT_TRUE(contains(msg, "cannot be converted to an integer")) << bad << ": " << msg;
+  }
+  EXPECT_TRUE(std::isnan(full({1}, std::nan("")).item<double>()));
+}
+
 TEST(Factories, ItemNeedsExactlyOneElement) {
   EXPECT_EQ(full({1, 1}, 2.5).item<float>(), 2.5f);
   EXPECT_EQ(scalarTensor(7, {.dtype = DType::Int64}).item<int64_t>(), 7);

@@ -134,6 +134,10 @@ TEST(ProcessGroupValidation, EveryCollectiveChecksItsShapes) {
     splits.outputSplitSizes = {2, 1};
     expectValueError([&] { pg.alltoall(odd2, odd, splits); },
                      "input split sizes [1, 1] add up to 2, but dim 0 has 3 rows");
+    std::vector<Tensor> listIn = {zeros({2}), zeros({1})};
+    std::vector<Tensor> listOut = {zeros({2}), zeros({1})};
+    expectValueError([&] { pg.alltoallList(listOut, listIn, splits); },
+                     "alltoall_list in group 'world': split sizes apply to alltoall on one tensor");
     expectValueError([&] { pg.send(in, r); }, "cannot send to itself");
     expectValueError([&] { pg.recv(in, 5); }, "source rank 5 is out of range");
     expectValueError([&] { pg.send(in, 1 - r, {.tag = -2}); }, "tag must be non-negative");
