@@ -25,7 +25,7 @@ TEST(DDPFailure, RankKilledMidBackwardFailsEverySurvivorWithItsName) {
   constexpr int kSize = 3, kDead = 2;
   auto results = runForked(
       kSize, 60s,
-      [&](int rank, std::ofstream& report) {
+      [&](int rank, std::ostream& report) {
         auto store = std::make_shared<FileStore>(dir.file("store"), Millis(30'000));
         ProcessGroupOptions o;
         o.backend = "gloo";

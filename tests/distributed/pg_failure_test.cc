@@ -41,7 +41,7 @@ std::shared_ptr<ProcessGroup> joinGroup(const TempDir& dir, int rank, int size, 
 }
 
 // Survivors report the outcome of one more allreduce.
-int survivorBody(ProcessGroup& pg, std::ofstream& report, Tensor t) {
+int survivorBody(ProcessGroup& pg, std::ostream& report, Tensor t) {
   return reportOutcome(report, [&] { pg.allreduce(t)->wait(); });
 }
 
@@ -72,7 +72,7 @@ TEST(ProcessGroupFailure, KilledRankBeforeTheOpIsNamedBySurvivors) {
   constexpr int kSize = 3, kDead = 1;
   auto results = runForked(
       kSize, 60s,
-      [&](int rank, std::ofstream& report) {
+      [&](int rank, std::ostream& report) {
         auto pg = joinGroup(dir, rank, kSize, Millis(2000));
         Tensor t = ones({1000});
         for (int k = 0; k < 3; ++k) pg->allreduce(t)->wait();
@@ -90,7 +90,7 @@ TEST(ProcessGroupFailure, KilledRankMidCollectiveIsNamedBySurvivors) {
   constexpr int kSize = 3, kDead = 2;
   auto results = runForked(
       kSize, 60s,
-      [&](int rank, std::ofstream& report) {
+      [&](int rank, std::ostream& report) {
         auto pg = joinGroup(dir, rank, kSize, Millis(2000));
         Tensor warm = ones({10});
         pg->allreduce(warm)->wait();
@@ -114,7 +114,7 @@ TEST(ProcessGroupFailure, StalledRankTimesOutWithItsName) {
   constexpr int kSize = 3, kStalled = 0;
   auto results = runForked(
       kSize, 60s,
-      [&](int rank, std::ofstream& report) {
+      [&](int rank, std::ostream& report) {
         auto pg = joinGroup(dir, rank, kSize, Millis(1500));
         Tensor t = ones({100});
         pg->allreduce(t)->wait();
@@ -138,7 +138,7 @@ TEST(ProcessGroupFailure, MismatchedCollectiveUnderDetailFailsOnEveryRank) {
   constexpr int kSize = 3, kOdd = 2;
   auto results = runForked(
       kSize, 60s,
-      [&](int rank, std::ofstream& report) {
+      [&](int rank, std::ostream& report) {
         auto store = std::make_shared<FileStore>(dir.file("store"), Millis(30'000));
         ProcessGroupOptions o;
         o.backend = "gloo";
