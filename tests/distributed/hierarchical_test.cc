@@ -2,7 +2,7 @@
 // backend-neutral collectives suite over several node layouts, the "auto" backend choice (world
 // and subgroups), node identity (option, COHORT_NODE_ID, hostname), and a stalled rank whose op
 // fails on every other rank with a typed error naming the op. (A killed rank, with forked
-// processes, is in hierarchical_failure_test.cc.)
+// processes, is in failure_test.cc.)
 #include <unistd.h>
 
 #include <cstdlib>
