@@ -121,7 +121,9 @@ bool waitOk(const WorkPtr& w, const std::string& what) {
 
 // ---- the collectives suite, one rank per process -------------------------------------------
 
-// This process's rank of the mpirun job: run(fn) runs fn for it alone.
+// This process's rank of the mpirun job: run(fn) runs fn for it alone. A rank whose check fails
+// stops issuing collectives; the others' next one then fails at the group's timeout (120 s; in
+// caller mode MPI_Abort ends the job), so a wrong value fails the run rather than hanging it.
 class MpiProcessWorld : public World {
  public:
   int size() const override { return worldSize(); }
