@@ -21,6 +21,8 @@
 #include <cohort/distributed/store/file_store.h>
 #include <cohort/rpc/rpc.h>
 
+#include "harness/ranks.h"
+
 using namespace cohort;
 using Clock = std::chrono::steady_clock;
 
@@ -60,80 +62,89 @@ int main(int argc, char** argv) {
     o.copyThreads = copyThreads;
     return o;
   };
-  pid_t child = fork();
-  if (child == 0) {
-    rpc::init("server", 1, 2, options());
-    rpc::shutdown();
-    std::_Exit(0);
-  }
-  rpc::init("client", 0, 2, options());
+  // The server and the client are two ranks of the process harness (tests/harness/ranks.h): a
+  // rank that fails or hangs ends the run.
+  testing::RankOptions ranks;
+  ranks.limit = std::chrono::minutes(10);
+  ranks.stopOnFailure = true;
+  ranks.tag = "rpc";
+  auto results = testing::runRanks(
+      2,
+      [&](int rank, std::ostream&) -> int {
+        if (rank == 1) {
+          rpc::init("server", 1, 2, options());
+          rpc::shutdown();
+          return 0;
+        }
+        rpc::init("client", 0, 2, options());
 
-  std::vector<double> tiny, send16, echo16, conc, perCall;
-  int64_t wrongTotal = 0;
-  perCall.reserve(static_cast<size_t>(iters) * reps);
-  Tensor big = ones({4 * 1024 * 1024});                                      // 16 MiB of float32
-  for (int i = 0; i < 200; ++i) rpc::rpcSync<int64_t>("server", "noop", i);  // warm-up
-  rpc::rpcSync<int64_t>("server", "nbytes", big);
-  for (int r = 0; r < reps; ++r) {
-    auto t0 = Clock::now();
-    for (int i = 0; i < iters; ++i) {
-      auto c0 = Clock::now();
-      rpc::rpcSync<int64_t>("server", "noop", i);
-      perCall.push_back(seconds(c0, Clock::now()));
-    }
-    tiny.push_back(seconds(t0, Clock::now()) / iters);
+        std::vector<double> tiny, send16, echo16, conc, perCall;
+        int64_t wrongTotal = 0;
+        perCall.reserve(static_cast<size_t>(iters) * reps);
+        Tensor big = ones({4 * 1024 * 1024});                                      // 16 MiB of float32
+        for (int i = 0; i < 200; ++i) rpc::rpcSync<int64_t>("server", "noop", i);  // warm-up
+        rpc::rpcSync<int64_t>("server", "nbytes", big);
+        for (int r = 0; r < reps; ++r) {
+          auto t0 = Clock::now();
+          for (int i = 0; i < iters; ++i) {
+            auto c0 = Clock::now();
+            rpc::rpcSync<int64_t>("server", "noop", i);
+            perCall.push_back(seconds(c0, Clock::now()));
+          }
+          tiny.push_back(seconds(t0, Clock::now()) / iters);
 
-    const int bigIters = 20;
-    t0 = Clock::now();
-    for (int i = 0; i < bigIters; ++i) rpc::rpcSync<int64_t>("server", "nbytes", big);
-    send16.push_back(seconds(t0, Clock::now()) / bigIters);
+          const int bigIters = 20;
+          t0 = Clock::now();
+          for (int i = 0; i < bigIters; ++i) rpc::rpcSync<int64_t>("server", "nbytes", big);
+          send16.push_back(seconds(t0, Clock::now()) / bigIters);
 
-    t0 = Clock::now();
-    for (int i = 0; i < bigIters; ++i) rpc::rpcSync<Tensor>("server", "echo", big);
-    echo16.push_back(seconds(t0, Clock::now()) / bigIters);
+          t0 = Clock::now();
+          for (int i = 0; i < bigIters; ++i) rpc::rpcSync<Tensor>("server", "echo", big);
+          echo16.push_back(seconds(t0, Clock::now()) / bigIters);
 
-    std::vector<Future<int64_t>> fs;
-    fs.reserve(concurrent);
-    t0 = Clock::now();
-    for (int i = 0; i < concurrent; ++i) fs.push_back(rpc::rpcAsync<int64_t>("server", "noop", i));
-    int64_t wrong = 0;
-    for (int i = 0; i < concurrent; ++i) wrong += fs[i].value() != i;
-    conc.push_back(concurrent / seconds(t0, Clock::now()));
-    if (wrong)
-      std::fprintf(stderr, "ERROR: %lld concurrent calls returned wrong values\n", static_cast<long long>(wrong));
-    wrongTotal += wrong;
-  }
-  rpc::shutdown();
-  int status = 0;
-  waitpid(child, &status, 0);
+          std::vector<Future<int64_t>> fs;
+          fs.reserve(concurrent);
+          t0 = Clock::now();
+          for (int i = 0; i < concurrent; ++i) fs.push_back(rpc::rpcAsync<int64_t>("server", "noop", i));
+          int64_t wrong = 0;
+          for (int i = 0; i < concurrent; ++i) wrong += fs[i].value() != i;
+          conc.push_back(concurrent / seconds(t0, Clock::now()));
+          if (wrong)
+            std::fprintf(stderr, "ERROR: %lld concurrent calls returned wrong values\n", static_cast<long long>(wrong));
+          wrongTotal += wrong;
+        }
+        rpc::shutdown();
+
+        const double bytes = 16.0 * 1024 * 1024;
+        std::sort(perCall.begin(), perCall.end());
+        auto pct = [&](double q) {
+          return perCall[std::min(perCall.size() - 1, static_cast<size_t>(q * perCall.size()))] * 1e6;
+        };
+        const std::string transport = noShm ? "uv (TCP)" : "shm";
+        const std::string threads = copyThreads == 0 ? "auto" : std::to_string(copyThreads);
+        if (jsonLine) {
+          std::printf("{\"impl\": \"cohort\", \"label\": \"cohort (transport %s, copy threads %s)\", \"reps\": %d, "
+                      "\"tiny_us\": %.3f, \"tiny_p50_us\": %.3f, \"tiny_p90_us\": %.3f, \"tiny_p99_us\": %.3f, "
+                      "\"send16_ms\": %.4f, \"send16_gbs\": %.4f, \"echo16_ms\": %.4f, \"concurrent_calls_s\": %.1f, "
+                      "\"concurrent\": %d, \"wrong\": %lld}\n",
+                      transport.c_str(), threads.c_str(), reps, median(tiny) * 1e6, pct(0.5), pct(0.9), pct(0.99),
+                      median(send16) * 1e3, bytes / median(send16) / 1e9, median(echo16) * 1e3, median(conc),
+                      concurrent, static_cast<long long>(wrongTotal));
+        } else {
+          std::printf("cohort RPC, 2 processes, transport %s, copy threads %s, medians of %d repetitions\n",
+                      transport.c_str(), threads.c_str(), reps);
+          std::printf("%-44s %9.1f us\n", "rpcSync of a tiny function (round trip)", median(tiny) * 1e6);
+          std::printf("%-44s %9.1f us / %.1f us / %.1f us\n", "  its p50 / p90 / p99 over all calls", pct(0.5),
+                      pct(0.9), pct(0.99));
+          std::printf("%-44s %9.2f ms (%.2f GB/s)\n", "16 MiB tensor sent, callee returns its size",
+                      median(send16) * 1e3, bytes / median(send16) / 1e9);
+          std::printf("%-44s %9.2f ms\n", "16 MiB tensor echoed back", median(echo16) * 1e3);
+          std::printf("%-44s %9.0f calls/s (all %d completed)\n", "concurrent rpcAsync in flight", median(conc),
+                      concurrent);
+        }
+        return wrongTotal != 0 ? 1 : 0;
+      },
+      ranks);
   std::filesystem::remove_all(dir);
-
-  const double bytes = 16.0 * 1024 * 1024;
-  std::sort(perCall.begin(), perCall.end());
-  auto pct = [&](double q) {
-    return perCall[std::min(perCall.size() - 1, static_cast<size_t>(q * perCall.size()))] * 1e6;
-  };
-  const std::string transport = noShm ? "uv (TCP)" : "shm";
-  const std::string threads = copyThreads == 0 ? "auto" : std::to_string(copyThreads);
-  if (jsonLine) {
-    std::printf("{\"impl\": \"cohort\", \"label\": \"cohort (transport %s, copy threads %s)\", \"reps\": %d, "
-                "\"tiny_us\": %.3f, \"tiny_p50_us\": %.3f, \"tiny_p90_us\": %.3f, \"tiny_p99_us\": %.3f, "
-                "\"send16_ms\": %.4f, \"send16_gbs\": %.4f, \"echo16_ms\": %.4f, \"concurrent_calls_s\": %.1f, "
-                "\"concurrent\": %d, \"wrong\": %lld}\n",
-                transport.c_str(), threads.c_str(), reps, median(tiny) * 1e6, pct(0.5), pct(0.9), pct(0.99),
-                median(send16) * 1e3, bytes / median(send16) / 1e9, median(echo16) * 1e3, median(conc), concurrent,
-                static_cast<long long>(wrongTotal));
-  } else {
-    std::printf("cohort RPC, 2 processes, transport %s, copy threads %s, medians of %d repetitions\n",
-                transport.c_str(), threads.c_str(), reps);
-    std::printf("%-44s %9.1f us\n", "rpcSync of a tiny function (round trip)", median(tiny) * 1e6);
-    std::printf("%-44s %9.1f us / %.1f us / %.1f us\n", "  its p50 / p90 / p99 over all calls", pct(0.5), pct(0.9),
-                pct(0.99));
-    std::printf("%-44s %9.2f ms (%.2f GB/s)\n", "16 MiB tensor sent, callee returns its size", median(send16) * 1e3,
-                bytes / median(send16) / 1e9);
-    std::printf("%-44s %9.2f ms\n", "16 MiB tensor echoed back", median(echo16) * 1e3);
-    std::printf("%-44s %9.0f calls/s (all %d completed)\n", "concurrent rpcAsync in flight", median(conc), concurrent);
-  }
-  if (wrongTotal != 0) return 1;
-  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
+  return testing::failedRanks(results).empty() ? 0 : 1;
 }

@@ -40,7 +40,8 @@ namespace {
 using blas::Backend;
 using blas::Trans;
 using testing::contains;
-using testing::expectThrowsNaming;
+using testing::expectError;
+using testing::runChild;
 
 struct Case {
   Trans ta, tb;
@@ -226,35 +227,35 @@ TEST(Sgemm, EmptyProductScalesC) {
 TEST(Sgemm, BadArgumentsAreValueErrors) {
   std::vector<float> a(64), b(64), c(64);
   std::vector<double> ad(64), bd(64), cd(64);
-  expectThrowsNaming<ValueError>(
+  expectError<ValueError>(
       [&] { blas::sgemm(Trans::No, Trans::No, 2, 3, 4, 1.f, a.data(), 3, b.data(), 3, 0.f, c.data(), 3); },
       {"sgemm", "lda=3", "4 columns", "m=2 n=3 k=4"});
-  expectThrowsNaming<ValueError>(
+  expectError<ValueError>(
       [&] { blas::sgemm(Trans::Yes, Trans::No, 5, 3, 4, 1.f, a.data(), 4, b.data(), 3, 0.f, c.data(), 3); },
       {"sgemm", "lda=4", "5 columns", "transposed"});
-  expectThrowsNaming<ValueError>(
+  expectError<ValueError>(
       [&] { blas::sgemm(Trans::No, Trans::Yes, 2, 3, 4, 1.f, a.data(), 4, b.data(), 3, 0.f, c.data(), 3); },
       {"sgemm", "ldb=3", "4 columns"});
-  expectThrowsNaming<ValueError>(
+  expectError<ValueError>(
       [&] { blas::sgemm(Trans::No, Trans::No, 2, 3, 4, 1.f, a.data(), 4, b.data(), 3, 0.f, c.data(), 2); },
       {"sgemm", "ldc=2", "n=3"});
-  expectThrowsNaming<ValueError>(
+  expectError<ValueError>(
       [&] { blas::sgemm(Trans::No, Trans::No, -1, 3, 4, 1.f, a.data(), 4, b.data(), 3, 0.f, c.data(), 3); },
       {"sgemm", "negative size", "m=-1"});
-  expectThrowsNaming<ValueError>(
+  expectError<ValueError>(
       [&] {
         blas::sgemmOn(Backend::OpenBlas, Trans::No, Trans::No, 2, 3, 4, 1.f, a.data(), 1, b.data(), 3, 0.f, c.data(),
                       3);
       },
       {"sgemm", "lda=1"});
-  expectThrowsNaming<ValueError>(
+  expectError<ValueError>(
       [&] { blas::dgemm(Trans::No, Trans::No, 2, 3, 4, 1.0, ad.data(), 4, bd.data(), 2, 0.0, cd.data(), 3); },
       {"dgemm", "ldb=2", "3 columns"});
   // ld = 0 is an error even for an empty matrix, as in BLAS.
-  expectThrowsNaming<ValueError>(
+  expectError<ValueError>(
       [&] { blas::dgemm(Trans::No, Trans::No, 2, 0, 0, 1.0, ad.data(), 0, bd.data(), 1, 0.0, cd.data(), 1); },
       {"dgemm", "lda=0"});
-  expectThrowsNaming<ValueError>([] { blas::setNumThreads(0); }, {"setNumThreads", "n = 0"});
+  expectError<ValueError>([] { blas::setNumThreads(0); }, {"setNumThreads", "n = 0"});
 }
 
 // cohort::mm on float32 (through the chosen backend) against float64 (through OpenBLAS) on
@@ -384,26 +385,8 @@ TEST(SgemmThreads, TwoThreadsMatchReference) {
 
 // ---- COHORT_BLAS, in child processes of this binary ---------------------------------------------
 
-// Runs this binary again with `env` prepended and one child test; returns its output and status.
-std::pair<int, std::string> runChild(const std::string& env, const std::string& test) {
-  char self[4096];
-  ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
-  EXPECT_GT(len, 0);
-  self[std::max<ssize_t>(len, 0)] = '\0';
-  std::string cmd = env + " COHORT_BLAS_TEST_CHILD=1 '" + self +
-                    "' --gtest_also_run_disabled_tests --gtest_filter=" + "SgemmEnvChild.DISABLED_" + test + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  EXPECT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  size_t got;
-  while (p && (got = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, got);
-  int status = p ? pclose(p) : -1;
-  return {status, out};
-}
-
 void expectChildPasses(const std::string& env, const std::string& test) {
-  auto [status, out] = runChild(env, test);
+  auto [status, out] = runChild(env + " COHORT_BLAS_TEST_CHILD=1", "SgemmEnvChild.DISABLED_" + test);
   EXPECT_EQ(status, 0) << out;
   EXPECT_TRUE(contains(out, "[  PASSED  ] 1 test")) << out;
   EXPECT_FALSE(contains(out, "SKIPPED")) << out;
@@ -466,11 +449,11 @@ TEST(SgemmEnvChild, DISABLED_OneDnnChosen) {
 TEST(SgemmEnvChild, DISABLED_OneDnnMissing) {
   if (!isChild()) GTEST_SKIP() << "run by SgemmEnv.*";
   std::vector<float> x(4, 1.f), y(4);
-  expectThrowsNaming<NotSupportedError>(
+  expectError<NotSupportedError>(
       [&] { blas::sgemm(Trans::No, Trans::No, 2, 2, 2, 1.f, x.data(), 2, x.data(), 2, 0.f, y.data(), 2); },
       {"COHORT_BLAS=onednn", "libcohort-test-no-such-dnnl.so.2", "libdnnl2"});
   Tensor a = ones({2, 2});
-  expectThrowsNaming<NotSupportedError>([&] { mm(a, a); }, {"COHORT_BLAS=onednn"});
+  expectError<NotSupportedError>([&] { mm(a, a); }, {"COHORT_BLAS=onednn"});
   // float64 does not need oneDNN.
   testing::expectNear(mm(a.to(DType::Float64), a.to(DType::Float64)), {2, 2, 2, 2}, 0);
   std::string why;
@@ -482,7 +465,7 @@ TEST(SgemmEnvChild, DISABLED_UnknownValue) {
   if (!isChild()) GTEST_SKIP() << "run by SgemmEnv.*";
   std::vector<float> x(4, 1.f), y(4);
   for (int i = 0; i < 2; ++i)  // not remembered as a choice: every call says so
-    expectThrowsNaming<ValueError>(
+    expectError<ValueError>(
         [&] { blas::sgemm(Trans::No, Trans::No, 2, 2, 2, 1.f, x.data(), 2, x.data(), 2, 0.f, y.data(), 2); },
         {"COHORT_BLAS='mkl'", "auto, openblas, onednn"});
 }

@@ -10,24 +10,15 @@
 #include <cohort/cohort.h>
 
 #include "core/gradcheck.h"
+#include "core/test_util.h"
 
 using namespace cohort;
 using namespace cohort::nn::functional;
+using cohort::testing::expectError;
 using cohort::testing::gradcheck;
 using cohort::testing::randArg;
 
 namespace {
-
-template <typename E, typename F>
-void expectError(F&& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an exception";
-  } catch (const E& e) {
-    std::string msg = e.what();
-    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-  }
-}
 
 void expectValues(const Tensor& t, const std::vector<double>& want, double tol) {
   std::vector<double> got = t.to(DType::Float64).toVector<double>();

@@ -5,8 +5,10 @@
 #include <cohort/cohort.h>
 
 #include "core/gradcheck.h"
+#include "core/test_util.h"
 
 using namespace cohort;
+using cohort::testing::expectError;
 using cohort::testing::gradcheck;
 using cohort::testing::randArg;
 using In = std::vector<Tensor>;
@@ -14,17 +16,6 @@ using In = std::vector<Tensor>;
 namespace {
 std::vector<double> vals(const Tensor& t) { return t.to(DType::Float64).toVector<double>(); }
 
-// Runs f, expects a cohort::Error whose message contains every string in `parts`.
-template <typename E = Error, typename F>
-void expectError(F&& f, std::initializer_list<const char*> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an error";
-  } catch (const E& e) {
-    std::string m = e.what();
-    for (const char* p : parts) EXPECT_NE(m.find(p), std::string::npos) << "'" << p << "' not in: " << m;
-  }
-}
 }  // namespace
 
 TEST(Inplace, Values) {

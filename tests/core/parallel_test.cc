@@ -22,6 +22,8 @@
 #include <cohort/core/ops/ops.h>
 #include <cohort/core/util/parallel.h>
 
+#include "harness/ranks.h"
+
 namespace cohort {
 namespace {
 
@@ -130,16 +132,18 @@ TEST(ParallelFor, AForkedChildGetsAWorkingPool) {
   Threads t(2);
   Tensor x = rand({1 << 18});
   Tensor before = exp(x);  // the parent's pool exists now
-  pid_t child = fork();
-  if (child == 0) {
-    alarm(20);  // a hang kills the child, and the check below fails
-    Tensor again = exp(x);
-    std::_Exit(std::memcmp(again.data<float>(), before.data<float>(), sizeof(float) << 18) == 0 ? 0 : 1);
-  }
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status)) << "the child was killed (signal " << WTERMSIG(status) << ")";
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "the child computed a different exp";
+  cohort::testing::RankOptions o;
+  o.limit = std::chrono::seconds(20);  // a hang kills the child, and the check below fails
+  auto child = cohort::testing::runRanks(
+      1,
+      [&](int, std::ostream&) {
+        Tensor again = exp(x);
+        return std::memcmp(again.data<float>(), before.data<float>(), sizeof(float) << 18) == 0 ? 0 : 1;
+      },
+      o)[0];
+  ASSERT_FALSE(child.killedByWatchdog) << "the child hung";
+  ASSERT_TRUE(WIFEXITED(child.status)) << "the child ended with " << child.describe();
+  EXPECT_EQ(WEXITSTATUS(child.status), 0) << "the child computed a different exp";
 }
 
 // Bitwise equality of two float tensors.

@@ -21,10 +21,13 @@
 #include <cohort/core/ops/ops.h>
 #include <cohort/core/ops/simd.h>
 
+#include "core/test_util.h"
+
 namespace cohort {
 namespace {
 
 namespace simd = detail::simd;
+using testing::runChild;
 
 // Inputs: specials, then random bit patterns (every exponent), then a dense sweep of [-12, 12].
 Tensor inputs(uint32_t seed, bool positiveOnly) {
@@ -260,21 +263,6 @@ TEST_F(SimdKernels, AutogradThroughTheFastPathMatches) {
 
 // COHORT_SIMD is read once, at the first kernel that asks: each case runs in a child process of
 // this binary with the variable set, and reports on stdout.
-std::pair<int, std::string> runChild(const std::string& env, const std::string& test) {
-  char self[4096] = {0};
-  ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (len <= 0) return {-1, "cannot find this test binary"};
-  std::string cmd = env + " '" + std::string(self, static_cast<size_t>(len)) +
-                    "' --gtest_also_run_disabled_tests --gtest_filter=SimdEnvChild.DISABLED_" + test + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {-1, "popen failed"};
-  std::string out;
-  char buf[512];
-  while (fgets(buf, sizeof buf, p)) out += buf;
-  int status = pclose(p);
-  return {status, out};
-}
-
 TEST(SimdEnvChild, DISABLED_Describe) { std::printf("simd=%s\n", simd::describe()); }
 
 TEST(SimdEnvChild, DISABLED_BadValue) {
@@ -287,13 +275,13 @@ TEST(SimdEnvChild, DISABLED_BadValue) {
 }
 
 TEST(SimdEnv, Avx2TurnsTheAvx512KernelsOffAndABadValueIsAValueError) {
-  auto [s1, off] = runChild("COHORT_SIMD=avx2", "Describe");
+  auto [s1, off] = runChild("COHORT_SIMD=avx2", "SimdEnvChild.DISABLED_Describe");
   EXPECT_NE(off.find("simd=avx2"), std::string::npos) << off;
-  auto [s2, bad] = runChild("COHORT_SIMD=sse9", "BadValue");
+  auto [s2, bad] = runChild("COHORT_SIMD=sse9", "SimdEnvChild.DISABLED_BadValue");
   EXPECT_NE(bad.find("ValueError: environment variable COHORT_SIMD='sse9' is not one of auto, avx2, avx512"),
             std::string::npos)
       << bad;
-  auto [s3, dflt] = runChild("COHORT_SIMD=auto", "Describe");
+  auto [s3, dflt] = runChild("COHORT_SIMD=auto", "SimdEnvChild.DISABLED_Describe");
   EXPECT_NE(dflt.find(std::string("simd=") + (simd::enabled() ? "avx512" : "avx2")), std::string::npos) << dflt;
 }
 

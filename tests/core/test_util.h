@@ -1,14 +1,19 @@
-// Assertion helpers shared by the core tests.
+// Assertion helpers shared by the core tests, and running this test binary as a child.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
 #include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <cohort/core/tensor/tensor.h>
+#include <cohort/core/util/error.h>
 
 namespace cohort::testing {
 
@@ -43,15 +48,33 @@ inline void expectNear(const Tensor& t, const std::vector<double>& want, double 
 }
 
 // f throws E and its message contains every one of `parts`.
-template <typename E, typename F>
-void expectThrowsNaming(F&& f, std::initializer_list<const char*> parts) {
+template <typename E = Error, typename F>
+void expectError(F&& f, const std::vector<std::string>& parts) {
   try {
     f();
     ADD_FAILURE() << "expected an exception";
   } catch (const E& e) {
     std::string msg = e.what();
-    for (const char* p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
   }
+}
+
+// Runs this test binary again as a child with `env` (shell assignments, "A=1 B=2") in front and
+// only the disabled test `childTest` ("Suite.DISABLED_Name"); returns its exit status (as
+// pclose gives it) and everything it printed, stderr included.
+inline std::pair<int, std::string> runChild(const std::string& env, const std::string& childTest) {
+  char self[4096] = {0};
+  ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (len <= 0) return {-1, "cannot find this test binary"};
+  std::string cmd = env + " '" + std::string(self, static_cast<size_t>(len)) +
+                    "' --gtest_also_run_disabled_tests --gtest_filter=" + childTest + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return {-1, "popen failed"};
+  std::string out;
+  char buf[4096];
+  size_t got;
+  while ((got = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, got);
+  return {pclose(p), out};
 }
 
 }  // namespace cohort::testing

@@ -18,41 +18,33 @@
 #include <cohort/core/ops/ops.h>
 #include <cohort/core/util/error.h>
 
+#include "core/test_util.h"
 #include "temp_dir.h"
 
 using namespace cohort;
+using cohort::testing::contains;
+using cohort::testing::messageOf;
+using cohort::testing::runChild;
 
 namespace {
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-template <typename E, typename F>
-std::string errorOf(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 TEST(UserErrors, ATensorMissingFromASafetensorsFileNamesTheFileAndTheTensor) {
   cohort::testing::TempDir dir;
   const std::string path = dir.file("data.safetensors");
   io::saveSafetensors(path, {{"x0", zeros({2})}, {"y0", ones({2})}});
   io::SafetensorsContents c = io::loadSafetensors(path);
-  std::string msg = errorOf<IndexError>([&] { c.tensors.at("batches"); });
+  std::string msg = messageOf<IndexError>([&] { c.tensors.at("batches"); });
   EXPECT_EQ(msg, "safetensors file '" + path + "' has no tensor 'batches' (it has 2: x0, y0)");
   // operator[] and a copy of the dict say the same.
   io::TensorDict copy = c.tensors;
-  EXPECT_EQ(errorOf<IndexError>([&] { copy["batches"]; }), msg);
+  EXPECT_EQ(messageOf<IndexError>([&] { copy["batches"]; }), msg);
   // Bytes parsed in memory name what the caller called them.
   io::SafetensorsContents m = io::parseSafetensors(io::serializeSafetensors({{"w", zeros({1})}}), "the upload");
-  EXPECT_EQ(errorOf<IndexError>([&] { m.tensors.at("b"); }),
+  EXPECT_EQ(messageOf<IndexError>([&] { m.tensors.at("b"); }),
             "safetensors 'the upload' has no tensor 'b' (it has 1: w)");
   // A dict nobody described still names the key and lists what it has.
   nn::StateDict plain;
-  EXPECT_EQ(errorOf<IndexError>([&] { plain.at("k"); }), "OrderedDict has no key 'k' (it is empty)");
+  EXPECT_EQ(messageOf<IndexError>([&] { plain.at("k"); }), "OrderedDict has no key 'k' (it is empty)");
 }
 
 TEST(UserErrors, ATensorMissingFromACheckpointNamesTheCheckpoint) {
@@ -63,9 +55,9 @@ TEST(UserErrors, ATensorMissingFromACheckpointNamesTheCheckpoint) {
   st.extraTensors["ema"].insert("weight", zeros({2, 3}));
   const std::string file = io::saveCheckpoint(dir.file("ckpt/"), st);
   io::TrainingState back = io::loadCheckpoint(file);
-  EXPECT_EQ(errorOf<IndexError>([&] { back.model.at("head.weight"); }),
+  EXPECT_EQ(messageOf<IndexError>([&] { back.model.at("head.weight"); }),
             "the model state of checkpoint '" + file + "' has no tensor 'head.weight' (it has 2: weight, bias)");
-  EXPECT_EQ(errorOf<IndexError>([&] { back.extraTensors.at("ema").at("bias"); }),
+  EXPECT_EQ(messageOf<IndexError>([&] { back.extraTensors.at("ema").at("bias"); }),
             "extra tensor group 'ema' of checkpoint '" + file + "' has no tensor 'bias' (it has 1: weight)");
 }
 
@@ -84,7 +76,7 @@ nn::StateDict withPrefix(const nn::StateDict& d) {
 TEST(UserErrors, ADdpStateDictLoadedIntoTheBareModelSaysToStripThePrefix) {
   auto source = makeNet(1), bare = makeNet(2);
   nn::StateDict ddpDict = withPrefix(source->stateDict());
-  std::string msg = errorOf<ValueError>([&] { bare->loadStateDict(ddpDict); });
+  std::string msg = messageOf<ValueError>([&] { bare->loadStateDict(ddpDict); });
   EXPECT_TRUE(contains(msg, "every key of the dict carries the prefix \"module.\" (e.g. 'module.0.weight' for the "
                             "model's '0.weight')"))
       << msg;
@@ -102,7 +94,7 @@ TEST(UserErrors, ADdpStateDictLoadedIntoTheBareModelSaysToStripThePrefix) {
   // The other way round: a bare dict into a model whose keys carry the prefix.
   auto wrapper = std::make_shared<nn::Module>("Wrapper");
   wrapper->registerModule("module", makeNet(3));
-  std::string back = errorOf<ValueError>([&] { wrapper->loadStateDict(source->stateDict()); });
+  std::string back = messageOf<ValueError>([&] { wrapper->loadStateDict(source->stateDict()); });
   EXPECT_TRUE(contains(back, "every key of this model carries the prefix \"module.\" (e.g. 'module.0.weight')"))
       << back;
   EXPECT_TRUE(contains(back, "load the dict into ddp.module() instead")) << back;
@@ -110,7 +102,7 @@ TEST(UserErrors, ADdpStateDictLoadedIntoTheBareModelSaysToStripThePrefix) {
   // Unrelated mismatches keep the plain message.
   nn::StateDict partial;
   partial.insert("0.weight", source->stateDict().at("0.weight"));
-  std::string plain = errorOf<ValueError>([&] { bare->loadStateDict(partial); });
+  std::string plain = messageOf<ValueError>([&] { bare->loadStateDict(partial); });
   EXPECT_FALSE(contains(plain, "prefix")) << plain;
   EXPECT_TRUE(contains(plain, "missing keys: [0.bias, 2.weight, 2.bias]")) << plain;
 }
@@ -122,29 +114,12 @@ TEST(UserErrors, StripPrefixKeepsOtherKeysAndRefusesCollisions) {
   nn::StateDict s = nn::stripPrefix(d);
   EXPECT_EQ(s.keys(), (std::vector<std::string>{"a", "b"}));
   d.insert("a", ones({1}));
-  EXPECT_EQ(errorOf<ValueError>([&] { nn::stripPrefix(d); }),
+  EXPECT_EQ(messageOf<ValueError>([&] { nn::stripPrefix(d); }),
             "stripPrefix(\"module.\"): keys 'module.a' and 'a' both become 'a'");
   EXPECT_EQ(nn::stripPrefix(d, "mod.").keys(), d.keys());
 }
 
 // ---- COHORT_CPU_ALLOCATOR_CACHE_MB, in child processes of this binary -------------------------
-
-std::pair<int, std::string> runChild(const std::string& env) {
-  char self[4096];
-  ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
-  EXPECT_GT(len, 0);
-  self[std::max<ssize_t>(len, 0)] = '\0';
-  std::string cmd = env + " '" + self +
-                    "' --gtest_also_run_disabled_tests --gtest_filter=UserErrorsChild.DISABLED_FirstAllocation 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  EXPECT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  size_t got;
-  while (p && (got = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, got);
-  int status = p ? pclose(p) : -1;
-  return {status, out};
-}
 
 // Run only by the tests below, in a child whose environment they set: prints how the first
 // allocation went.
@@ -158,16 +133,16 @@ TEST(UserErrorsChild, DISABLED_FirstAllocation) {
 }
 
 TEST(UserErrors, ABadCpuAllocatorCacheSizeIsAValueErrorNamingTheVariable) {
-  auto [status, out] = runChild("COHORT_CPU_ALLOCATOR_CACHE_MB=lots");
+  auto [status, out] = runChild("COHORT_CPU_ALLOCATOR_CACHE_MB=lots", "UserErrorsChild.DISABLED_FirstAllocation");
   EXPECT_EQ(status, 0) << out;
   EXPECT_TRUE(contains(out, "VALUEERROR environment variable COHORT_CPU_ALLOCATOR_CACHE_MB='lots' is not an integer"))
       << out;
-  std::tie(status, out) = runChild("COHORT_CPU_ALLOCATOR_CACHE_MB=-5");
+  std::tie(status, out) = runChild("COHORT_CPU_ALLOCATOR_CACHE_MB=-5", "UserErrorsChild.DISABLED_FirstAllocation");
   EXPECT_TRUE(contains(out, "VALUEERROR environment variable COHORT_CPU_ALLOCATOR_CACHE_MB='-5' must be a size in "
                             "MiB from 0"))
       << out;
   for (const char* good : {"COHORT_CPU_ALLOCATOR_CACHE_MB=0", "COHORT_CPU_ALLOCATOR_CACHE_MB=64"}) {
-    std::tie(status, out) = runChild(good);
+    std::tie(status, out) = runChild(good, "UserErrorsChild.DISABLED_FirstAllocation");
     EXPECT_TRUE(contains(out, "ALLOCATED 0")) << good << ": " << out;
   }
 }

@@ -9,23 +9,14 @@
 #include <cohort/cohort.h>
 
 #include "core/gradcheck.h"
+#include "core/test_util.h"
 
 using namespace cohort;
+using cohort::testing::expectError;
 using cohort::testing::gradcheck;
 using cohort::testing::randArg;
 
 namespace {
-
-template <typename E, typename F>
-void expectError(F&& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an exception";
-  } catch (const E& e) {
-    std::string msg = e.what();
-    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-  }
-}
 
 std::vector<double> vals(const Tensor& t) { return t.to(DType::Float64).toVector<double>(); }
 

@@ -2,9 +2,11 @@
 // instantiates `Collectives` with (backend name, world size) pairs, e.g.
 //   INSTANTIATE_TEST_SUITE_P(Gloo, Collectives, Combine(Values("gloo"), Values(1, 2, 3, 4, 5)),
 //                            collectivesParamName);
-// Ranks run as threads of this process and meet through one HashStore. Every rank's data is a
-// function of (rank, index); the expected result is computed locally in double and cast to the
-// dtype, then compared element by element.
+// Each test body runs on a World (tests/harness/world.h): ranks as threads of this process meeting
+// through one HashStore, or, for a backend that registered its own world (mpi_test.cc: "mpi"),
+// this process's one rank of an `mpirun -np N` job. Every rank's data is a function of
+// (rank, index); the expected result is computed locally in double and cast to the dtype, then
+// compared element by element.
 #pragma once
 
 #include "pg_test_util.h"
@@ -21,10 +23,10 @@ inline std::string collectivesParamName(const ::testing::TestParamInfo<Collectiv
 
 class Collectives : public ::testing::TestWithParam<CollectivesParam> {
  protected:
-  void SetUp() override { world_ = std::make_unique<ThreadWorld>(std::get<0>(GetParam()), std::get<1>(GetParam())); }
+  void SetUp() override { world_ = makeWorld(std::get<0>(GetParam()), std::get<1>(GetParam())); }
   void TearDown() override { world_.reset(); }
   int size() const { return std::get<1>(GetParam()); }
-  std::unique_ptr<ThreadWorld> world_;
+  std::unique_ptr<World> world_;
 };
 
 TEST_P(Collectives, AllreduceEveryDtypeOpAndCount) {
@@ -54,13 +56,71 @@ TEST_P(Collectives, AllreduceLarge) {
   const int n = size();
   world_->run([&](int r) {
     auto& pg = world_->pg(r);
-    for (DType d : {DType::Float32, DType::BFloat16, DType::Int32}) {
-      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max}) {
-        Tensor t = filled(d, kLargeCount, [&](int64_t i) { return value(d, op, r, i); });
+    for (DType d : kAllDTypes) {
+      for (ReduceOp op : kAllReduceOps) {
+        if (op == ReduceOp::Avg && !isFloating(d)) continue;
+        Tensor t = filled(d, kLargeCount, periodic([&](int64_t i) { return value(d, op, r, i); }));
         pg.allreduce(t, {.op = op})->wait();
-        std::string mm = mismatch(t, kLargeCount, [&](int64_t i) { return reduceRef(d, op, n, i); });
+        std::string mm = mismatch(t, kLargeCount, periodic([&](int64_t i) { return reduceRef(d, op, n, i); }));
         if (!mm.empty())
           throw std::runtime_error(fmt::format("allreduce {} {} large: {}", dtypeName(d), reduceOpName(op), mm));
+      }
+    }
+  });
+}
+
+// Every other op once past a million elements, in every dtype (the per-rank share of a gathered
+// or scattered tensor is kLargeCount / size, so the whole tensor stays about kLargeCount).
+TEST_P(Collectives, EveryOpLarge) {
+  const int n = size();
+  const int64_t share = kLargeCount / n + 1;
+  world_->run([&](int r) {
+    auto& pg = world_->pg(r);
+    const int next = (r + 1) % n, prev = (r + n - 1) % n;
+    for (DType d : kAllDTypes) {
+      auto f = [&](int src) {
+        return periodic([&, src](int64_t i) { return roundTo(d, value(d, ReduceOp::Sum, src, i)); });
+      };
+      Tensor t = filled(d, kLargeCount, f(r));
+      pg.broadcast(t, {.root = n - 1})->wait();
+      COHORT_EXPECT_MATCH(t, kLargeCount, f(n - 1));
+
+      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Min, ReduceOp::Avg}) {
+        if (op == ReduceOp::Avg && !isFloating(d)) continue;
+        Tensor u = filled(d, kLargeCount, periodic([&](int64_t i) { return value(d, op, r, i); }));
+        pg.reduce(u, {.op = op, .root = 0})->wait();
+        if (r == 0) COHORT_EXPECT_MATCH(u, kLargeCount, periodic([&](int64_t i) { return reduceRef(d, op, n, i); }));
+      }
+      for (ReduceOp op : kAllReduceOps) {
+        if (op == ReduceOp::Avg && !isFloating(d)) continue;
+        Tensor flat = filled(d, share * n, periodic([&](int64_t i) { return value(d, op, r, i); }));
+        Tensor out = zeros({share}, TensorOptions{.dtype = d});
+        pg.reduceScatterTensor(out, flat, {.op = op})->wait();
+        COHORT_EXPECT_MATCH(out, share, periodic([&](int64_t i) { return reduceRef(d, op, n, r * share + i); }));
+      }
+
+      Tensor mine = filled(d, share, f(r));
+      Tensor all = zeros({n * share}, TensorOptions{.dtype = d});
+      pg.allgatherIntoTensor(all, mine)->wait();
+      for (int k = 0; k < n; ++k) COHORT_EXPECT_MATCH(all.narrow(0, k * share, share).contiguous(), share, f(k));
+
+      // Block k of rank r's input goes to rank k.
+      Tensor in = filled(d, n * share, f(r));
+      Tensor got = zeros({n * share}, TensorOptions{.dtype = d});
+      pg.alltoall(got, in)->wait();
+      std::vector<std::function<double(int64_t)>> from;
+      for (int k = 0; k < n; ++k) from.push_back(f(k));
+      COHORT_EXPECT_MATCH(got, n * share, [&](int64_t i) { return from[i / share](r * share + i % share); });
+
+      if (n > 1) {
+        Tensor out = filled(d, kLargeCount, periodic([&](int64_t i) { return value(d, ReduceOp::Sum, r, i + 5); }));
+        Tensor back = zeros({kLargeCount}, TensorOptions{.dtype = d});
+        auto s = pg.send(out, next, {.tag = 7});
+        auto rv = pg.recv(back, prev, {.tag = 7});
+        s->wait();
+        rv->wait();
+        COHORT_EXPECT_MATCH(back, kLargeCount,
+                            periodic([&](int64_t i) { return roundTo(d, value(d, ReduceOp::Sum, prev, i + 5)); }));
       }
     }
   });
@@ -70,10 +130,11 @@ TEST_P(Collectives, AllreduceCoalesced) {
   const int n = size();
   world_->run([&](int r) {
     auto& pg = world_->pg(r);
-    for (DType d : {DType::Float32, DType::BFloat16, DType::Int64}) {
-      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Min}) {
-        // Three tensors that continue one index sequence, so the reference is the same function.
-        std::vector<int64_t> counts = {7, 0, 1000};
+    for (DType d : kAllDTypes) {
+      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max, ReduceOp::Avg}) {
+        if (op == ReduceOp::Avg && !isFloating(d)) continue;
+        // Tensors that continue one index sequence, so the reference is the same function.
+        std::vector<int64_t> counts = {7, 0, 1000, 1};
         std::vector<Tensor> ts;
         int64_t base = 0;
         for (int64_t c : counts) {
@@ -116,7 +177,7 @@ TEST_P(Collectives, ReduceToEveryRoot) {
       for (DType d : kAllDTypes) {
         for (ReduceOp op : kAllReduceOps) {
           if (op == ReduceOp::Avg && !isFloating(d)) continue;
-          for (int64_t count : {int64_t(0), int64_t(7), int64_t(1000)}) {
+          for (int64_t count : kCounts) {
             Tensor t = filled(d, count, [&](int64_t i) { return value(d, op, r, i); });
             pg.reduce(t, {.op = op, .root = root})->wait();
             if (r == root) COHORT_EXPECT_MATCH(t, count, [&](int64_t i) { return reduceRef(d, op, n, i); });
@@ -143,18 +204,27 @@ TEST_P(Collectives, AllgatherListTensorAndCoalesced) {
         Tensor all = empty({n, count}, TensorOptions{.dtype = d});
         pg.allgatherIntoTensor(all, in)->wait();
         for (int k = 0; k < n; ++k) COHORT_EXPECT_MATCH(all.select(0, k).contiguous(), count, f(k));
+
+        // FSDP's layout: the input is this rank's slice of the output.
+        Tensor whole = zeros({n * count}, TensorOptions{.dtype = d});
+        Tensor mine = whole.narrow(0, r * count, count);
+        mine.copy_(in);
+        pg.allgatherIntoTensor(whole, mine)->wait();
+        for (int k = 0; k < n; ++k) COHORT_EXPECT_MATCH(whole.narrow(0, k * count, count).contiguous(), count, f(k));
       }
-      // Coalesced: two inputs of different sizes.
-      std::vector<Tensor> ins = {filled(d, 7, [&](int64_t i) { return value(d, ReduceOp::Sum, r, i); }),
-                                 filled(d, 3, [&](int64_t i) { return value(d, ReduceOp::Sum, r, 100 + i); })};
+      // Coalesced: inputs of different sizes, one of them empty.
+      const std::vector<int64_t> sizes = {7, 0, 1000};
+      auto g = [&](int src, size_t t) {
+        return [&, src, t](int64_t i) { return roundTo(d, value(d, ReduceOp::Sum, src, 2000 * t + i)); };
+      };
+      std::vector<Tensor> ins;
+      for (size_t t = 0; t < sizes.size(); ++t) ins.push_back(filled(d, sizes[t], g(r, t)));
       std::vector<std::vector<Tensor>> outs(n);
       for (int k = 0; k < n; ++k)
-        outs[k] = {zeros({7}, TensorOptions{.dtype = d}), zeros({3}, TensorOptions{.dtype = d})};
+        for (int64_t c : sizes) outs[k].push_back(zeros({c}, TensorOptions{.dtype = d}));
       pg.allgatherCoalesced(outs, ins)->wait();
-      for (int k = 0; k < n; ++k) {
-        COHORT_EXPECT_MATCH(outs[k][0], 7, [&](int64_t i) { return roundTo(d, value(d, ReduceOp::Sum, k, i)); });
-        COHORT_EXPECT_MATCH(outs[k][1], 3, [&](int64_t i) { return roundTo(d, value(d, ReduceOp::Sum, k, 100 + i)); });
-      }
+      for (int k = 0; k < n; ++k)
+        for (size_t t = 0; t < sizes.size(); ++t) COHORT_EXPECT_MATCH(outs[k][t], sizes[t], g(k, t));
     }
   });
 }
@@ -191,24 +261,27 @@ TEST_P(Collectives, ReduceScatterListAndTensor) {
 
 TEST_P(Collectives, AlltoallEqualAndUneven) {
   const int n = size();
-  // Element (src, dst, row, col) encoded in one number, exact in every numeric dtype used here.
-  auto code = [](int src, int dst, int64_t row, int64_t col) {
-    return static_cast<double>(src * 1000 + dst * 100 + row * 3 + col);
+  // Element (src, dst, row, col) encoded in one number: exact where the dtype holds it, else the
+  // dtype's own per-rank data (value()) at an index made of (dst, row, col).
+  auto code = [](DType d, int src, int dst, int64_t row, int64_t col) {
+    if (d == DType::Float32 || d == DType::Float64 || d == DType::Int64 || d == DType::Int32)
+      return static_cast<double>(src * 1000 + dst * 100 + row * 3 + col);
+    return roundTo(d, value(d, ReduceOp::Sum, src, dst * 5000 + row * 3 + col));
   };
   world_->run([&](int r) {
     auto& pg = world_->pg(r);
-    for (DType d : {DType::Float32, DType::Float64, DType::Int64, DType::Int32}) {
-      for (int64_t per : {0, 1, 4}) {  // rows per destination, width 3
+    for (DType d : kAllDTypes) {
+      for (int64_t per : {0, 1, 4, 334}) {  // rows per destination, width 3
         Tensor in = filled(d, n * per * 3, [&](int64_t i) {
           int64_t row = i / 3;
-          return code(r, static_cast<int>(row / per), row % per, i % 3);
+          return code(d, r, static_cast<int>(row / per), row % per, i % 3);
         });
         in = in.view({n * per, 3});
         Tensor out = zeros({n * per, 3}, TensorOptions{.dtype = d});
         pg.alltoall(out, in)->wait();
         COHORT_EXPECT_MATCH(out.reshape({-1}), n * per * 3, [&](int64_t i) {
           int64_t row = i / 3;
-          return code(static_cast<int>(row / per), r, row % per, i % 3);
+          return code(d, static_cast<int>(row / per), r, row % per, i % 3);
         });
       }
       // Uneven: rank s sends (s + t) % 3 rows to rank t.
@@ -223,10 +296,10 @@ TEST_P(Collectives, AlltoallEqualAndUneven) {
       std::vector<double> inVals, outVals;
       for (int t = 0; t < n; ++t)
         for (int64_t row = 0; row < inSplits[t]; ++row)
-          for (int c = 0; c < 3; ++c) inVals.push_back(code(r, t, row, c));
+          for (int c = 0; c < 3; ++c) inVals.push_back(code(d, r, t, row, c));
       for (int s = 0; s < n; ++s)
         for (int64_t row = 0; row < outSplits[s]; ++row)
-          for (int c = 0; c < 3; ++c) outVals.push_back(code(s, r, row, c));
+          for (int c = 0; c < 3; ++c) outVals.push_back(code(d, s, r, row, c));
       Tensor in = filled(d, inRows * 3, [&](int64_t i) { return inVals[i]; }).view({inRows, 3});
       Tensor out = zeros({outRows, 3}, TensorOptions{.dtype = d});
       AlltoallOptions o;
@@ -296,6 +369,19 @@ TEST_P(Collectives, BarrierAndSequenceNumbers) {
     w->wait();
     EXPECT_TRUE(w->isCompleted());
     EXPECT_TRUE(w->isSuccess());
+    // Ops issued back to back complete in order, and each Work carries its op's outputs.
+    std::vector<Tensor> ts;
+    std::vector<WorkPtr> works;
+    for (int k = 0; k < 20; ++k) {
+      ts.push_back(full({5}, k, TensorOptions{.dtype = DType::Float32}));
+      works.push_back(pg.allreduce(ts.back()));
+    }
+    for (int k = 0; k < 20; ++k) {
+      works[k]->wait();
+      ASSERT_EQ(works[k]->result().size(), 1u);
+      EXPECT_TRUE(works[k]->result()[0].isSameAs(ts[k]));
+      COHORT_EXPECT_MATCH(ts[k], 5, [&](int64_t) { return static_cast<double>(k * world_->size()); });
+    }
   });
 }
 
@@ -322,6 +408,16 @@ TEST_P(Collectives, TaggedSendRecv) {
       s2->wait();
       COHORT_EXPECT_MATCH(gotA, 7, [&](int64_t i) { return roundTo(d, value(d, ReduceOp::Sum, prev, i)); });
       COHORT_EXPECT_MATCH(gotB, 1000, [&](int64_t i) { return roundTo(d, value(d, ReduceOp::Sum, prev, i + 50)); });
+      // A ring at every count: every rank sends first, then receives.
+      for (int64_t count : kCounts) {
+        Tensor out = filled(d, count, [&](int64_t i) { return value(d, ReduceOp::Sum, r, i + 5); });
+        Tensor in = zeros({count}, TensorOptions{.dtype = d});
+        auto s = pg.send(out, next, {.tag = 7});
+        auto rv = pg.recv(in, prev, {.tag = 7});
+        s->wait();
+        rv->wait();
+        COHORT_EXPECT_MATCH(in, count, [&](int64_t i) { return roundTo(d, value(d, ReduceOp::Sum, prev, i + 5)); });
+      }
     }
     EXPECT_EQ(pg.sequenceNumber(), seqBefore) << "send/recv must not take collective sequence numbers";
   });
@@ -379,6 +475,10 @@ TEST_P(Collectives, SubgroupsRunConcurrentlyWithTheWorld) {
     sub.join();
     if (!subError.empty()) throw std::runtime_error("subgroup: " + subError);
     EXPECT_EQ(parity->sequenceNumber(), static_cast<uint64_t>(kRounds));
+    // Group ranks, not world ranks, address roots in a subgroup.
+    Tensor d = full({3}, r, TensorOptions{.dtype = DType::Int32});
+    parity->broadcast(d, {.root = parity->size() - 1})->wait();
+    COHORT_EXPECT_MATCH(d, 3, [&](int64_t) { return static_cast<double>(members.back()); });
     // Tear the subgroups down together (a backend may talk to its peers while closing).
     world.barrier()->wait();
   });

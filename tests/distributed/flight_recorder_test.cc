@@ -23,6 +23,7 @@
 
 #include "distributed/env_guard.h"
 #include "distributed/store_test_util.h"
+#include "harness/ranks.h"
 
 using namespace cohort;
 using namespace cohort::dist;
@@ -308,19 +309,14 @@ TEST(FlightRecorder, Sigusr1InAForkedChildDumpsTheChild) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   ASSERT_GT(flightRecorderSignalDumps(), before);
-  pid_t child = ::fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
+  auto child = cohort::testing::runRanks(1, [&](int, std::ostream&) {
     // The child gets its own dump thread with its first recorder; its dump names its own pid.
     setFlightRecorderProcessRank(1);
     FlightRecorder rec("child", 4, 1);
     rec.recordStart(OpType::Barrier, 1, "");
     ::raise(SIGUSR1);
     fs::path p = dir.path() / fmt::format("cohort_flight_recorder_rank1_pid{}.json", ::getpid());
-    ::_exit(waitForFile(p) ? 0 : 1);
-  }
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+    return waitForFile(p) ? 0 : 1;
+  })[0];
+  EXPECT_TRUE(child.ok()) << "the child ended with " << child.describe();
 }

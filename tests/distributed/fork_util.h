@@ -1,6 +1,7 @@
 // Ranks as forked processes, for the tests where a rank dies, stalls or misbehaves: each child
-// runs a body and writes a report file; the parent reaps them all and kills the stragglers past a
-// deadline, so a hang fails the test instead of blocking it.
+// runs a body and writes a report; the process harness (tests/harness/ranks.h) reaps them all and
+// kills the stragglers past a deadline, so a hang fails the test instead of blocking it. Below
+// it, what the kill tests share: how an op ended on each survivor, and the verdict.
 #pragma once
 
 #include <signal.h>
@@ -30,75 +31,28 @@
 #include <cohort/core/util/error.h>
 #include <cohort/distributed/store/store.h>
 
+#include "harness/ranks.h"
 #include "store_test_util.h"  // TempDir
 
 namespace cohort::dist::testing {
 
-struct ChildResult {
-  int status = 0;  // from waitpid
-  std::string report;
-  bool killedByWatchdog = false;
-};
+// The process harness (tests/harness/ranks.h): ranks start together, a hang is killed at the
+// deadline, exit codes and signals are reported.
+using ChildResult = ::cohort::testing::RankResult;
+using ::cohort::testing::describeStatus;
 
-// Forks `size` children running body(rank, report-file) and waits for all of them, killing the
+// Forks `size` children running body(rank, report) and waits for all of them, killing the
 // stragglers after `deadline`. Each child writes what it saw into <dir>/report<rank>.
 inline std::vector<ChildResult> runForkedIn(const std::string& dir, int size, std::chrono::seconds deadline,
-                                            const std::function<int(int rank, std::ofstream& report)>& body) {
-  auto reportPath = [&](int r) { return fmt::format("{}/report{}", dir, r); };
-  std::vector<pid_t> pids(size);
-  for (int r = 0; r < size; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      int code = 1;
-      {
-        std::ofstream report(reportPath(r));
-        try {
-          code = body(r, report);
-        } catch (const std::exception& e) {
-          report << "uncaught: " << e.what();
-        }
-      }
-      std::_Exit(code);
-    }
-    pids[r] = pid;
-  }
-  std::vector<ChildResult> results(size);
-  auto end = std::chrono::steady_clock::now() + deadline;
-  int left = size;
-  while (left > 0) {
-    for (int r = 0; r < size; ++r) {
-      if (pids[r] == 0) continue;
-      int status = 0;
-      if (waitpid(pids[r], &status, WNOHANG) == pids[r]) {
-        results[r].status = status;
-        pids[r] = 0;
-        --left;
-      }
-    }
-    if (left == 0) break;
-    if (std::chrono::steady_clock::now() > end) {
-      for (int r = 0; r < size; ++r) {
-        if (pids[r] == 0) continue;
-        kill(pids[r], SIGKILL);
-        waitpid(pids[r], &results[r].status, 0);
-        results[r].killedByWatchdog = true;
-        pids[r] = 0;
-      }
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  for (int r = 0; r < size; ++r) {
-    std::ifstream in(reportPath(r));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    results[r].report = ss.str();
-  }
-  return results;
+                                            const std::function<int(int rank, std::ostream& report)>& body) {
+  ::cohort::testing::RankOptions o;
+  o.limit = deadline;
+  o.reportDir = dir;
+  return ::cohort::testing::runRanks(size, body, o);
 }
 
 inline std::vector<ChildResult> runForked(int size, std::chrono::seconds deadline,
-                                          const std::function<int(int rank, std::ofstream& report)>& body,
+                                          const std::function<int(int rank, std::ostream& report)>& body,
                                           const TempDir& dir) {
   return runForkedIn(dir.path().string(), size, deadline, body);
 }
@@ -106,7 +60,7 @@ inline std::vector<ChildResult> runForked(int size, std::chrono::seconds deadlin
 // The same, for bodies that return their report as a string (the child exits 0).
 inline std::vector<ChildResult> runForked(int size, std::chrono::seconds deadline, const std::string& dir,
                                           const std::function<std::string(int rank)>& body) {
-  return runForkedIn(dir, size, deadline, [&](int r, std::ofstream& report) {
+  return runForkedIn(dir, size, deadline, [&](int r, std::ostream& report) {
     report << body(r);
     return 0;
   });
@@ -140,13 +94,6 @@ inline int mappedRegions(const std::string& part) {
   while (std::getline(maps, line))
     if (line.find(part) != std::string::npos) ++count;
   return count;
-}
-
-// "exit 3", "signal 13 (Broken pipe)": how a child ended, for failure messages.
-inline std::string describeStatus(int status) {
-  if (WIFEXITED(status)) return fmt::format("exit {}", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return fmt::format("signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
-  return fmt::format("status {}", status);
 }
 
 // How `fn` ended: kind "PeerError", "TimeoutError", "DistError" or "none" (it returned), the
@@ -245,7 +192,7 @@ inline std::vector<std::optional<SurvivorReport>> expectSurvivorsFailFast(const 
 
 // A rank's report: "<error type>|<seconds>|<message>" for the op `fn` runs ("none" if it succeeded).
 template <typename F>
-int reportOutcome(std::ofstream& report, F&& fn) {
+int reportOutcome(std::ostream& report, F&& fn) {
   Outcome o = classifyOutcome(std::forward<F>(fn));
   report << o.kind << "|" << o.seconds << "|" << o.message;
   return 0;

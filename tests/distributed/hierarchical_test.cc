@@ -2,7 +2,7 @@
 // backend-neutral collectives suite over several node layouts, the "auto" backend choice (world
 // and subgroups), node identity (option, COHORT_NODE_ID, hostname), and a stalled rank whose op
 // fails on every other rank with a typed error naming the op. (A killed rank, with forked
-// processes, is in hierarchical_failure_test.cc.)
+// processes, is in failure_test.cc.)
 #include <unistd.h>
 
 #include <cstdlib>
@@ -69,54 +69,6 @@ std::vector<CollectivesParam> layouts() {
 INSTANTIATE_TEST_SUITE_P(Hierarchical, Collectives, ::testing::ValuesIn(layouts()), collectivesParamName);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(Collectives);
 
-// ---- ranks as threads with a node id each ------------------------------------------------------
-
-class NodesWorld {
- public:
-  NodesWorld(std::vector<std::string> nodes, const std::string& backend, Millis timeout = Millis(30'000))
-      : nodes_(std::move(nodes)), store_(std::make_shared<HashStore>(Millis(60'000))) {
-    groups_.resize(nodes_.size());
-    run([&](int r) {
-      ProcessGroupOptions o;
-      o.backend = backend;
-      o.timeout = timeout;
-      o.nodeId = nodes_[r];
-      groups_[r] = ProcessGroup::create(store_, r, size(), o);
-    });
-  }
-  ~NodesWorld() {
-    try {
-      run([&](int r) { groups_[r].reset(); });
-    } catch (...) {
-    }
-  }
-  int size() const { return static_cast<int>(nodes_.size()); }
-  ProcessGroup& pg(int r) { return *groups_[r]; }
-
-  void run(const std::function<void(int)>& fn) {
-    std::vector<std::thread> threads;
-    std::mutex mu;
-    std::string firstError;
-    for (int r = 0; r < size(); ++r) {
-      threads.emplace_back([&, r] {
-        try {
-          fn(r);
-        } catch (const std::exception& e) {
-          std::lock_guard<std::mutex> lock(mu);
-          if (firstError.empty()) firstError = fmt::format("rank {}: {}", r, e.what());
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
-    if (!firstError.empty()) throw std::runtime_error(firstError);
-  }
-
- private:
-  std::vector<std::string> nodes_;
-  std::shared_ptr<HashStore> store_;
-  std::vector<std::shared_ptr<ProcessGroup>> groups_;
-};
-
 std::string cpuBackend(ProcessGroup& pg) { return pg.backend(DeviceType::CPU).name(); }
 
 // ---- node identity ----------------------------------------------------------------------------
@@ -147,7 +99,7 @@ TEST(NodeIdentity, LayoutGroupsRanksByNodeAndOrdersNodesByLowestRank) {
 
 TEST(AutoBackend, OneNodePicksShm) {
   if (!kBuilt) GTEST_SKIP() << "shm or gloo is not built";
-  NodesWorld w({"a", "a", "a"}, "auto");
+  ThreadWorld w({"a", "a", "a"}, "auto");
   w.run([&](int r) { EXPECT_EQ(cpuBackend(w.pg(r)), "shm"); });
 }
 
@@ -155,13 +107,13 @@ TEST(AutoBackend, DefaultNodeIdIsTheHostSoThreadsOfOneProcessGetShm) {
   if (!kBuilt) GTEST_SKIP() << "shm or gloo is not built";
   EnvGuard env;
   env.unset("COHORT_NODE_ID");
-  NodesWorld w({"", ""}, "auto");
+  ThreadWorld w({"", ""}, "auto");
   w.run([&](int r) { EXPECT_EQ(cpuBackend(w.pg(r)), "shm"); });
 }
 
 TEST(AutoBackend, SeveralNodesWithSeveralRanksPickHierarchicalAndSubgroupsChooseAgain) {
   if (!kBuilt) GTEST_SKIP() << "shm or gloo is not built";
-  NodesWorld w({"a", "a", "b", "b", "c"}, "auto");
+  ThreadWorld w({"a", "a", "b", "b", "c"}, "auto");
   w.run([&](int r) {
     auto& pg = w.pg(r);
     EXPECT_EQ(cpuBackend(pg), "hierarchical");
@@ -198,15 +150,15 @@ TEST(AutoBackend, SeveralNodesWithSeveralRanksPickHierarchicalAndSubgroupsChoose
 
 TEST(AutoBackend, OneRankPerNodePicksGloo) {
   if (!kBuilt) GTEST_SKIP() << "shm or gloo is not built";
-  NodesWorld w({"a", "b", "c"}, "auto");
+  ThreadWorld w({"a", "b", "c"}, "auto");
   w.run([&](int r) { EXPECT_EQ(cpuBackend(w.pg(r)), "gloo"); });
 }
 
 TEST(AutoBackend, ExplicitNamesAreKept) {
   if (!kBuilt) GTEST_SKIP() << "shm or gloo is not built";
-  NodesWorld g({"a", "a"}, "gloo");
+  ThreadWorld g({"a", "a"}, "gloo");
   g.run([&](int r) { EXPECT_EQ(cpuBackend(g.pg(r)), "gloo"); });
-  NodesWorld h({"a", "a", "b"}, "hierarchical");
+  ThreadWorld h({"a", "a", "b"}, "hierarchical");
   h.run([&](int r) {
     EXPECT_EQ(cpuBackend(h.pg(r)), "hierarchical");
     Tensor t = filled(DType::BFloat16, 7, [&](int64_t i) { return value(DType::BFloat16, ReduceOp::Avg, r, i); });
@@ -220,7 +172,7 @@ TEST(AutoBackend, ExplicitNamesAreKept) {
 TEST(HierarchicalFailure, StalledRankFailsEveryOtherRankWithTheOpNamed) {
   if (!kBuilt) GTEST_SKIP() << "shm or gloo is not built";
   constexpr Millis kTimeout{1500};
-  NodesWorld w({"a", "a", "b", "b"}, "hierarchical", kTimeout);
+  ThreadWorld w({"a", "a", "b", "b"}, "hierarchical", kTimeout);
   constexpr int kStalled = 3;  // a non-leader: its leader waits in the shm stage, the others behind it
   std::vector<std::string> errors(4);
   w.run([&](int r) {

@@ -23,6 +23,7 @@
 #include <cohort/distributed/store/tcp_store.h>
 
 #include "distributed/env_guard.h"
+#include "harness/ranks.h"
 
 using namespace cohort;
 using namespace cohort::dist;
@@ -263,52 +264,41 @@ TEST(InitProcessGroup, ForkedProcessesFromEnvironmentVariables) {
   const uint16_t port = freePort();
   const bool gloo = hasBackend("gloo");
   if (!gloo) std::printf("[   NOTE   ] this build has no gloo: the forked ranks check the rendezvous only\n");
-  std::vector<pid_t> pids;
-  for (int r = 0; r < world; ++r) {
-    pid_t pid = ::fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      int code = 0;
-      try {
-        ::setenv("RANK", std::to_string(r).c_str(), 1);
-        ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-        ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
-        ::setenv("LOCAL_WORLD_SIZE", std::to_string(world).c_str(), 1);
-        ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-        ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-        ::setenv("COHORT_BACKEND", gloo ? "gloo" : "init_test_null", 1);
-        InitOptions o;
-        o.storeTimeout = Millis(60'000);
-        o.timeout = Millis(60'000);
-        ProcessGroupPtr pg = initProcessGroup(o);
-        if (pg->rank() != r || pg->size() != world || defaultProcessGroup() != pg) code = 2;
-        if (gloo) {
-          Tensor t = full({5}, static_cast<double>(r + 1));
-          pg->allreduce(t)->wait();
-          for (float v : t.toVector<float>()) {
-            if (v != 6.0f) code = 3;  // 1 + 2 + 3
-          }
+  auto results = cohort::testing::runRanks(world, [&](int r, std::ostream&) {
+    int code = 0;
+    try {
+      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("LOCAL_WORLD_SIZE", std::to_string(world).c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      ::setenv("COHORT_BACKEND", gloo ? "gloo" : "init_test_null", 1);
+      InitOptions o;
+      o.storeTimeout = Millis(60'000);
+      o.timeout = Millis(60'000);
+      ProcessGroupPtr pg = initProcessGroup(o);
+      if (pg->rank() != r || pg->size() != world || defaultProcessGroup() != pg) code = 2;
+      if (gloo) {
+        Tensor t = full({5}, static_cast<double>(r + 1));
+        pg->allreduce(t)->wait();
+        for (float v : t.toVector<float>()) {
+          if (v != 6.0f) code = 3;  // 1 + 2 + 3
         }
-        // Rank 0 hosts the store: it leaves last.
-        pg->store()->set("left/" + std::to_string(r), "1");
-        if (r == 0) {
-          std::vector<std::string> keys;
-          for (int p = 0; p < world; ++p) keys.push_back("left/" + std::to_string(p));
-          pg->store()->wait(keys, Millis(60'000));
-        }
-        destroyProcessGroup();
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
-        code = 1;
       }
-      ::_exit(code);
+      // Rank 0 hosts the store: it leaves last.
+      pg->store()->set("left/" + std::to_string(r), "1");
+      if (r == 0) {
+        std::vector<std::string> keys;
+        for (int p = 0; p < world; ++p) keys.push_back("left/" + std::to_string(p));
+        pg->store()->wait(keys, Millis(60'000));
+      }
+      destroyProcessGroup();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+      code = 1;
     }
-    pids.push_back(pid);
-  }
-  for (int r = 0; r < world; ++r) {
-    int status = 0;
-    ASSERT_EQ(::waitpid(pids[r], &status, 0), pids[r]);
-    ASSERT_TRUE(WIFEXITED(status)) << "rank " << r;
-    EXPECT_EQ(WEXITSTATUS(status), 0) << "rank " << r;
-  }
+    return code;
+  });
+  for (int r = 0; r < world; ++r) EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].describe();
 }

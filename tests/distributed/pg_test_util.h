@@ -1,6 +1,6 @@
-// Helpers for process-group tests: ranks as threads sharing a HashStore (ThreadWorld), per-rank
-// data that every reduction keeps exact, references computed in double, and element-by-element
-// comparison.
+// Helpers for process-group tests: the worlds of tests/harness/world.h (ranks as threads sharing a
+// HashStore, or a launcher's processes), per-rank data that every reduction keeps exact,
+// references computed in double, and element-by-element comparison.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -20,6 +20,8 @@
 #include <cohort/distributed/process_group.h>
 #include <cohort/distributed/store/hash_store.h>
 
+#include "harness/world.h"
+
 namespace cohort::dist::testing {
 
 using namespace std::chrono_literals;
@@ -31,52 +33,10 @@ inline const std::vector<ReduceOp> kAllReduceOps = {ReduceOp::Sum, ReduceOp::Avg
 inline const std::vector<int64_t> kCounts = {0, 1, 7, 1000};
 inline constexpr int64_t kLargeCount = (1 << 20) + 3;
 
-// Ranks as threads: one ProcessGroup per rank over a shared HashStore.
-class ThreadWorld {
- public:
-  ThreadWorld(const std::string& backend, int size, Millis timeout = Millis(30'000)) : size_(size) {
-    store_ = std::make_shared<HashStore>(Millis(60'000));
-    groups_.resize(size);
-    run([&](int r) {
-      ProcessGroupOptions o;
-      o.backend = backend;
-      o.timeout = timeout;
-      groups_[r] = ProcessGroup::create(store_, r, size, o);
-    });
-  }
-  ~ThreadWorld() {
-    // Tear down in parallel: a backend may wait for its peers while closing.
-    run([&](int r) { groups_[r].reset(); });
-  }
-
-  int size() const { return size_; }
-  ProcessGroup& pg(int r) { return *groups_[r]; }
-  const std::shared_ptr<HashStore>& store() const { return store_; }
-
-  // Runs fn(rank) on one thread per rank; rethrows the first exception (prefixed with its rank).
-  void run(const std::function<void(int)>& fn) {
-    std::vector<std::thread> threads;
-    std::mutex mu;
-    std::string firstError;
-    for (int r = 0; r < size_; ++r) {
-      threads.emplace_back([&, r] {
-        try {
-          fn(r);
-        } catch (const std::exception& e) {
-          std::lock_guard<std::mutex> lock(mu);
-          if (firstError.empty()) firstError = fmt::format("rank {}: {}", r, e.what());
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
-    if (!firstError.empty()) throw std::runtime_error(firstError);
-  }
-
- private:
-  int size_;
-  std::shared_ptr<HashStore> store_;
-  std::vector<std::shared_ptr<ProcessGroup>> groups_;
-};
+// Ranks as threads, or as a launcher's processes: tests/harness/world.h.
+using ::cohort::testing::makeWorld;
+using ::cohort::testing::ThreadWorld;
+using ::cohort::testing::World;
 
 // ---- data and references -------------------------------------------------------------------
 
@@ -134,6 +94,18 @@ inline double reduceRef(DType d, ReduceOp op, int size, int64_t i, const std::ve
   }
   if (op == ReduceOp::Avg) acc /= static_cast<double>(rs.size());
   return roundTo(d, acc);
+}
+
+// value() and so every reference built from it repeat every kValuePeriod indices (the moduli
+// it uses are 2, 3, 5 and 11).
+inline constexpr int64_t kValuePeriod = 330;
+
+// f, computed once for the first kValuePeriod indices: the same function for any f of the form
+// i -> g(value(..., c + i)), and cheap on the million-element tensors.
+inline std::function<double(int64_t)> periodic(const std::function<double(int64_t)>& f) {
+  auto table = std::make_shared<std::vector<double>>(kValuePeriod);
+  for (int64_t i = 0; i < kValuePeriod; ++i) (*table)[i] = f(i);
+  return [table](int64_t i) { return (*table)[i % kValuePeriod]; };
 }
 
 inline Tensor filled(DType d, int64_t n, const std::function<double(int64_t)>& f) {

@@ -1,6 +1,6 @@
 // The shm backend with ranks as threads: the backend-neutral collectives suite, again with tiny
 // slots so every op streams through many chunks, segment cleanup, a stalled rank and a setup that
-// never completes. (Forked ranks are in shm_failure_test.cc: a process that already ran gloo's
+// never completes. (Forked ranks are in failure_test.cc: a process that already ran gloo's
 // TCP device thread cannot fork children that use gloo.)
 #include <unistd.h>
 

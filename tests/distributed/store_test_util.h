@@ -27,6 +27,7 @@
 #include <cohort/distributed/store/prefix_store.h>
 #include <cohort/distributed/store/tcp_store.h>
 
+#include "harness/ranks.h"
 #include "temp_dir.h"
 
 namespace cohort::dist::testing {
@@ -90,54 +91,23 @@ struct PrefixKind {
   }
 };
 
-// Runs fn(i) in n forked children. Each child exits 0 when fn returns, 1 when it throws (the
-// message goes to stderr). Children still running after `limit` are killed, so a hang fails the
-// test instead of stalling it. Returns each child's exit code (-signal when killed).
-// The children start only once every fork is done (they wait on a pipe the parent then closes):
-// a child of a multi-threaded parent inherits whatever lock another parent thread held at the
-// fork — under AddressSanitizer, GCC 12's allocator lock, which hung children — so no child's
-// traffic may keep the parent's store threads busy while the parent is still forking.
+// Runs fn(i) in n forked children (the process harness, tests/harness/ranks.h: they start
+// together once every fork is done, and the ones still running after `limit` are killed, so a
+// hang fails the test instead of stalling it). A child exits 0 when fn returns, 1 when it throws
+// (the message goes to stderr). Returns each child's exit code (-signal when killed).
 inline std::vector<int> runChildren(int n, const std::function<void(int)>& fn, Millis limit = 20s) {
-  std::vector<pid_t> pids;
-  int gate[2];
-  if (pipe(gate) != 0) throw std::runtime_error("pipe failed");
-  for (int i = 0; i < n; ++i) {
-    pid_t pid = fork();
-    if (pid < 0) throw std::runtime_error("fork failed");
-    if (pid == 0) {
-      close(gate[1]);
-      char c;
-      while (read(gate[0], &c, 1) < 0 && errno == EINTR) {
-      }
-      close(gate[0]);
-      int code = 0;
-      try {
+  ::cohort::testing::RankOptions o;
+  o.limit = limit;
+  o.tag = "child";
+  auto results = ::cohort::testing::runRanks(
+      n,
+      [&](int i, std::ostream&) {
         fn(i);
-      } catch (const std::exception& e) {
-        fprintf(stderr, "child %d: %s\n", i, e.what());
-        code = 1;
-      } catch (...) {
-        code = 1;
-      }
-      fflush(stderr);
-      _exit(code);  // no destructors of the parent's objects in the child
-    }
-    pids.push_back(pid);
-  }
-  close(gate[0]);
-  close(gate[1]);  // every child's read returns now
-  std::vector<int> codes(n, 0);
-  auto deadline = std::chrono::steady_clock::now() + limit;
-  for (int i = 0; i < n; ++i) {
-    int status = 0;
-    for (;;) {
-      pid_t r = waitpid(pids[i], &status, WNOHANG);
-      if (r == pids[i]) break;
-      if (std::chrono::steady_clock::now() > deadline) kill(pids[i], SIGKILL);
-      std::this_thread::sleep_for(5ms);
-    }
-    codes[i] = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
-  }
+        return 0;
+      },
+      o);
+  std::vector<int> codes;
+  for (const auto& r : results) codes.push_back(r.code());
   return codes;
 }
 

@@ -157,7 +157,7 @@ std::string rankBody(const std::string& dir, const WorldRun& run, int rank) {
 
 std::vector<ChildResult> runWorld(const TempDir& tmp, const WorldRun& run) {
   const std::string dir = tmp.path().string();
-  return runForkedIn(dir, run.world, 120s, [&](int rank, std::ofstream& report) {
+  return runForkedIn(dir, run.world, 120s, [&](int rank, std::ostream& report) {
     report << rankBody(dir, run, rank);
     return 0;
   });
