@@ -9,6 +9,7 @@
 #include <cohort/core/ops/ops.h>
 #include <cohort/core/util/check.h>
 #include <cohort/core/util/error.h>
+#include <cohort/core/util/logging.h>
 
 namespace cohort::fsdp {
 
@@ -103,12 +104,24 @@ void FlatParamHandle::restParams() {
 }
 
 FlatParamHandle::~FlatParamHandle() {
-  // A gather or reduction still in flight writes into our buffers: let it finish first.
-  try {
-    if (pending_) pending_->wait();
-    if (reducePending_) reducePending_->wait();
-  } catch (...) {
-  }
+  // A gather or reduction still in flight writes into our buffers: let each finish first, also when the
+  // other failed. A destructor must not throw, so a failure is logged with what it was.
+  auto settle = [this](const auto& work, const char* what) {
+    if (!work) return;
+    try {
+      work->wait();
+    } catch (const std::exception& e) {
+      COHORT_LOG(Warning, "FSDP flat parameter of {} parameters: the {} still in flight at destruction failed: {}",
+                 params_.size(), what, e.what());
+    } catch (...) {
+      COHORT_LOG(Warning,
+                 "FSDP flat parameter of {} parameters: the {} still in flight at destruction failed with a "
+                 "non-standard exception",
+                 params_.size(), what);
+    }
+  };
+  settle(pending_, "parameter all-gather");
+  settle(reducePending_, "gradient reduction");
 }
 
 int FlatParamHandle::shardSize() const { return groups_.shard ? groups_.shard->size() : 1; }

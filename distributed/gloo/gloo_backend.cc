@@ -14,6 +14,7 @@
 
 #include <cohort/core/util/env.h>
 #include <cohort/core/util/error.h>
+#include <cohort/core/util/logging.h>
 #include <cohort/distributed/gloo/store_adapter.h>
 
 namespace cohort::dist::gloo_backend {
@@ -192,7 +193,14 @@ void GlooBackend::breakWith(std::exception_ptr error) {
   // Closing our side makes peers blocked on this rank fail now rather than at their timeout.
   try {
     context_->closeConnections();
+  } catch (const std::exception& e) {
+    // The group is already broken with `error`; failing to close early only delays peers to their timeout.
+    COHORT_LOG(Warning,
+               "gloo: closing connections after the group broke failed (peers will see their "
+               "timeout instead): {}",
+               e.what());
   } catch (...) {
+    COHORT_LOG(Warning, "gloo: closing connections after the group broke failed with a non-standard exception");
   }
 }
 

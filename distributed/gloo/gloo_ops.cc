@@ -1,5 +1,6 @@
 // The collectives of GlooBackend: each enqueues a body that runs on the worker thread.
 #include <cstring>
+#include <functional>
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
@@ -15,14 +16,29 @@
 #include <cohort/core/ops/ops.h>
 #include <cohort/core/tensor/dtype.h>
 #include <cohort/core/util/check.h>
+#include <cohort/distributed/detail/reduce_kernels.h>
 #include <cohort/distributed/gloo/gloo_backend.h>
-#include <cohort/distributed/gloo/reduce_kernels.h>
 
 namespace cohort::dist::gloo_backend {
 
 namespace {
 
 using Ctx = std::shared_ptr<::gloo::Context>;
+using ::cohort::dist::detail::accumulate;
+
+// The gloo reduce function for a storage type T (never Half/BFloat16: those are widened first).
+using GlooReduceFn = std::function<void(void*, const void*, const void*, size_t)>;
+template <typename T>
+GlooReduceFn reduceFn(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg: return &::cohort::dist::detail::combineInto<T, ReduceOp::Sum>;
+    case ReduceOp::Product: return &::cohort::dist::detail::combineInto<T, ReduceOp::Product>;
+    case ReduceOp::Min: return &::cohort::dist::detail::combineInto<T, ReduceOp::Min>;
+    case ReduceOp::Max: return &::cohort::dist::detail::combineInto<T, ReduceOp::Max>;
+  }
+  return &::cohort::dist::detail::combineInto<T, ReduceOp::Sum>;
+}
 
 bool isHalf(DType d) { return d == DType::Float16 || d == DType::BFloat16; }
 

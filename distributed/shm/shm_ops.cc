@@ -8,10 +8,13 @@
 
 #include <cohort/core/ops/ops.h>
 #include <cohort/core/util/error.h>
+#include <cohort/distributed/detail/reduce_kernels.h>
 #include <cohort/distributed/shm/shm_backend.h>
-#include <cohort/distributed/shm/shm_kernels.h>
 
 namespace cohort::dist::shm {
+
+using ::cohort::dist::detail::reduceSources;
+using ::cohort::dist::detail::reduceSourcesInto;
 
 namespace {
 
