@@ -15,8 +15,8 @@
 #include <cohort/core/ops/ops.h>
 #include <cohort/core/tensor/dtype.h>
 #include <cohort/core/util/check.h>
+#include <cohort/distributed/gloo/detail/reduce_kernels.h>
 #include <cohort/distributed/gloo/gloo_backend.h>
-#include <cohort/distributed/gloo/reduce_kernels.h>
 
 namespace cohort::dist::gloo_backend {
 

@@ -12,7 +12,7 @@
 #include <cohort/core/util/env.h>
 #include <cohort/core/util/error.h>
 #include <cohort/core/util/logging.h>
-#include <cohort/distributed/mpi/mpi_state.h>
+#include <cohort/distributed/mpi/detail/mpi_state.h>
 
 namespace cohort::dist {
 
@@ -189,8 +189,8 @@ void MpiBackend::State::abortJobForStuckCaller(const WorkPtr& work) {
   try {
     std::rethrow_exception(
         work->timeoutError("MPI cannot interrupt a blocking collective running on its caller's thread "
-                           "(COHORT_MPI_COLLECTIVE_THREAD=caller), so this rank ends the job with MPI_Abort; with "
-                           "COHORT_MPI_COLLECTIVE_THREAD=worker the timeout is an exception instead"));
+                           "(COHORT_COLLECTIVE_THREAD=caller), so this rank ends the job with MPI_Abort; with "
+                           "COHORT_COLLECTIVE_THREAD=worker the timeout is an exception instead"));
   } catch (const std::exception& e) {
     msg = e.what();
   }

@@ -8,8 +8,8 @@
 
 #include <cohort/core/ops/ops.h>
 #include <cohort/core/util/error.h>
+#include <cohort/distributed/shm/detail/shm_kernels.h>
 #include <cohort/distributed/shm/shm_backend.h>
-#include <cohort/distributed/shm/shm_kernels.h>
 
 namespace cohort::dist::shm {
 
