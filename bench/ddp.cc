@@ -36,7 +36,7 @@
  *                 that backward hid. It is 0 when the exposed time is as long as (or longer than:
  *                 bucketed all-reduces competing with backward for the cores) the bare one.
  * `--label` replaces the backend name in the output (the script runs "shm" twice, once with
- * COHORT_SHM_THREAD=worker, and labels that row "shm-worker").
+ * COHORT_COLLECTIVE_THREAD=worker, and labels that row "shm-worker").
  */
 #include <sys/wait.h>
 #include <unistd.h>

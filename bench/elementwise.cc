@@ -37,7 +37,7 @@
 #include <vector>
 
 #include <cohort/cohort.h>
-#include <cohort/core/ops/simd.h>
+#include <cohort/core/ops/detail/simd.h>
 
 namespace {
 

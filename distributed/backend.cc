@@ -1,5 +1,6 @@
 #include <cohort/distributed/backend.h>
 
+#include <cstdlib>
 #include <map>
 #include <mutex>
 
@@ -7,9 +8,35 @@
 #include <fmt/ranges.h>
 
 #include <cohort/core/ops/ops.h>
+#include <cohort/core/util/env.h>
 #include <cohort/core/util/error.h>
 
 namespace cohort::dist {
+namespace {
+COHORT_ENV_KNOB(kCollectiveThread, "COHORT_COLLECTIVE_THREAD", "caller",
+                "Where the shm and mpi backends run collectives: caller (the issuing thread; the Work is complete "
+                "on return; for mpi a timeout ends the job with MPI_Abort) or worker (one thread per group; "
+                "asynchronous Works; for mpi a timeout is an exception)");
+
+// A variable that was renamed: set to anything, it is an error naming the new one, so a job
+// configured with the old name fails at once instead of silently running with the default. Old
+// names are not knobs (`cohortrun --help-env` does not list them).
+void rejectRenamed(const char* oldName, const env::Knob& replacement) {
+  const char* v = std::getenv(oldName);
+  if (v == nullptr) return;
+  throw ValueError(fmt::format("environment variable {}='{}' is no longer read: it was renamed {}; unset {} and set {}",
+                               oldName, v, replacement.name(), oldName, replacement.name()));
+}
+}  // namespace
+
+CollectiveThread collectiveThreadFromEnv() {
+  rejectRenamed("COHORT_SHM_THREAD", kCollectiveThread);
+  rejectRenamed("COHORT_MPI_COLLECTIVE_THREAD", kCollectiveThread);
+  const std::string where = kCollectiveThread.str();
+  if (where == "caller") return CollectiveThread::Caller;
+  if (where == "worker") return CollectiveThread::Worker;
+  throw ValueError(fmt::format("COHORT_COLLECTIVE_THREAD must be caller or worker, got '{}'", where));
+}
 
 void Backend::unsupported(OpType op) const {
   throw NotSupportedError(fmt::format("backend {} does not support {}", name_, opTypeName(op)));

@@ -4,7 +4,7 @@
  * in the flight recorder and creates the Work; then it calls the backend, which completes `work`
  * (Work::finish / Work::fail) in one of two ways:
  *  - on the caller's thread, before it returns: shm and mpi do this by default
- *    (COHORT_SHM_THREAD, COHORT_MPI_COLLECTIVE_THREAD), since handing a small op to another thread
+ *    (COHORT_COLLECTIVE_THREAD=caller, collectiveThreadFromEnv below), since handing a small op to another thread
  *    costs more than the op; the caller is blocked for the op's duration;
  *  - on its own threads, returning at once: gloo, hierarchical, and shm and mpi in worker mode.
  * Either way no op stays pending past its deadline: a caller-thread op bounds every wait by it
@@ -106,6 +106,14 @@ struct BackendOptions {
   std::string nodeId{};
   std::vector<std::string> nodeIds{};
 };
+
+// Where a backend that has the choice (shm, mpi) runs its collectives, from
+// COHORT_COLLECTIVE_THREAD=caller|worker (default caller): on the issuing thread, the Work complete
+// on return, or on one worker thread per group, the Work asynchronous. Read when a backend is
+// created. Throws ValueError naming the variable for any other value, and also when a variable it
+// was renamed from is set: COHORT_SHM_THREAD (renamed) or COHORT_MPI_COLLECTIVE_THREAD (renamed).
+enum class CollectiveThread { Caller, Worker };
+CollectiveThread collectiveThreadFromEnv();
 
 // Makes a backend for one process group. `store` is already prefixed for this group.
 using BackendFactory = std::function<BackendPtr(const StorePtr& store, int rank, int size, const BackendOptions&)>;

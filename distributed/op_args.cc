@@ -1,4 +1,4 @@
-#include <cohort/distributed/op_args.h>
+#include <cohort/distributed/detail/op_args.h>
 
 #include <algorithm>
 #include <charconv>

@@ -21,7 +21,7 @@
 #include <cohort/distributed/store/prefix_store.h>
 #include <cohort/distributed/topology.h>
 
-#include <cohort/distributed/op_args.h>
+#include <cohort/distributed/detail/op_args.h>
 
 namespace cohort::dist {
 

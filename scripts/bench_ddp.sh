@@ -5,7 +5,7 @@
 # without DDP. Each repetition runs, in turn:
 #   cohort one process (bench/ddp --world 1)      PyTorch one process (bench/torch_ddp.py --world 1)
 #   cohort DDP gloo                               PyTorch DDP gloo
-#   cohort DDP shm                                cohort DDP shm with COHORT_SHM_THREAD=worker
+#   cohort DDP shm                                cohort DDP shm with COHORT_COLLECTIVE_THREAD=worker
 #   cohort DDP mpi (under mpirun, when built)
 # every DDP program over each bucket cap in CAPS. The table keeps the median over repetitions of
 # each program's medians, and prints those goals as ratios.
@@ -60,7 +60,7 @@ for ((rep = 1; rep <= repeat; rep++)); do
   if grep -qx shm <<<"$backends"; then
     run "$rep" "$ddp" --backend shm --bucket-cap-mb "$caps" "${common[@]}"
     if [[ -z "${NO_SHM_WORKER:-}" ]]; then
-      COHORT_SHM_THREAD=worker run "$rep" "$ddp" --backend shm --label shm-worker --bucket-cap-mb "$caps" "${common[@]}"
+      COHORT_COLLECTIVE_THREAD=worker run "$rep" "$ddp" --backend shm --label shm-worker --bucket-cap-mb "$caps" "${common[@]}"
     fi
   fi
   if [[ -z "${NO_MPI:-}" ]] && grep -qx mpi <<<"$backends" && command -v mpirun >/dev/null 2>&1; then

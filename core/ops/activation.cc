@@ -2,10 +2,10 @@
 // vectorizable float math of vec_math.h; backward formulas are fused single-pass kernels in
 // torch's formulas (so float results match torch's to rounding).
 #include <cohort/core/autograd/function.h>
-#include <cohort/core/ops/elementwise_impl.h>
+#include <cohort/core/ops/detail/elementwise_impl.h>
+#include <cohort/core/ops/detail/simd.h>
+#include <cohort/core/ops/detail/vec_math.h>
 #include <cohort/core/ops/ops.h>
-#include <cohort/core/ops/simd.h>
-#include <cohort/core/ops/vec_math.h>
 
 namespace cohort {
 

@@ -3,7 +3,7 @@
 #include <array>
 
 #include <cohort/core/autograd/function.h>
-#include <cohort/core/ops/elementwise_impl.h>
+#include <cohort/core/ops/detail/elementwise_impl.h>
 #include <cohort/core/ops/ops.h>
 
 namespace cohort {

@@ -8,10 +8,10 @@
 #include <utility>
 
 #include <cohort/core/autograd/function.h>
-#include <cohort/core/ops/elementwise_impl.h>
+#include <cohort/core/ops/detail/elementwise_impl.h>
+#include <cohort/core/ops/detail/simd.h>
+#include <cohort/core/ops/detail/vec_math.h>
 #include <cohort/core/ops/ops.h>
-#include <cohort/core/ops/simd.h>
-#include <cohort/core/ops/vec_math.h>
 
 namespace cohort {
 

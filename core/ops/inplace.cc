@@ -15,7 +15,7 @@
 
 #include <cohort/core/autograd/function.h>
 #include <cohort/core/autograd/grad_mode.h>
-#include <cohort/core/ops/elementwise_impl.h>
+#include <cohort/core/ops/detail/elementwise_impl.h>
 #include <cohort/core/ops/ops.h>
 
 namespace cohort {

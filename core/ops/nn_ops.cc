@@ -8,9 +8,9 @@
 #include <limits>
 
 #include <cohort/core/autograd/function.h>
+#include <cohort/core/ops/detail/reduce_impl.h>
+#include <cohort/core/ops/detail/vec_math.h>
 #include <cohort/core/ops/functional.h>
-#include <cohort/core/ops/reduce_impl.h>
-#include <cohort/core/ops/vec_math.h>
 #include <cohort/core/tensor/generator.h>
 
 namespace cohort {

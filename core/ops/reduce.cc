@@ -20,8 +20,8 @@
 #endif
 
 #include <cohort/core/autograd/function.h>
-#include <cohort/core/ops/reduce_impl.h>
-#include <cohort/core/ops/vec_math.h>
+#include <cohort/core/ops/detail/reduce_impl.h>
+#include <cohort/core/ops/detail/vec_math.h>
 #include <cohort/core/tensor/iter.h>
 
 namespace cohort {

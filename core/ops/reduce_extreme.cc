@@ -7,7 +7,7 @@
 #include <type_traits>
 
 #include <cohort/core/autograd/function.h>
-#include <cohort/core/ops/reduce_impl.h>
+#include <cohort/core/ops/detail/reduce_impl.h>
 #include <cohort/core/tensor/iter.h>
 
 namespace cohort {

@@ -1,4 +1,4 @@
-#include <cohort/core/ops/simd.h>
+#include <cohort/core/ops/detail/simd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -7,8 +7,8 @@
 
 #include <fmt/format.h>
 
+#include <cohort/core/ops/detail/vec_math.h>
 #include <cohort/core/ops/ops.h>
-#include <cohort/core/ops/vec_math.h>
 #include <cohort/core/tensor/iter.h>
 #include <cohort/core/util/env.h>
 #include <cohort/core/util/error.h>

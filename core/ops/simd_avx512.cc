@@ -1,4 +1,4 @@
-// The AVX-512 loops of core/ops/simd.h. This file alone is compiled with -march=x86-64-v4
+// The AVX-512 loops of core/ops/detail/simd.h. This file alone is compiled with -march=x86-64-v4
 // (core/CMakeLists.txt); without that flag it compiles to no kernels and simd.cc never calls in.
 //
 // Keep it to plain loops over float pointers calling the always-inline vecmath functions, and
@@ -11,7 +11,7 @@
 #include <immintrin.h>
 #endif
 
-#include <cohort/core/ops/vec_math.h>
+#include <cohort/core/ops/detail/vec_math.h>
 
 namespace cohort::detail::simd::avx512 {
 

@@ -15,7 +15,7 @@
 #include <cohort/core/util/env.h>
 #include <cohort/core/util/error.h>
 #include <cohort/core/util/logging.h>
-#include <cohort/distributed/gloo/store_adapter.h>
+#include <cohort/distributed/gloo/detail/store_adapter.h>
 
 namespace cohort::dist::gloo_backend {
 

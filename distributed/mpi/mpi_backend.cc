@@ -12,7 +12,7 @@
 #include <cohort/core/util/env.h>
 #include <cohort/core/util/error.h>
 #include <cohort/core/util/logging.h>
-#include <cohort/distributed/mpi/mpi_state.h>
+#include <cohort/distributed/mpi/detail/mpi_state.h>
 
 namespace cohort::dist {
 
@@ -24,10 +24,6 @@ void check(int rc, const char* call) {
 }
 
 namespace {
-COHORT_ENV_KNOB(kCollectiveThreadKnob, "COHORT_MPI_COLLECTIVE_THREAD", "caller",
-                "Where the mpi backend runs collectives: caller (the issuing thread; fastest; a timeout ends the "
-                "job with MPI_Abort) or worker (a thread per group; asynchronous; a timeout is an exception)");
-
 // How often the watchdog looks at a collective running on its caller's thread (it is not woken
 // per op: that would cost a context switch on the rank's core).
 constexpr std::chrono::milliseconds kCallerPoll{20};
@@ -70,11 +66,7 @@ MpiBackend::MpiBackend(int rank, int size, const BackendOptions& opts)
   }
   state_->groupName = opts.groupName;
   state_->size = size;
-  std::string where = mpi::kCollectiveThreadKnob.str();
-  if (where != "caller" && where != "worker") {
-    throw ValueError(fmt::format("COHORT_MPI_COLLECTIVE_THREAD must be 'caller' or 'worker', got '{}'", where));
-  }
-  state_->onCaller = where == "caller";
+  state_->onCaller = collectiveThreadFromEnv() == CollectiveThread::Caller;
   state_->comm = mpi::MpiComm::create(env, global, opts.groupName);
   if (state_->comm->rank() != rank || state_->comm->size() != size) {
     throw DistError(fmt::format("backend mpi: group '{}': the communicator has this process as rank {} of {}, "
@@ -197,8 +189,8 @@ void MpiBackend::State::abortJobForStuckCaller(const WorkPtr& work) {
   try {
     std::rethrow_exception(
         work->timeoutError("MPI cannot interrupt a blocking collective running on its caller's thread "
-                           "(COHORT_MPI_COLLECTIVE_THREAD=caller), so this rank ends the job with MPI_Abort; with "
-                           "COHORT_MPI_COLLECTIVE_THREAD=worker the timeout is an exception instead"));
+                           "(COHORT_COLLECTIVE_THREAD=caller), so this rank ends the job with MPI_Abort; with "
+                           "COHORT_COLLECTIVE_THREAD=worker the timeout is an exception instead"));
   } catch (const std::exception& e) {
     msg = e.what();
   }

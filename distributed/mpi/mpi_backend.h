@@ -6,7 +6,7 @@
  * Threads. Collectives are blocking MPI calls: they are OpenMPI's fastest (the tuned and
  * shared-memory components; MPI_Iallreduce took twice as long at every size here), and float32
  * runs with no copy (MPI_IN_PLACE on the caller's tensor). Where they run is chosen per process by
- * COHORT_MPI_COLLECTIVE_THREAD:
+ * COHORT_COLLECTIVE_THREAD:
  *  - "caller" (the default): on the thread that issues the collective, which needs
  *    MPI_THREAD_MULTIPLE for several threads or groups (else calls take turns through
  *    MpiEnvironment::lock). The returned Work is already complete. This is MPI's own call plus

@@ -1,4 +1,4 @@
-#include <cohort/distributed/mpi/mpi_comm.h>
+#include <cohort/distributed/mpi/detail/mpi_comm.h>
 
 #include <functional>
 

@@ -1,4 +1,4 @@
-#include <cohort/distributed/mpi/mpi_datatype.h>
+#include <cohort/distributed/mpi/detail/mpi_datatype.h>
 
 #include <climits>
 

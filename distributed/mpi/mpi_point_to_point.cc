@@ -3,8 +3,8 @@
 #include <fmt/format.h>
 
 #include <cohort/core/util/error.h>
-#include <cohort/distributed/mpi/mpi_datatype.h>
-#include <cohort/distributed/mpi/mpi_state.h>
+#include <cohort/distributed/mpi/detail/mpi_datatype.h>
+#include <cohort/distributed/mpi/detail/mpi_state.h>
 
 namespace cohort::dist {
 

@@ -33,9 +33,6 @@ COHORT_ENV_KNOB(kSlotBytes, "COHORT_SHM_SLOT_BYTES", "4194304",
                 "Bytes of each of the two slots of a rank's shared-memory segment (shm backend)");
 COHORT_ENV_KNOB(kSmallBytes, "COHORT_SHM_SMALL_BYTES", "32768",
                 "Largest allreduce (bytes) the shm backend does in one round, every rank reducing everything");
-COHORT_ENV_KNOB(kThread, "COHORT_SHM_THREAD", "caller",
-                "Where the shm backend runs collectives: caller (the issuing thread, the Work is complete on "
-                "return) or worker (one thread per group, asynchronous Works)");
 COHORT_ENV_KNOB(kMaxBufferBytes, "COHORT_SHM_MAX_BUFFER_BYTES", "0",
                 "Largest buffer (bytes) allocateCommBuffer places in /dev/shm, e.g. DDP's buckets (0: no cap); "
                 "larger ones are plain memory, reduced through the slots");
@@ -156,11 +153,7 @@ ShmConfig ShmConfig::fromEnv() {
   const int64_t maxBuffer = kMaxBufferBytes.integer();
   if (maxBuffer < 0) throw ValueError(fmt::format("COHORT_SHM_MAX_BUFFER_BYTES must be 0 or more, got {}", maxBuffer));
   c.maxBufferBytes = static_cast<size_t>(maxBuffer);
-  const std::string mode = kThread.str();
-  if (mode != "caller" && mode != "worker") {
-    throw ValueError(fmt::format("COHORT_SHM_THREAD must be caller or worker, got '{}'", mode));
-  }
-  c.worker = mode == "worker";
+  c.worker = collectiveThreadFromEnv() == CollectiveThread::Worker;
   return c;
 }
 

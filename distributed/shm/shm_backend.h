@@ -51,7 +51,7 @@
  * complete (as the mpi backend's default): a 4 KiB allreduce takes a few µs here, and handing
  * each op to a worker thread would cost two context switches (tens of µs on a 2-core host).
  * Deadlines are still honoured, since every wait is bounded by the op's deadline. The price is
- * that communication does not overlap the caller's computation; COHORT_SHM_THREAD=worker runs
+ * that communication does not overlap the caller's computation; COHORT_COLLECTIVE_THREAD=worker runs
  * the ops on one worker thread per group instead, in issue order (as the gloo backend), for
  * hosts with a core to spare. Ops of one group are serialized by a mutex; different groups have
  * different segments and may run concurrently.
@@ -113,13 +113,13 @@ struct alignas(64) ShmHeader {
 };
 
 // Sizes, spin time and thread mode; fromEnv() reads COHORT_SHM_SLOT_BYTES, COHORT_SHM_SMALL_BYTES,
-// COHORT_SHM_SPIN_US, COHORT_SHM_THREAD and COHORT_SHM_MAX_BUFFER_BYTES (every rank of a group must
+// COHORT_SHM_SPIN_US, COHORT_COLLECTIVE_THREAD and COHORT_SHM_MAX_BUFFER_BYTES (every rank of a group must
 // use the same slot size).
 struct ShmConfig {
   size_t slotBytes = 4 << 20;
   size_t smallBytes = 32 << 10;
   std::chrono::microseconds spin{20};
-  bool worker = false;        // run ops on a worker thread (COHORT_SHM_THREAD=worker) instead of the caller's
+  bool worker = false;        // run ops on a worker thread (COHORT_COLLECTIVE_THREAD=worker) instead of the caller's
   size_t maxBufferBytes = 0;  // allocateCommBuffer: larger buffers are plain memory (0: no cap)
   static ShmConfig fromEnv();
 };

@@ -14,7 +14,7 @@
 
 #include <cohort/core/util/error.h>
 #include <cohort/core/util/logging.h>
-#include <cohort/distributed/store/store_util.h>
+#include <cohort/distributed/store/detail/store_util.h>
 
 namespace cohort::dist {
 namespace {

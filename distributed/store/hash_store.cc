@@ -1,6 +1,6 @@
 #include <cohort/distributed/store/hash_store.h>
 
-#include <cohort/distributed/store/store_util.h>
+#include <cohort/distributed/store/detail/store_util.h>
 
 namespace cohort::dist {
 

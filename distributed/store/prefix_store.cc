@@ -4,7 +4,7 @@
 
 #include <cohort/core/util/check.h>
 #include <cohort/core/util/error.h>
-#include <cohort/distributed/store/store_util.h>
+#include <cohort/distributed/store/detail/store_util.h>
 
 namespace cohort::dist {
 

@@ -1,4 +1,4 @@
-#include <cohort/distributed/store/store_util.h>
+#include <cohort/distributed/store/detail/store_util.h>
 
 #include <fmt/format.h>
 

@@ -17,8 +17,8 @@
 
 #include <cohort/core/util/error.h>
 #include <cohort/core/util/logging.h>
-#include <cohort/distributed/store/store_util.h>
-#include <cohort/distributed/store/tcp_protocol.h>
+#include <cohort/distributed/store/detail/store_util.h>
+#include <cohort/distributed/store/detail/tcp_protocol.h>
 #include <cohort/distributed/store/tcp_store.h>
 
 namespace cohort::dist {

@@ -1,4 +1,4 @@
-#include <cohort/rpc/tensorpipe/parallel_cma.h>
+#include <cohort/rpc/tensorpipe/detail/parallel_cma.h>
 
 #include <sys/uio.h>
 #include <unistd.h>

@@ -11,8 +11,8 @@
 #include <tensorpipe/tensorpipe.h>
 
 #include <cohort/core/util/logging.h>
-#include <cohort/distributed/store/store_util.h>
-#include <cohort/rpc/tensorpipe/parallel_cma.h>
+#include <cohort/distributed/store/detail/store_util.h>
+#include <cohort/rpc/tensorpipe/detail/parallel_cma.h>
 
 namespace tp = tensorpipe;
 

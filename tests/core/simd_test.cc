@@ -1,4 +1,4 @@
-// The AVX-512 builds of the compute-bound float32 kernels (core/ops/simd.h) give the same bits as
+// The AVX-512 builds of the compute-bound float32 kernels (core/ops/detail/simd.h) give the same bits as
 // the portable kernels for every op (a NaN's sign aside; pow is its own, more accurate algorithm
 // there, held to half an ulp and to the portable special cases), over random inputs across the whole float range and
 // every special value (0, -0, subnormals, +-inf, NaN, the edges where exp overflows or pow switches form); and they
@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
+#include <cohort/core/ops/detail/simd.h>
 #include <cohort/core/ops/ops.h>
-#include <cohort/core/ops/simd.h>
 
 #include "core/test_util.h"
 

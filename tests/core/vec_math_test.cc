@@ -1,4 +1,4 @@
-// Accuracy of the vectorizable float math (core/ops/vec_math.h) against double-precision std::
+// Accuracy of the vectorizable float math (core/ops/detail/vec_math.h) against double-precision std::
 // functions: maximum error in ulp over a sweep of the whole float range, and IEEE special values.
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <limits>
 #include <random>
 
-#include <cohort/core/ops/vec_math.h>
+#include <cohort/core/ops/detail/vec_math.h>
 
 namespace vm = cohort::vecmath;
 

@@ -234,18 +234,18 @@ TEST(MpiBackend, RanksThatAreNotMpiRanksAreRefused) {
 
 // ---- timeouts ----------------------------------------------------------------------------------
 
-// Sets COHORT_MPI_COLLECTIVE_THREAD for the backends created while it lives (read at creation).
+// Sets COHORT_COLLECTIVE_THREAD for the backends created while it lives (read at creation).
 class CollectiveThreadGuard {
  public:
   explicit CollectiveThreadGuard(const char* where) {
-    if (const char* v = std::getenv("COHORT_MPI_COLLECTIVE_THREAD")) old_ = v;
-    setenv("COHORT_MPI_COLLECTIVE_THREAD", where, 1);
+    if (const char* v = std::getenv("COHORT_COLLECTIVE_THREAD")) old_ = v;
+    setenv("COHORT_COLLECTIVE_THREAD", where, 1);
   }
   ~CollectiveThreadGuard() {
     if (old_.empty()) {
-      unsetenv("COHORT_MPI_COLLECTIVE_THREAD");
+      unsetenv("COHORT_COLLECTIVE_THREAD");
     } else {
-      setenv("COHORT_MPI_COLLECTIVE_THREAD", old_.c_str(), 1);
+      setenv("COHORT_COLLECTIVE_THREAD", old_.c_str(), 1);
     }
   }
 
@@ -257,10 +257,10 @@ TEST(MpiBackend, CollectiveThreadKnobIsChecked) {
   CollectiveThreadGuard guard("elsewhere");
   try {
     pg().split(0, rank());
-    ADD_FAILURE() << "a bad COHORT_MPI_COLLECTIVE_THREAD was accepted";
+    ADD_FAILURE() << "a bad COHORT_COLLECTIVE_THREAD was accepted";
   } catch (const Error& e) {
     std::string msg = e.what();
-    EXPECT_NE(msg.find("COHORT_MPI_COLLECTIVE_THREAD"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("COHORT_COLLECTIVE_THREAD"), std::string::npos) << msg;
     EXPECT_NE(msg.find("elsewhere"), std::string::npos) << msg;
   }
 }

@@ -235,7 +235,7 @@ TEST(ShmRegistered, WorkerModeAndOneRankGivePlainMemory) {
   if (!hasBackend("shm")) GTEST_SKIP() << "shm is not built";
   {
     EnvGuard env;
-    env.set("COHORT_SHM_THREAD", "worker");
+    env.set("COHORT_COLLECTIVE_THREAD", "worker");
     ThreadWorld w("shm", 2);
     w.run([&](int r) {
       Tensor buf = w.pg(r).allocateCommBuffer({20'000}, DType::Float32);

@@ -32,7 +32,7 @@ const bool kTinyRegistered = [] {
   return true;
 }();
 
-// "shm" running its ops on a worker thread (COHORT_SHM_THREAD=worker).
+// "shm" running its ops on a worker thread (COHORT_COLLECTIVE_THREAD=worker).
 const bool kWorkerRegistered = [] {
   registerBackend("shm_worker",
                   [](const StorePtr& store, int rank, int size, const BackendOptions& opts) -> BackendPtr {

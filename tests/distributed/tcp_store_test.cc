@@ -7,7 +7,7 @@
 #include <thread>
 
 #include <cohort/core/util/error.h>
-#include <cohort/distributed/store/tcp_protocol.h>
+#include <cohort/distributed/store/detail/tcp_protocol.h>
 
 #include "distributed/store_test_util.h"
 

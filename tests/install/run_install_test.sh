@@ -3,8 +3,9 @@
 #  1. installs the build into a scratch prefix, then moves the whole tree to another folder: an
 #     installed cohort must not depend on where it was installed;
 #  2. checks the tree: the expected files are there, no installed header is a link or includes a
-#     cohort header that was not installed, no text file names the source or build tree, and the
-#     programs and libraries find cohort's libraries relative to themselves;
+#     cohort header that was not installed or one under a detail/ folder, no header under a
+#     detail/ folder is installed, no text file names the source or build tree, and the programs
+#     and libraries find cohort's libraries relative to themselves;
 #  3. builds tests/install/consumer, a project outside the source tree, against the moved tree
 #     with find_package(cohort) and -Wall -Wextra -Wpedantic -Werror, plus one translation unit
 #     that includes every installed header;
@@ -75,6 +76,16 @@ while IFS= read -r -d '' h; do
   done < <(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*\([<"][^>"]*[>"]\).*/\1/p' "$h")
 done < <(find "$prefix/include" -name '*.h' -print0)
 [[ $missing -eq 0 ]] || fail "installed headers include headers that were not installed"
+# Headers under a detail/ folder are internal: none is installed, and no installed header names one
+# (even one that happens to exist at the include path).
+if find "$prefix/include" -path '*/detail/*' | grep -q .; then
+  find "$prefix/include" -path '*/detail/*' >&2
+  fail "internal headers (under a detail/ folder) were installed"
+fi
+if grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"]([^>"]*/)?detail/' "$prefix/include" >"$scratch/detail_includes.txt"; then
+  cat "$scratch/detail_includes.txt" >&2
+  fail "installed headers include internal headers (under a detail/ folder)"
+fi
 # Nothing points back into the source or build tree (text files: headers, CMake package files).
 if grep -rIl -e "$source_dir" -e "$build" "$prefix" >"$scratch/leaks.txt"; then
   cat "$scratch/leaks.txt" >&2

@@ -9,7 +9,7 @@
 #include <thread>
 
 #include <cohort/core/ops/ops.h>
-#include <cohort/rpc/tensorpipe/parallel_cma.h>
+#include <cohort/rpc/tensorpipe/detail/parallel_cma.h>
 #include <cohort/rpc/tensorpipe/tensorpipe_agent.h>
 #include <cohort/rpc/thread_pool.h>
 
@@ -290,7 +290,7 @@ TEST(RpcAgent, MessagesOverTheLimitsAreRefused) {
   EXPECT_EQ(reports[1], "ok");
 }
 
-// The cross-memory channel (rpc/tensorpipe/parallel_cma.h): tensors of sizes around every edge
+// The cross-memory channel (rpc/tensorpipe/detail/parallel_cma.h): tensors of sizes around every edge
 // (inline copy, one chunk, split in chunks not a multiple of a page) arrive byte for byte, in
 // order, with many in flight at once, whether one thread or three read them; the receiver's
 // counters show they took that path, and split exactly when they should.

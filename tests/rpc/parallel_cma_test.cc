@@ -1,11 +1,11 @@
-// The cross-memory channel's factory (rpc/tensorpipe/parallel_cma.h) refuses a thread count outside
+// The cross-memory channel's factory (rpc/tensorpipe/detail/parallel_cma.h) refuses a thread count outside
 // 1..64 with a cohort ValueError naming the bad value, like every other bad argument in cohort.
 #include <gtest/gtest.h>
 
 #include <string>
 
 #include <cohort/core/util/error.h>
-#include <cohort/rpc/tensorpipe/parallel_cma.h>
+#include <cohort/rpc/tensorpipe/detail/parallel_cma.h>
 
 namespace cohort::rpc {
 namespace {

@@ -28,8 +28,8 @@
 #include <thread>
 #include <vector>
 
+#include <cohort/distributed/mpi/detail/mpi_comm.h>
 #include <cohort/distributed/mpi/mpi_backend.h>
-#include <cohort/distributed/mpi/mpi_comm.h>
 #include <cohort/distributed/mpi/mpi_environment.h>
 
 namespace cohort::dist::mpi {
@@ -77,7 +77,7 @@ struct MpiBackend::State : std::enable_shared_from_this<MpiBackend::State> {
   std::unique_ptr<mpi::MpiComm> comm;
   std::string groupName;
   int size = 1;
-  // COHORT_MPI_COLLECTIVE_THREAD: true (caller, the default) runs collectives on the thread that
+  // COHORT_COLLECTIVE_THREAD: true (caller, the default) runs collectives on the thread that
   // issues them; false (worker) queues them for the worker thread.
   bool onCaller = true;
 
