@@ -27,8 +27,8 @@
 #include <vector>
 
 #include <cohort/core/tensor/tensor.h>
+#include <cohort/distributed/collective_options.h>
 #include <cohort/distributed/store/store.h>
-#include <cohort/distributed/types.h>
 #include <cohort/distributed/work.h>
 
 namespace cohort::dist {

@@ -25,10 +25,10 @@
 #include <optional>
 #include <string>
 
+#include <cohort/distributed/collective_options.h>
 #include <cohort/distributed/env/environment.h>
 #include <cohort/distributed/process_group.h>
 #include <cohort/distributed/store/store.h>
-#include <cohort/distributed/types.h>
 
 namespace cohort::dist {
 

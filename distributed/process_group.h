@@ -33,8 +33,8 @@
 
 #include <cohort/core/util/function_ref.h>
 #include <cohort/distributed/backend.h>
+#include <cohort/distributed/collective_options.h>
 #include <cohort/distributed/store/store.h>
-#include <cohort/distributed/types.h>
 #include <cohort/distributed/work.h>
 
 namespace cohort::dist {

@@ -30,7 +30,7 @@
 
 #include <cohort/core/tensor/tensor.h>
 #include <cohort/core/util/future.h>
-#include <cohort/distributed/types.h>
+#include <cohort/distributed/collective_options.h>
 
 namespace cohort::dist {
 

@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
+#include <cohort/distributed/collective_options.h>
 #include <cohort/distributed/store/store.h>
-#include <cohort/distributed/types.h>
 
 namespace cohort::dist {
 

@@ -40,7 +40,7 @@
 #include <vector>
 
 #include <cohort/core/util/function_ref.h>
-#include <cohort/distributed/types.h>
+#include <cohort/distributed/collective_options.h>
 
 namespace cohort::dist {
 

@@ -17,8 +17,8 @@
 
 #include <cohort/core/tensor/tensor.h>
 #include <cohort/core/util/error.h>
+#include <cohort/distributed/collective_options.h>
 #include <cohort/distributed/debug/consistency_check.h>
-#include <cohort/distributed/types.h>
 
 namespace cohort::dist::op_args {
 

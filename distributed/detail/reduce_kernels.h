@@ -20,7 +20,7 @@
 #include <type_traits>
 
 #include <cohort/core/tensor/dtype.h>
-#include <cohort/distributed/types.h>
+#include <cohort/distributed/collective_options.h>
 
 namespace cohort::dist::detail {
 

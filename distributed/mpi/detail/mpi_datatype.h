@@ -27,7 +27,7 @@
 
 #include <cohort/core/tensor/dtype.h>
 #include <cohort/core/tensor/tensor.h>
-#include <cohort/distributed/types.h>
+#include <cohort/distributed/collective_options.h>
 
 namespace cohort::dist::mpi {
 

@@ -1,4 +1,4 @@
-#include <cohort/distributed/types.h>
+#include <cohort/distributed/collective_options.h>
 
 namespace cohort::dist {
 

@@ -1,6 +1,7 @@
 /*
- * The launcher's agent: rendezvous, start this node's workers, supervise them, restart the job,
- * report. runAgent() is all of cohortrun after argument parsing.
+ * The launcher's node supervisor (what torchelastic calls an agent): rendezvous, start this
+ * node's workers, supervise them, restart the job, report. superviseNode() is all of cohortrun
+ * after argument parsing.
  *
  *   round = 0
  *   loop:  join the rendezvous round -> ranks [offset, offset + nproc) of world size W
@@ -32,6 +33,6 @@
 namespace cohort::launcher {
 
 // Runs the job on this node and returns cohortrun's exit code.
-int runAgent(const LaunchOptions& options);
+int superviseNode(const LaunchOptions& options);
 
 }  // namespace cohort::launcher

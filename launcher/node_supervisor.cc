@@ -1,4 +1,4 @@
-#include <cohort/launcher/agent.h>
+#include <cohort/launcher/node_supervisor.h>
 
 #include <fcntl.h>
 #include <signal.h>
@@ -142,7 +142,7 @@ std::string failureSummary(const RoundInfo& info, const WorkerExit& e, const std
 
 }  // namespace
 
-int runAgent(const LaunchOptions& o) {
+int superviseNode(const LaunchOptions& o) {
   std::string program;
   try {
     program = resolveProgram(o.program);
