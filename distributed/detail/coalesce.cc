@@ -28,6 +28,12 @@ void checkFlat(const Tensor& flat, const FlatLayout& layout) {
   }
 }
 
+void checkCount(const std::vector<Tensor>& tensors, const FlatLayout& layout) {
+  if (tensors.size() != layout.size()) {
+    throw ValueError(fmt::format("coalesce: {} tensors for a layout of {} entries", tensors.size(), layout.size()));
+  }
+}
+
 }  // namespace
 
 FlatLayout FlatLayout::of(const std::vector<Tensor>& tensors, std::string_view what) {
@@ -85,6 +91,7 @@ size_t packedBytes(const std::vector<Tensor>& tensors) {
 }
 
 Tensor pack(const std::vector<Tensor>& tensors, const FlatLayout& layout) {
+  checkCount(tensors, layout);
   Tensor flat = empty({layout.total}, TensorOptions{.dtype = layout.dtype, .device = layout.device});
   const size_t es = elementSize(layout.dtype);
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -101,6 +108,7 @@ Tensor pack(const std::vector<Tensor>& tensors, const FlatLayout& layout) {
 
 void unpack(const Tensor& flat, const std::vector<Tensor>& tensors, const FlatLayout& layout) {
   checkFlat(flat, layout);
+  checkCount(tensors, layout);
   const size_t es = elementSize(layout.dtype);
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i];

@@ -78,6 +78,9 @@ TEST(Coalesce, PackUnpackNonContiguous) {
   unpack(flat, outs, l);
   EXPECT_EQ(values(target), values(m));
   EXPECT_EQ(values(outs[1]), (std::vector<float>{9, 9}));
+
+  std::vector<Tensor> tooFew = {zeros({3, 2})};
+  EXPECT_NE(errorOf([&] { unpack(flat, tooFew, l); }).find("1 tensors for a layout of 2 entries"), std::string::npos);
 }
 
 TEST(Coalesce, BytesRoundTripAndNonContiguousError) {
