@@ -10,6 +10,7 @@
 #include <cohort/core/util/check.h>
 #include <cohort/core/util/error.h>
 #include <cohort/distributed/ddp/join.h>
+#include <cohort/distributed/detail/coalesce.h>
 #include <cohort/distributed/init.h>
 
 namespace cohort::dist {
@@ -55,24 +56,15 @@ void broadcastCoalesced(ProcessGroup& pg, const std::vector<Tensor>& tensors, in
     if (t.defined() && t.numel() > 0) byType[t.dtype()].push_back(t);
   autograd::NoGradGuard noGrad;
   for (auto& [dtype, group] : byType) {
-    int64_t total = 0;
-    for (const Tensor& t : group) total += t.numel();
-    Tensor flat = empty({total}, {.dtype = dtype});
-    int64_t off = 0;
-    if (pg.rank() == root) {
-      for (const Tensor& t : group) {
-        flat.narrow(0, off, t.numel()).view(t.sizes()).copy_(t);
-        off += t.numel();
-      }
-    }
+    const detail::FlatLayout layout = detail::FlatLayout::of(group, "broadcastCoalesced");
+    Tensor flat = pg.rank() == root ? detail::pack(group, layout)
+                                    : empty({layout.total}, {.dtype = dtype, .device = layout.device});
     pg.broadcast(flat, {.root = root})->wait();
     if (pg.rank() != root) {
-      off = 0;
-      for (const Tensor& t : group) {
-        Tensor dst = t.detach();
-        dst.copy_(flat.narrow(0, off, t.numel()).view(t.sizes()));
-        off += t.numel();
-      }
+      std::vector<Tensor> dsts;
+      dsts.reserve(group.size());
+      for (const Tensor& t : group) dsts.push_back(t.detach());
+      detail::unpack(flat, dsts, layout);
     }
   }
 }

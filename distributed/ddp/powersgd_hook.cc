@@ -11,6 +11,7 @@
 #include <cohort/core/tensor/generator.h>
 #include <cohort/core/util/check.h>
 #include <cohort/core/util/error.h>
+#include <cohort/distributed/detail/coalesce.h>
 
 namespace cohort::dist {
 namespace {
@@ -203,16 +204,18 @@ Future<Tensor> PowerSGDHook::run(ProcessGroup& pg, GradBucket& bucket) {
     // 1. The uncompressed gradients: one allreduce of all of them, issued first.
     Tensor flat;
     WorkPtr flatWork;
+    std::vector<Tensor> plain;
+    auto plainLayout = std::make_shared<detail::FlatLayout>();
     if (!state->uncompressed.empty()) {
-      std::vector<Tensor> parts;
-      for (size_t slot : state->uncompressed) parts.push_back(bucket.gradient(slot).reshape({-1}));
-      flat = cat(parts);
+      for (size_t slot : state->uncompressed) plain.push_back(bucket.gradient(slot));
+      *plainLayout = detail::FlatLayout::of(plain, "powerSGDHook");
+      flat = detail::pack(plain, *plainLayout);
       flatWork = pg.allreduce(flat, {.op = ReduceOp::Avg});
     }
 
     // 2. M (+ error), Q, P = M·Q for every compressed gradient, P packed into one tensor.
     std::vector<Tensor> ms(k);
-    int64_t pTotal = 0, qTotal = 0;
+    std::vector<Shape> pShapes(k), qShapes(k);  // P_i is rows x rank, Q_i is cols x rank
     for (size_t i = 0; i < k; ++i) {
       PowerSGDMatrix& mat = state->matrices[i];
       Tensor view = buffer.narrow(0, mat.offset, mat.rows * mat.cols).view({mat.rows, mat.cols});
@@ -229,36 +232,30 @@ Future<Tensor> PowerSGDHook::run(ProcessGroup& pg, GradBucket& bucket) {
         Tensor fresh = randn({mat.cols, static_cast<int64_t>(vanished.size())}, {.dtype = ct}, &state->gen);
         for (size_t c = 0; c < vanished.size(); ++c) mat.q.select(1, vanished[c]).copy_(fresh.select(1, c));
       }
-      pTotal += mat.rows * mat.rank;
-      qTotal += mat.cols * mat.rank;
+      pShapes[i] = {mat.rows, mat.rank};
+      qShapes[i] = {mat.cols, mat.rank};
     }
-    Tensor pAll = empty({pTotal}, {.dtype = ct});
-    std::vector<Tensor> ps(k);
-    for (int64_t i = 0, off = 0; i < static_cast<int64_t>(k); ++i) {
-      const PowerSGDMatrix& mat = state->matrices[i];
-      ps[i] = pAll.narrow(0, off, mat.rows * mat.rank).view({mat.rows, mat.rank});
-      ps[i].copy_(mm(ms[i], mat.q));
-      off += mat.rows * mat.rank;
-    }
+    const detail::FlatLayout pLayout = detail::FlatLayout::ofShapes(pShapes, ct);
+    Tensor pAll = empty({pLayout.total}, {.dtype = ct});
+    std::vector<Tensor> ps = detail::views(pAll, pLayout);
+    for (size_t i = 0; i < k; ++i) ps[i].copy_(mm(ms[i], state->matrices[i].q));
     WorkPtr pWork = pg.allreduce(pAll, {.op = ReduceOp::Sum});
     pWork->wait();  // bounded by the group's timeout; Q's allreduce needs the orthonormalised P
 
     // 3. Orthonormalise P, Q = Mᵀ·P, allreduce Q (Avg).
-    Tensor qAll = empty({qTotal}, {.dtype = ct});
-    std::vector<Tensor> qs(k);
-    for (int64_t i = 0, off = 0; i < static_cast<int64_t>(k); ++i) {
-      const PowerSGDMatrix& mat = state->matrices[i];
+    const detail::FlatLayout qLayout = detail::FlatLayout::ofShapes(qShapes, ct);
+    Tensor qAll = empty({qLayout.total}, {.dtype = ct});
+    std::vector<Tensor> qs = detail::views(qAll, qLayout);
+    for (size_t i = 0; i < k; ++i) {
       orthonormalize(ps[i]);
-      qs[i] = qAll.narrow(0, off, mat.cols * mat.rank).view({mat.cols, mat.rank});
       qs[i].copy_(mm(ms[i].t(), ps[i]));
-      off += mat.cols * mat.rank;
     }
     WorkPtr qWork = pg.allreduce(qAll, {.op = ReduceOp::Avg});
 
     // 4. Decompress when Q arrives; then put the averaged uncompressed gradients back.
     const bool feedback = opts_.useErrorFeedback;
-    return qWork->future().then([state, ms, ps, qs, buffer, flat, flatWork, feedback,
-                                 bucket = bucket](Future<std::vector<Tensor>> done) mutable -> Future<Tensor> {
+    return qWork->future().then([state, ms, ps, qs, buffer, flat, flatWork, feedback, plain,
+                                 plainLayout](Future<std::vector<Tensor>> done) mutable -> Future<Tensor> {
       done.value();  // rethrows the allreduce's error
       autograd::NoGradGuard noGrad;
       for (size_t i = 0; i < ms.size(); ++i) {
@@ -269,15 +266,10 @@ Future<Tensor> PowerSGDHook::run(ProcessGroup& pg, GradBucket& bucket) {
         buffer.narrow(0, mat.offset, mat.rows * mat.cols).view({mat.rows, mat.cols}).copy_(approx);
       }
       if (!flatWork) return Future<Tensor>::ready(buffer);
-      return flatWork->future().then([state, buffer, flat, bucket](Future<std::vector<Tensor>> f) mutable -> Tensor {
+      return flatWork->future().then([buffer, flat, plain, plainLayout](Future<std::vector<Tensor>> f) -> Tensor {
         f.value();
         autograd::NoGradGuard noGrad;
-        int64_t off = 0;
-        for (size_t slot : state->uncompressed) {
-          Tensor g = bucket.gradient(slot);
-          g.copy_(flat.narrow(0, off, g.numel()).view(g.sizes()));
-          off += g.numel();
-        }
+        detail::unpack(flat, plain, *plainLayout);
         return buffer;
       });
     });

@@ -13,6 +13,7 @@
 #include <cohort/core/util/check.h>
 #include <cohort/core/util/error.h>
 #include <cohort/core/util/logging.h>
+#include <cohort/distributed/detail/coalesce.h>
 
 namespace cohort::dist {
 namespace {
@@ -119,18 +120,19 @@ void Reducer::buildBuckets(const std::vector<size_t>& order) {
   for (size_t b = 0; b < groups.size(); ++b) {
     Bucket& bucket = buckets[b];
     bucket.params = std::move(groups[b]);
-    int64_t total = 0;
-    for (size_t idx : bucket.params) {
-      bucket.offsets.push_back(total);
-      total += params_[idx].numel();
-    }
+    std::vector<Tensor> members;
+    members.reserve(bucket.params.size());
+    for (size_t idx : bucket.params) members.push_back(params_[idx]);
+    const detail::FlatLayout layout = detail::FlatLayout::of(members, "DDP bucket");
+    bucket.offsets = layout.offsets;
     // From the backend (collective: every rank builds the same buckets at the same point): on shm
     // it is memory every rank maps, and the bucket's all-reduce copies nothing in or out.
-    bucket.buffer = pg_->allocateCommBuffer({total}, params_[bucket.params.front()].dtype());
+    bucket.buffer = pg_->allocateCommBuffer({layout.total}, layout.dtype);
+    std::vector<Tensor> views = detail::views(bucket.buffer, layout);
     for (size_t s = 0; s < bucket.params.size(); ++s) {
       size_t idx = bucket.params[s];
       Tensor& p = params_[idx];
-      Tensor view = bucket.buffer.narrow(0, bucket.offsets[s], p.numel()).view(p.sizes());
+      Tensor view = std::move(views[s]);
       Tensor g = p.grad();
       if (!opts_.gradientAsBucketView) {
         bucket.views.push_back(std::move(view));

@@ -16,6 +16,7 @@
 #include <cohort/core/ops/ops.h>
 #include <cohort/core/tensor/dtype.h>
 #include <cohort/core/util/check.h>
+#include <cohort/distributed/detail/coalesce.h>
 #include <cohort/distributed/detail/reduce_kernels.h>
 #include <cohort/distributed/gloo/gloo_backend.h>
 
@@ -175,20 +176,10 @@ void GlooBackend::allreduceCoalesced(std::vector<Tensor>& tensors, const Allredu
   enqueue(
       work,
       [ctx = context_, ts = tensors, op = opts.op, work]() -> std::vector<Tensor> {
-        int64_t total = 0;
-        for (const Tensor& t : ts) total += t.numel();
-        Tensor flat = empty({total}, TensorOptions{.dtype = ts[0].dtype()});
-        size_t off = 0;
-        for (const Tensor& t : ts) {
-          if (t.nbytes()) std::memcpy(bytesOf(flat) + off, t.dataPtr(), t.nbytes());  // empty: no data pointer
-          off += t.nbytes();
-        }
+        const detail::FlatLayout layout = detail::FlatLayout::of(ts, "allreduce_coalesced");
+        Tensor flat = detail::pack(ts, layout);
         allreduceTensor(ctx, flat, op, work->remaining(), static_cast<uint32_t>(work->sequenceNumber()));
-        off = 0;
-        for (const Tensor& t : ts) {
-          if (t.nbytes()) std::memcpy(t.dataPtr(), bytesOf(flat) + off, t.nbytes());
-          off += t.nbytes();
-        }
+        detail::unpack(flat, ts, layout);
         return ts;
       },
       std::move(shared));
@@ -219,9 +210,7 @@ void GlooBackend::allgather(std::vector<Tensor>& outputs, const Tensor& input, c
     const size_t n = in.nbytes();
     std::vector<uint8_t> all(n * ctx->size);
     allgatherBytes(ctx, in.dataPtr(), n, all.data(), work->remaining());
-    for (int r = 0; r < ctx->size; ++r) {
-      if (n) std::memcpy(outs[r].dataPtr(), all.data() + r * n, n);
-    }
+    detail::unpackBytes(all.data(), outs, "allgather");
     return outs;
   });
 }
@@ -237,23 +226,14 @@ void GlooBackend::allgatherIntoTensor(Tensor& output, const Tensor& input, const
 void GlooBackend::allgatherCoalesced(std::vector<std::vector<Tensor>>& outputs, const std::vector<Tensor>& inputs,
                                      const AllgatherOptions& /*opts*/, const WorkPtr& work) {
   enqueue(work, [ctx = context_, outs = outputs, ins = inputs, work]() -> std::vector<Tensor> {
-    size_t n = 0;
-    for (const Tensor& t : ins) n += t.nbytes();
+    const size_t n = detail::packedBytes(ins);
     std::vector<uint8_t> mine(n), all(n * ctx->size);
-    size_t off = 0;
-    for (const Tensor& t : ins) {
-      if (t.nbytes()) std::memcpy(mine.data() + off, t.dataPtr(), t.nbytes());
-      off += t.nbytes();
-    }
+    detail::packBytes(ins, mine.data(), "allgather_coalesced");
     allgatherBytes(ctx, mine.data(), n, all.data(), work->remaining());
     std::vector<Tensor> flat;
     for (int r = 0; r < ctx->size; ++r) {
-      off = r * n;
-      for (const Tensor& t : outs[r]) {
-        if (t.nbytes()) std::memcpy(t.dataPtr(), all.data() + off, t.nbytes());
-        off += t.nbytes();
-        flat.push_back(t);
-      }
+      detail::unpackBytes(all.data() + r * n, outs[r], "allgather_coalesced");
+      flat.insert(flat.end(), outs[r].begin(), outs[r].end());
     }
     return flat;
   });
@@ -265,7 +245,7 @@ void GlooBackend::reduceScatter(Tensor& output, std::vector<Tensor>& inputs, con
     const size_t n = out.nbytes();
     if (n == 0) return {out};
     std::vector<uint8_t> send(n * ctx->size), recv(n * ctx->size);
-    for (int r = 0; r < ctx->size && n; ++r) std::memcpy(send.data() + r * n, ins[r].dataPtr(), n);
+    detail::packBytes(ins, send.data(), "reduce_scatter");
     alltoallBytes(ctx, send.data(), recv.data(), send.size(), work->remaining());
     reduceChunks(out, recv.data(), ctx->size, op);
     return {out};
@@ -316,17 +296,9 @@ void GlooBackend::alltoallList(std::vector<Tensor>& outputs, std::vector<Tensor>
       outTotal += outs[r].nbytes();
     }
     std::vector<uint8_t> send(inTotal), recv(outTotal);
-    size_t off = 0;
-    for (int r = 0; r < size; ++r) {
-      if (inBytes[r]) std::memcpy(send.data() + off, ins[r].dataPtr(), inBytes[r]);
-      off += inBytes[r];
-    }
+    detail::packBytes(ins, send.data(), "alltoall_list");
     alltoallvBytes(ctx, send.data(), inBytes, recv.data(), outBytes, work->remaining());
-    off = 0;
-    for (int r = 0; r < size; ++r) {
-      if (outBytes[r]) std::memcpy(outs[r].dataPtr(), recv.data() + off, outBytes[r]);
-      off += outBytes[r];
-    }
+    detail::unpackBytes(recv.data(), outs, "alltoall_list");
     return outs;
   });
 }
@@ -347,7 +319,7 @@ void GlooBackend::gather(std::vector<Tensor>& outputs, const Tensor& input, cons
     o.setTimeout(work->remaining());
     ::gloo::gather(o);
     if (ctx->rank == root) {
-      for (int r = 0; r < ctx->size && n; ++r) std::memcpy(outs[r].dataPtr(), all.data() + r * n, n);
+      detail::unpackBytes(all.data(), outs, "gather");
     }
     return outs;
   });

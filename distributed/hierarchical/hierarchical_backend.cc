@@ -9,6 +9,7 @@
 #include <cohort/core/util/env.h>
 #include <cohort/core/util/error.h>
 #include <cohort/core/util/logging.h>
+#include <cohort/distributed/detail/coalesce.h>
 #include <cohort/distributed/store/prefix_store.h>
 
 namespace cohort::dist::hierarchical {
@@ -171,20 +172,10 @@ void HierarchicalBackend::allreduce(Tensor& tensor, const AllreduceOptions& opts
 void HierarchicalBackend::allreduceCoalesced(std::vector<Tensor>& tensors, const AllreduceOptions& opts,
                                              const WorkPtr& work) {
   run(work, [this, tensors, op = opts.op](const WorkPtr& w) mutable -> std::vector<Tensor> {
-    int64_t total = 0;
-    for (const Tensor& t : tensors) total += t.numel();
-    Tensor flat = empty({total}, TensorOptions{.dtype = tensors[0].dtype()});
-    int64_t off = 0;
-    for (const Tensor& t : tensors) {
-      if (t.numel()) flat.narrow(0, off, t.numel()).copy_(t.reshape({-1}));
-      off += t.numel();
-    }
+    const detail::FlatLayout layout = detail::FlatLayout::of(tensors, "allreduce_coalesced");
+    Tensor flat = detail::pack(tensors, layout);
     allreduceStaged(flat, op, w);
-    off = 0;
-    for (Tensor& t : tensors) {
-      if (t.numel()) t.view({-1}).copy_(flat.narrow(0, off, t.numel()));
-      off += t.numel();
-    }
+    detail::unpack(flat, tensors, layout);
     return tensors;
   });
 }

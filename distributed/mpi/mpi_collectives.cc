@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <cohort/core/util/error.h>
+#include <cohort/distributed/detail/coalesce.h>
 #include <cohort/distributed/mpi/detail/mpi_datatype.h>
 #include <cohort/distributed/mpi/detail/mpi_state.h>
 
@@ -45,28 +46,6 @@ void allreduceInPlace(void* data, DType dt, int count, MPI_Op op, bool avg, int 
   if (avg) mpi::divideInPlace(data, type, count, size);
 }
 
-int64_t totalNumel(const std::vector<Tensor>& ts) {
-  int64_t n = 0;
-  for (const auto& t : ts) n += t.numel();
-  return n;
-}
-
-// Copies tensors end to end into `dst` (bytes), in order.
-void pack(const std::vector<Tensor>& ts, char* dst) {
-  for (const auto& t : ts) {
-    if (t.numel() == 0) continue;
-    std::memcpy(dst, t.dataPtr(), t.nbytes());
-    dst += t.nbytes();
-  }
-}
-void unpack(const char* src, const std::vector<Tensor>& ts) {
-  for (const auto& t : ts) {
-    if (t.numel() == 0) continue;
-    std::memcpy(t.dataPtr(), src, t.nbytes());
-    src += t.nbytes();
-  }
-}
-
 // The reduction's MPI type and op, checked on the caller's thread (a bad reduction is a
 // ValueError for the caller, not a failed Work).
 struct Reduction {
@@ -92,7 +71,7 @@ void MpiBackend::allreduce(Tensor& tensor, const AllreduceOptions& opts, const W
 void MpiBackend::allreduceCoalesced(std::vector<Tensor>& tensors, const AllreduceOptions& opts, const WorkPtr& work) {
   const DType dt = tensors.at(0).dtype();
   Reduction red(opts.op, dt);
-  int count = mpiCount(totalNumel(tensors), "allreduce_coalesced's tensors together");
+  int count = mpiCount(detail::packedNumel(tensors), "allreduce_coalesced's tensors together");
   int n = size();
   state_->enqueue(work, [ts = tensors, dt, red, count, n](MPI_Comm comm) -> Outputs {
     if (ts.size() == 1) {
@@ -101,6 +80,7 @@ void MpiBackend::allreduceCoalesced(std::vector<Tensor>& tensors, const Allreduc
     }
     // One flat buffer, one MPI call: small tensors cost one latency instead of one each.
     if (mpi::reducesInFloat32(dt)) {
+      // Not detail::packBytes: each tensor is converted to float32 on its way in and back out.
       std::vector<float> buf(count);
       int64_t off = 0;
       for (const auto& t : ts) {
@@ -117,9 +97,9 @@ void MpiBackend::allreduceCoalesced(std::vector<Tensor>& tensors, const Allreduc
       return ts;
     }
     std::vector<char> buf(static_cast<size_t>(count) * elementSize(dt));
-    pack(ts, buf.data());
+    detail::packBytes(ts, buf.data(), "allreduce_coalesced");
     allreduceInPlace(count ? buf.data() : nullptr, dt, count, red.op, red.avg, n, comm);
-    unpack(buf.data(), ts);
+    detail::unpackBytes(buf.data(), ts, "allreduce_coalesced");
     return ts;
   });
 }
@@ -144,6 +124,7 @@ void MpiBackend::reduce(Tensor& tensor, const ReduceOptions& opts, const WorkPtr
   state_->enqueue(work, [t = tensor, dt, red, count, root, n, isRoot](MPI_Comm comm) -> Outputs {
     if (count == 0) return std::vector<Tensor>{t};
     if (mpi::reducesInFloat32(dt)) {
+      // Not detail::packBytes: each tensor is converted to float32 on its way in and back out.
       std::vector<float> buf(count);
       mpi::widenToFloat(t.dataPtr(), dt, buf.data(), count);
       check(MPI_Reduce(isRoot ? MPI_IN_PLACE : buf.data(), isRoot ? buf.data() : nullptr, count, MPI_FLOAT, red.op,
@@ -176,7 +157,7 @@ void MpiBackend::allgather(std::vector<Tensor>& outputs, const Tensor& input, co
     MPI_Datatype type = mpiType(in.dtype());
     std::vector<char> buf(in.nbytes() * n);
     check(MPI_Allgather(in.dataPtr(), count, type, buf.data(), count, type, comm), "MPI_Allgather");
-    unpack(buf.data(), outs);
+    detail::unpackBytes(buf.data(), outs, "allgather");
     return outs;
   });
 }
@@ -205,8 +186,8 @@ void MpiBackend::allgatherIntoTensor(Tensor& output, const Tensor& input, const 
 
 void MpiBackend::allgatherCoalesced(std::vector<std::vector<Tensor>>& outputs, const std::vector<Tensor>& inputs,
                                     const AllgatherOptions& /*opts*/, const WorkPtr& work) {
-  int count = mpiCount(totalNumel(inputs), "allgather_coalesced's inputs together");
-  mpiCount(totalNumel(inputs) * size(), "allgather_coalesced's outputs together");
+  int count = mpiCount(detail::packedNumel(inputs), "allgather_coalesced's inputs together");
+  mpiCount(detail::packedNumel(inputs) * size(), "allgather_coalesced's outputs together");
   int n = size();
   state_->enqueue(work, [outs = outputs, ins = inputs, count, n](MPI_Comm comm) -> Outputs {
     std::vector<Tensor> flat;
@@ -215,9 +196,9 @@ void MpiBackend::allgatherCoalesced(std::vector<std::vector<Tensor>>& outputs, c
     const DType dt = ins[0].dtype();
     const size_t bytes = static_cast<size_t>(count) * elementSize(dt);
     std::vector<char> send(bytes), recv(bytes * n);
-    pack(ins, send.data());
+    detail::packBytes(ins, send.data(), "allgather_coalesced");
     check(MPI_Allgather(send.data(), count, mpiType(dt), recv.data(), count, mpiType(dt), comm), "MPI_Allgather");
-    for (int r = 0; r < n; ++r) unpack(recv.data() + r * bytes, outs[r]);
+    for (int r = 0; r < n; ++r) detail::unpackBytes(recv.data() + r * bytes, outs[r], "allgather_coalesced");
     return flat;
   });
 }
@@ -253,7 +234,7 @@ void MpiBackend::reduceScatter(Tensor& output, std::vector<Tensor>& inputs, cons
   state_->enqueue(work, [out = output, ins = inputs, dt, red, count, n](MPI_Comm comm) -> Outputs {
     if (count == 0) return std::vector<Tensor>{out};
     std::vector<char> send(out.nbytes() * n);
-    pack(ins, send.data());
+    detail::packBytes(ins, send.data(), "reduce_scatter");
     reduceScatterBlock(send.data(), out.dataPtr(), dt, count, red, n, comm);
     return std::vector<Tensor>{out};
   });
@@ -358,11 +339,11 @@ void MpiBackend::alltoallList(std::vector<Tensor>& outputs, std::vector<Tensor>&
                     const DType dt = ins[0].dtype();
                     std::vector<char> send(std::max<size_t>(1, sendOff * elementSize(dt)));
                     std::vector<char> recv(std::max<size_t>(1, recvOff * elementSize(dt)));
-                    pack(ins, send.data());
+                    detail::packBytes(ins, send.data(), "alltoall_list");
                     check(MPI_Alltoallv(send.data(), sendCounts.data(), sendDispls.data(), mpiType(dt), recv.data(),
                                         recvCounts.data(), recvDispls.data(), mpiType(dt), comm),
                           "MPI_Alltoallv");
-                    unpack(recv.data(), outs);
+                    detail::unpackBytes(recv.data(), outs, "alltoall_list");
                     return outs;
                   });
 }
@@ -381,7 +362,7 @@ void MpiBackend::gather(std::vector<Tensor>& outputs, const Tensor& input, const
     MPI_Datatype type = mpiType(in.dtype());
     std::vector<char> buf(isRoot ? in.nbytes() * n : 0);
     check(MPI_Gather(in.dataPtr(), count, type, isRoot ? buf.data() : nullptr, count, type, root, comm), "MPI_Gather");
-    if (isRoot) unpack(buf.data(), outs);
+    if (isRoot) detail::unpackBytes(buf.data(), outs, "gather");
     return outs;
   });
 }
@@ -397,7 +378,7 @@ void MpiBackend::scatter(Tensor& output, const std::vector<Tensor>& inputs, cons
     if (count == 0) return std::vector<Tensor>{out};
     MPI_Datatype type = mpiType(out.dtype());
     std::vector<char> buf(isRoot ? out.nbytes() * n : 0);
-    if (isRoot) pack(ins, buf.data());
+    if (isRoot) detail::packBytes(ins, buf.data(), "scatter");
     check(MPI_Scatter(isRoot ? buf.data() : nullptr, count, type, out.dataPtr(), count, type, root, comm),
           "MPI_Scatter");
     return std::vector<Tensor>{out};

@@ -8,6 +8,7 @@
 
 #include <cohort/core/ops/ops.h>
 #include <cohort/core/util/error.h>
+#include <cohort/distributed/detail/coalesce.h>
 #include <cohort/distributed/detail/reduce_kernels.h>
 #include <cohort/distributed/shm/shm_backend.h>
 
@@ -243,21 +244,12 @@ void ShmBackend::allreduce(Tensor& tensor, const AllreduceOptions& opts, const W
 
 void ShmBackend::allreduceCoalesced(std::vector<Tensor>& tensors, const AllreduceOptions& opts, const WorkPtr& work) {
   run(work, [=, this](Deadline dl) mutable -> std::vector<Tensor> {
-    size_t total = 0;
-    for (const Tensor& t : tensors) total += t.nbytes();
+    const size_t total = detail::packedBytes(tensors);
     std::vector<uint8_t> flat(total);
-    size_t off = 0;
-    for (const Tensor& t : tensors) {
-      if (t.nbytes()) std::memcpy(flat.data() + off, t.dataPtr(), t.nbytes());
-      off += t.nbytes();
-    }
+    detail::packBytes(tensors, flat.data(), "allreduce_coalesced");
     const DType dtype = tensors[0].dtype();
     allreduceBytes(flat.data(), total / elementSize(dtype), dtype, opts.op, dl);
-    off = 0;
-    for (const Tensor& t : tensors) {
-      if (t.nbytes()) std::memcpy(t.dataPtr(), flat.data() + off, t.nbytes());
-      off += t.nbytes();
-    }
+    detail::unpackBytes(flat.data(), tensors, "allreduce_coalesced");
     return tensors;
   });
 }
@@ -325,25 +317,16 @@ void ShmBackend::allgatherCoalesced(std::vector<std::vector<Tensor>>& outputs, c
                                     const AllgatherOptions& /*opts*/, const WorkPtr& work) {
   run(work, [=, this](Deadline dl) mutable -> std::vector<Tensor> {
     const int n = size();
-    size_t bytes = 0;
-    for (const Tensor& t : inputs) bytes += t.nbytes();
+    const size_t bytes = detail::packedBytes(inputs);
     std::vector<uint8_t> mine(bytes), all(bytes * n);
-    size_t off = 0;
-    for (const Tensor& t : inputs) {
-      if (t.nbytes()) std::memcpy(mine.data() + off, t.dataPtr(), t.nbytes());
-      off += t.nbytes();
-    }
+    detail::packBytes(inputs, mine.data(), "allgather_coalesced");
     std::vector<uint8_t*> outs(n);
     for (int q = 0; q < n; ++q) outs[q] = all.data() + q * bytes;
     allgatherBytes(mine.data(), bytes, outs, dl);
     std::vector<Tensor> flat;
     for (int q = 0; q < n; ++q) {
-      off = q * bytes;
-      for (const Tensor& t : outputs[q]) {
-        if (t.nbytes()) std::memcpy(t.dataPtr(), all.data() + off, t.nbytes());
-        off += t.nbytes();
-        flat.push_back(t);
-      }
+      detail::unpackBytes(all.data() + q * bytes, outputs[q], "allgather_coalesced");
+      flat.insert(flat.end(), outputs[q].begin(), outputs[q].end());
     }
     return flat;
   });
