@@ -1,4 +1,4 @@
-// cohortrun: launches and supervises the workers of a cohort job on this node (see agent.h).
+// cohortrun: launches and supervises the workers of a cohort job on this node (see node_supervisor.h).
 //   cohortrun --standalone --nproc-per-node 2 ./train
 //   cohortrun --nnodes 2 --node-rank 0 --rdzv-endpoint node0:29400 --nproc-per-node 8 ./train
 #include <cohort/launcher/node_supervisor.h>
