@@ -98,7 +98,6 @@ void MpiBackend::State::push(std::shared_ptr<mpi::PendingOp> op) {
     if (stop) throw DistError(fmt::format("backend mpi: group '{}' is shutting down", groupName));
     if (op->work->deadline() < monitorWake) wakeMonitor = true;
     queue.push_back(std::move(op));
-    queued.store(queue.size(), std::memory_order_release);
   }
   workerCv.notify_one();
   if (wakeMonitor) monitorCv.notify_one();
@@ -233,11 +232,6 @@ void MpiBackend::State::runOne(const std::shared_ptr<mpi::PendingOp>& op) {
 
 void MpiBackend::State::workerLoop() {
   while (true) {
-    // Back-to-back collectives (a DDP backward, a benchmark loop) skip the condition variable:
-    // spin briefly for the next op before sleeping.
-    for (int i = 0; i < 2000 && queued.load(std::memory_order_acquire) == 0; ++i) {
-      if (i > 200) std::this_thread::yield();
-    }
     std::shared_ptr<mpi::PendingOp> op;
     std::string reason;
     {
@@ -246,7 +240,6 @@ void MpiBackend::State::workerLoop() {
       if (queue.empty()) break;  // stop, and nothing left
       op = std::move(queue.front());
       queue.pop_front();
-      queued.store(queue.size(), std::memory_order_release);
       if (aborted || stop) {
         reason = aborted ? abortReason : std::string("the backend was shut down");
       } else if (op->pointToPoint ? op->claim() : !op->completed.load()) {
@@ -310,7 +303,6 @@ void MpiBackend::State::monitorLoop() {
     // pair them with the wrong ops on the other ranks: abort the backend.
     std::vector<std::shared_ptr<mpi::PendingOp>> drop(queue.begin(), queue.end());
     queue.clear();
-    queued.store(0, std::memory_order_release);
     std::shared_ptr<mpi::PendingOp> stuckOp;
     if (current && !currentStuck) {
       stuckOp = current;
@@ -351,7 +343,6 @@ void MpiBackend::State::abortAll(const std::string& reason) {
     broken.store(true);
     drop.assign(queue.begin(), queue.end());
     queue.clear();
-    queued.store(0, std::memory_order_release);
     if (current && !currentStuck) {
       running = current;
       currentStuck = true;
