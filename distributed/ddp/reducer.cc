@@ -371,18 +371,10 @@ void Reducer::finalize() {
     usedWork = pg_->allreduce(usedMap, {.op = ReduceOp::Max});
   }
   double t0 = now();
-  try {
-    waitBuckets();
-    if (usedWork) usedWork->wait();
-  } catch (...) {
-    resetIteration();
-    throw;
-  }
+  waitRound(usedWork);
   exposedWaitS_ = now() - t0;
   copyReducedIntoGrads(usedWork ? usedMap.data<int32_t>() : nullptr);
-  for (auto& b : buckets_) b.launched = false;
-  ++iterations_;
-  if (!rebuilt_ && (!opts_.findUnusedParameters || opts_.staticGraph)) rebuildPending_ = true;
+  endRound();
   if (!missing.empty()) {
     std::string names;
     for (size_t k = 0; k < missing.size() && k < 8; ++k) names += (k ? ", " : "") + paramLabel(missing[k]);
@@ -412,6 +404,13 @@ void Reducer::shadowBackward() {
     usedMap = zeros({static_cast<int64_t>(params_.size())}, {.dtype = DType::Int32});
     usedWork = pg_->allreduce(usedMap, {.op = ReduceOp::Max});
   }
+  waitRound(usedWork);
+  endRound();
+}
+
+// Waits for every bucket's reduction and the used-parameter map's; on an error the iteration is
+// reset (so the next forward starts clean) and the error rethrown.
+void Reducer::waitRound(const WorkPtr& usedWork) {
   try {
     waitBuckets();
     if (usedWork) usedWork->wait();
@@ -419,6 +418,9 @@ void Reducer::shadowBackward() {
     resetIteration();
     throw;
   }
+}
+
+void Reducer::endRound() {
   for (auto& b : buckets_) b.launched = false;
   ++iterations_;
   if (!rebuilt_ && (!opts_.findUnusedParameters || opts_.staticGraph)) rebuildPending_ = true;

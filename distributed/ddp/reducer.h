@@ -102,6 +102,8 @@ class Reducer {
   void launch(size_t b);
   void finalize();
   void waitBuckets();
+  void waitRound(const WorkPtr& usedWork);
+  void endRound();
   void resetIteration();
   void copyReducedIntoGrads(const int32_t* globallyUsed);
   std::string paramLabel(size_t index) const;
