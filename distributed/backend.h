@@ -88,6 +88,9 @@ class Backend {
 
  protected:
   [[noreturn]] void unsupported(OpType op) const;
+  // The key to Work's completion API (work.h): finish, fail, setAbort, setLabel... Every backend
+  // completes its Works with it; helpers a backend runs its ops on (its queue) get it from it.
+  static Work::CompletionKey completionKey() { return {}; }
 
  private:
   std::string name_;

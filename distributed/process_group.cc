@@ -320,16 +320,16 @@ WorkPtr ProcessGroup::startWork(OpType op, Millis timeout, RecordFn record, Fing
           detail = p2pLabel;
         },
         start);
-    work->setLabel(std::move(p2pLabel));
+    work->setLabel(Work::CompletionKey(), std::move(p2pLabel));
   }
   if (!observer_) observer_ = std::make_shared<Observer>(weak_from_this(), progress_, recorder_);
-  work->setObserver(observer_, entry);
+  work->setObserver(Work::CompletionKey(), observer_, entry);
   if (collective) progress_->started.store(seq, std::memory_order_relaxed);
   if (collective && opts_.debug == DebugLevel::Detail && fingerprint) {
     try {
       checkCollectiveConsistency(*store_, opts_.name, rank_, size_, seq, fingerprint(), t);
     } catch (...) {
-      work->fail(std::current_exception());
+      work->fail(Work::CompletionKey(), std::current_exception());
       throw;
     }
   }
@@ -339,11 +339,11 @@ WorkPtr ProcessGroup::startWork(OpType op, Millis timeout, RecordFn record, Fing
 template <typename F>
 WorkPtr ProcessGroup::launch(const WorkPtr& work, const BackendPtr& backend, F&& call) {
   // When wait() gives up, the backend stops its transport so no thread stays blocked.
-  work->setAbortBackend(backend);
+  work->setAbortBackend(Work::CompletionKey(), backend);
   try {
     call();
   } catch (...) {
-    if (!work->isCompleted()) work->fail(std::current_exception());
+    if (!work->isCompleted()) work->fail(Work::CompletionKey(), std::current_exception());
     throw;
   }
   return work;

@@ -61,11 +61,11 @@ std::exception_ptr Work::distError(const std::string& detail) const {
   return std::make_exception_ptr(DistError(compose(*this, "failed", detail)));
 }
 
-void Work::finish(std::vector<Tensor> outputs) {
+void Work::finish(CompletionKey, std::vector<Tensor> outputs) {
   if (observer_ && !observed_.exchange(true)) observer_->onComplete(*this, observerToken_, nullptr);
   complete(&outputs, nullptr);
 }
-void Work::fail(std::exception_ptr error) {
+void Work::fail(CompletionKey, std::exception_ptr error) {
   COHORT_CHECK(error != nullptr, "Work::fail needs an exception");
   if (observer_ && !observed_.exchange(true)) observer_->onComplete(*this, observerToken_, error);
   complete(nullptr, std::move(error));

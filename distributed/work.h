@@ -35,6 +35,7 @@
 namespace cohort::dist {
 
 class Backend;
+class ProcessGroup;
 
 class Work {
  public:
@@ -69,11 +70,21 @@ class Work {
   std::chrono::steady_clock::time_point deadline() const { return deadline_; }
   Millis remaining() const;  // until deadline(), at least 1 ms
 
+  // The key to the completion API below (finish, fail, setObserver, setAbort, setAbortBackend,
+  // setLabel): only a backend completes a Work, so only Backend, which hands the key to its
+  // subclasses (Backend::completionKey(): a backend of your own registered with registerBackend
+  // uses it too), and ProcessGroup can make one. Users wait, poll and chain; they do not complete.
+  class CompletionKey {
+    CompletionKey() {}  // user-provided, so that not even `{}` makes one outside the friends
+    friend class Backend;
+    friend class ProcessGroup;
+  };
+
   // For backends: complete the work (from any thread), exactly once; a second completion is a
   // broken invariant (an Error naming the op). The completing thread holds a reference (a
   // WorkPtr) for the call: a waiter may drop every other one the moment it sees the Work done.
-  void finish(std::vector<Tensor> outputs);
-  void fail(std::exception_ptr error);
+  void finish(CompletionKey, std::vector<Tensor> outputs);
+  void fail(CompletionKey, std::exception_ptr error);
   // For backends: typed errors whose message names this op ("allreduce #12 in group 'world'"),
   // the transport's `detail`, and the group's diagnosis of which ranks did not reach or finish
   // the op (asked of the store by the diagnoser ProcessGroup installs).
@@ -92,7 +103,7 @@ class Work {
     virtual void onComplete(const Work& work, uint64_t token, const std::exception_ptr& error) = 0;
     virtual std::string diagnose(const Work& work) const = 0;
   };
-  void setObserver(std::shared_ptr<Observer> observer, uint64_t token) {
+  void setObserver(CompletionKey, std::shared_ptr<Observer> observer, uint64_t token) {
     observer_ = std::move(observer);
     observerToken_ = token;
   }
@@ -101,12 +112,12 @@ class Work {
   // when it installed one, else abort the backend the op was launched on (ProcessGroup names it;
   // a weak reference, so nothing is allocated per op and a Work does not keep a backend alive).
   using AbortFn = std::function<void()>;
-  void setAbort(AbortFn fn) { abort_ = std::move(fn); }
-  void setAbortBackend(std::weak_ptr<Backend> backend) { abortBackend_ = std::move(backend); }
+  void setAbort(CompletionKey, AbortFn fn) { abort_ = std::move(fn); }
+  void setAbortBackend(CompletionKey, std::weak_ptr<Backend> backend) { abortBackend_ = std::move(backend); }
 
   // Point-to-point ops carry no group sequence number; their label says who and which tag
   // ("to rank 1, tag 7") and describe() shows it.
-  void setLabel(std::string label) { label_ = std::move(label); }
+  void setLabel(CompletionKey, std::string label) { label_ = std::move(label); }
   std::string describe() const;  // "allreduce #12 in group 'world'", "send (to rank 1, tag 7) in group 'world'"
 
  private:

@@ -15,6 +15,7 @@
 #include <cohort/core/util/env.h>
 #include <cohort/core/util/error.h>
 #include <cohort/core/util/logging.h>
+#include <cohort/distributed/detail/op_queue.h>
 #include <cohort/distributed/gloo/detail/store_adapter.h>
 
 namespace cohort::dist::gloo_backend {
@@ -102,7 +103,8 @@ bool isTimeoutMessage(const std::string& what) {
 }  // namespace
 
 GlooBackend::GlooBackend(const StorePtr& store, int rank, int size, const BackendOptions& opts)
-    : Backend("gloo", rank, size), group_(opts.groupName), ops_(glooThreads()) {
+    : Backend("gloo", rank, size), group_(opts.groupName),
+      ops_(std::make_unique<OpQueue>(completionKey(), glooThreads())) {
   auto device = sharedDevice();
   auto context = std::make_shared<::gloo::rendezvous::Context>(rank, size);
   context->setTimeout(opts.timeout);
@@ -123,7 +125,7 @@ GlooBackend::GlooBackend(const StorePtr& store, int rank, int size, const Backen
 }
 
 GlooBackend::~GlooBackend() {
-  ops_.stop();  // ops still queued fail: the group was destroyed before they ran
+  ops_->stop();  // ops still queued fail: the group was destroyed before they ran
   {
     std::lock_guard<std::mutex> lock(p2pMu_);
     p2pStop_ = true;
@@ -132,15 +134,19 @@ GlooBackend::~GlooBackend() {
   p2pThread_.join();
 }
 
+void GlooBackend::enqueue(const WorkPtr& work, std::function<std::vector<Tensor>()> body) {
+  enqueue(work, std::move(body), OpFootprint{});
+}
+
 void GlooBackend::enqueue(const WorkPtr& work, std::function<std::vector<Tensor>()> body, OpFootprint footprint) {
   if (isBroken()) {
-    work->fail(brokenError());
+    work->fail(completionKey(), brokenError());
     return;
   }
-  ops_.post(
+  ops_->post(
       work,
       [this, work, body = std::move(body)] {
-        if (isBroken()) work->fail(brokenError());  // the group broke while this op was queued
+        if (isBroken()) work->fail(completionKey(), brokenError());  // the group broke while this op was queued
         else runGuarded(work, body);
       },
       std::move(footprint));
@@ -168,7 +174,7 @@ void GlooBackend::runGuarded(const WorkPtr& work, const std::function<std::vecto
     error = std::current_exception();
   }
   if (kind == Kind::None && !error) {
-    work->finish(std::move(outputs));
+    work->finish(completionKey(), std::move(outputs));
     return;
   }
   if (kind != Kind::None) {
@@ -181,7 +187,7 @@ void GlooBackend::runGuarded(const WorkPtr& work, const std::function<std::vecto
     std::lock_guard<std::mutex> lock(mu_);
     broken_ = error;  // later ops quote the diagnosed error
   }
-  work->fail(error);
+  work->fail(completionKey(), error);
 }
 
 void GlooBackend::breakWith(std::exception_ptr error) {
@@ -226,7 +232,7 @@ void GlooBackend::abort(const std::string& reason) { breakWith(std::make_excepti
 
 void GlooBackend::postP2P(const WorkPtr& work, const Tensor& tensor, int peer, int tag, bool isSend) {
   if (isBroken()) {  // not under mu_: brokenError() takes it
-    work->fail(brokenError());
+    work->fail(completionKey(), brokenError());
     return;
   }
   PendingP2P p{work, tensor, nullptr, peer, isSend};
@@ -235,7 +241,7 @@ void GlooBackend::postP2P(const WorkPtr& work, const Tensor& tensor, int peer, i
     if (isSend) p.buffer->send(peer, static_cast<uint64_t>(tag));
     else p.buffer->recv(peer, static_cast<uint64_t>(tag));
   } catch (const ::gloo::Exception& e) {
-    work->fail(work->peerError(fmt::format("gloo: {}", e.what())));
+    work->fail(completionKey(), work->peerError(fmt::format("gloo: {}", e.what())));
     return;
   }
   std::lock_guard<std::mutex> lock(p2pMu_);
@@ -266,12 +272,12 @@ void GlooBackend::p2pLoop() {
       // The buffer stays registered with gloo's pair after a timeout: keep it (and the tensor)
       // alive with the broken context rather than free memory gloo may still write.
       breakWith(error);
-      p.work->fail(error);
+      p.work->fail(completionKey(), error);
       std::lock_guard<std::mutex> g(mu_);
       leaked_.push_back(std::move(p.buffer));
       leakedTensors_.push_back(p.tensor);
     } else {
-      p.work->finish({p.tensor});
+      p.work->finish(completionKey(), {p.tensor});
     }
     lock.lock();
   }

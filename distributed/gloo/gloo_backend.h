@@ -37,7 +37,6 @@
 #include <vector>
 
 #include <cohort/distributed/backend.h>
-#include <cohort/distributed/op_queue.h>
 
 namespace gloo {
 class Context;
@@ -45,6 +44,11 @@ namespace transport {
 class UnboundBuffer;
 }
 }  // namespace gloo
+
+namespace cohort::dist {
+class OpQueue;  // detail/op_queue.h
+struct OpFootprint;
+}  // namespace cohort::dist
 
 namespace cohort::dist::gloo_backend {
 
@@ -85,7 +89,8 @@ class GlooBackend : public Backend {
  private:
   // Runs `body` on the worker thread; it returns the op's outputs, and gloo's exceptions are
   // mapped onto the Work's typed errors.
-  void enqueue(const WorkPtr& work, std::function<std::vector<Tensor>()> body, OpFootprint footprint = {});
+  void enqueue(const WorkPtr& work, std::function<std::vector<Tensor>()> body);  // runs alone
+  void enqueue(const WorkPtr& work, std::function<std::vector<Tensor>()> body, OpFootprint footprint);
   void runGuarded(const WorkPtr& work, const std::function<std::vector<Tensor>()>& body);
   bool isBroken() const;
   void p2pLoop();
@@ -103,7 +108,7 @@ class GlooBackend : public Backend {
   // tensors' memory) live as long as the backend.
   std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> leaked_;
   std::vector<Tensor> leakedTensors_;
-  OpQueue ops_;  // the collectives (COHORT_GLOO_THREADS workers)
+  std::unique_ptr<OpQueue> ops_;  // the collectives (COHORT_GLOO_THREADS workers)
 
   struct PendingP2P {
     WorkPtr work;

@@ -17,6 +17,7 @@
 #include <cohort/core/tensor/dtype.h>
 #include <cohort/core/util/check.h>
 #include <cohort/distributed/detail/coalesce.h>
+#include <cohort/distributed/detail/op_queue.h>
 #include <cohort/distributed/detail/reduce_kernels.h>
 #include <cohort/distributed/gloo/gloo_backend.h>
 

@@ -10,6 +10,7 @@
 #include <cohort/core/util/error.h>
 #include <cohort/core/util/logging.h>
 #include <cohort/distributed/detail/coalesce.h>
+#include <cohort/distributed/detail/op_queue.h>
 #include <cohort/distributed/store/prefix_store.h>
 
 namespace cohort::dist::hierarchical {
@@ -31,7 +32,7 @@ std::string interBackendName() {
 }  // namespace
 
 HierarchicalBackend::HierarchicalBackend(const StorePtr& store, int rank, int size, const BackendOptions& opts)
-    : Backend("hierarchical", rank, size), group_(opts.groupName) {
+    : Backend("hierarchical", rank, size), group_(opts.groupName), ops_(std::make_unique<OpQueue>(completionKey())) {
   std::vector<std::string> ids = opts.nodeIds;
   if (static_cast<int>(ids.size()) != size) {
     ids = exchangeNodeIds(*store, "node/", rank, size, localNodeId(opts.nodeId), opts.timeout);
@@ -76,7 +77,7 @@ HierarchicalBackend::HierarchicalBackend(const StorePtr& store, int rank, int si
 }
 
 HierarchicalBackend::~HierarchicalBackend() {
-  ops_.stop();  // ops still queued fail: the group was destroyed before they ran
+  ops_->stop();  // ops still queued fail: the group was destroyed before they ran
   intra_.reset();
   inter_.reset();
   flat_.reset();
@@ -85,16 +86,17 @@ HierarchicalBackend::~HierarchicalBackend() {
 // ---- the worker ------------------------------------------------------------------------------
 
 void HierarchicalBackend::run(const WorkPtr& work, std::function<std::vector<Tensor>(const WorkPtr&)> body) {
-  ops_.post(work, [this, work, b = std::move(body)] {
+  ops_->post(work, [this, work, b = std::move(body)] {
     std::string reason;
     {
       std::lock_guard<std::mutex> l(mu_);
       if (broken_) reason = brokenReason_;
     }
     if (!reason.empty()) {
-      work->fail(std::make_exception_ptr(
-          PeerError(fmt::format("{} failed: the hierarchical backend of group '{}' was aborted by an earlier error: {}",
-                                work->describe(), group_, reason))));
+      work->fail(completionKey(),
+                 std::make_exception_ptr(PeerError(fmt::format(
+                     "{} failed: the hierarchical backend of group '{}' was aborted by an earlier error: {}",
+                     work->describe(), group_, reason))));
       return;
     }
     std::vector<Tensor> outputs;
@@ -112,8 +114,8 @@ void HierarchicalBackend::run(const WorkPtr& work, std::function<std::vector<Ten
       breakWith(fmt::format("{} failed on rank {}: {}", work->describe(), rank(), e.what()));
       error = std::current_exception();
     }
-    if (error) work->fail(error);
-    else work->finish(std::move(outputs));
+    if (error) work->fail(completionKey(), error);
+    else work->finish(completionKey(), std::move(outputs));
   });
 }
 
@@ -127,7 +129,7 @@ void HierarchicalBackend::stage(const WorkPtr& outer, OpType op, const BackendPt
   // Weak: the inner backend's worker destroys this Work when its task ends, and a strong
   // reference here could make that the backend's last one, destroying the backend (and joining
   // its worker) on that very worker.
-  w->setAbort([weak = std::weak_ptr<Backend>(inner), d = outer->describe(), stageName] {
+  w->setAbort(completionKey(), [weak = std::weak_ptr<Backend>(inner), d = outer->describe(), stageName] {
     if (auto b = weak.lock()) b->abort(fmt::format("{}: {} did not finish in time", d, stageName));
   });
   auto detail = [&](const std::exception& e) { return fmt::format("{} over {}: {}", stageName, where, e.what()); };
@@ -135,7 +137,7 @@ void HierarchicalBackend::stage(const WorkPtr& outer, OpType op, const BackendPt
     try {
       call(w);
     } catch (...) {
-      if (!w->isCompleted()) w->fail(std::current_exception());
+      if (!w->isCompleted()) w->fail(completionKey(), std::current_exception());
     }
     w->wait();
   } catch (const TimeoutError& e) {

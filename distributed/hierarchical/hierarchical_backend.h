@@ -47,8 +47,11 @@
 #include <vector>
 
 #include <cohort/distributed/backend.h>
-#include <cohort/distributed/op_queue.h>
 #include <cohort/distributed/topology.h>
+
+namespace cohort::dist {
+class OpQueue;  // detail/op_queue.h
+}  // namespace cohort::dist
 
 namespace cohort::dist::hierarchical {
 
@@ -123,7 +126,7 @@ class HierarchicalBackend : public Backend {
   std::mutex mu_;  // broken_, brokenReason_
   bool broken_ = false;
   std::string brokenReason_;
-  OpQueue ops_;  // every op, in issue order
+  std::unique_ptr<OpQueue> ops_;  // every op, in issue order
 };
 
 }  // namespace cohort::dist::hierarchical

@@ -109,7 +109,7 @@ void MpiBackend::State::enqueueOnWorker(const WorkPtr& work, mpi::OpFn fn) {
   op->run = std::move(fn);
   std::weak_ptr<State> weak = weak_from_this();
   Work* raw = work.get();  // the abort function lives in the Work: no cycle, and it outlives the call
-  work->setAbort([weak, raw] {
+  work->setAbort(completionKey(), [weak, raw] {
     if (auto s = weak.lock()) s->abortAll(fmt::format("{} was aborted after its wait timed out", raw->describe()));
   });
   push(std::move(op));
@@ -123,7 +123,7 @@ void MpiBackend::State::enqueueP2p(const WorkPtr& work, mpi::OpFn fn, std::share
   op->p2pAbort = abortFlag;
   std::weak_ptr<State> weak = weak_from_this();
   // Only this transfer is cancelled: point-to-point ops do not keep the ranks in step.
-  work->setAbort([weak, abortFlag] {
+  work->setAbort(completionKey(), [weak, abortFlag] {
     abortFlag->store(true);
     if (auto s = weak.lock()) s->p2pCv.notify_all();
   });
@@ -137,7 +137,7 @@ uint64_t MpiBackend::State::beginOnCaller(const WorkPtr& work) {
       std::lock_guard<std::mutex> lock(mu);
       reason = aborted ? abortReason : std::string("the backend was shut down");
     }
-    work->fail(work->distError(fmt::format("not started: {}", reason)));
+    work->fail(completionKey(), work->distError(fmt::format("not started: {}", reason)));
     return 0;
   }
   const uint64_t ticket = callerTickets.fetch_add(1, std::memory_order_relaxed) + 1;
@@ -161,11 +161,11 @@ void MpiBackend::State::endOnCaller(Work& work, uint64_t ticket, std::optional<s
   // collectives on one group at once (MPI needs one order on every rank, so programs should not;
   // the slot then watches the later one), and this op is completed as usual.
   if (error) {
-    work.fail(std::move(error));
+    work.fail(completionKey(), std::move(error));
   } else {
     COHORT_CHECK(outputs.has_value(), "backend mpi: {} ran on its caller's thread but left no outputs",
                  work.describe());
-    work.finish(std::move(*outputs));
+    work.finish(completionKey(), std::move(*outputs));
   }
 }
 
@@ -197,7 +197,7 @@ void MpiBackend::State::abortJobForStuckCaller(const WorkPtr& work) {
   std::fprintf(stderr, "cohort: %s\n", msg.c_str());
   std::fflush(stderr);
   // Failing the Work marks its flight-recorder entry and, as for any DistError, dumps the recorders.
-  work->fail(std::make_exception_ptr(TimeoutError(msg)));  // claimed by checkCallerDeadline
+  work->fail(completionKey(), std::make_exception_ptr(TimeoutError(msg)));  // claimed by checkCallerDeadline
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::abort();  // MPI_Abort does not return; if it did, still never go back into a stuck job
 }
@@ -224,9 +224,9 @@ void MpiBackend::State::runOne(const std::shared_ptr<mpi::PendingOp>& op) {
   // watchdog or an abort failed them already.
   if (!op->pointToPoint && !op->claim()) return;
   if (error) {
-    op->work->fail(error);
+    op->work->fail(completionKey(), error);
   } else {
-    op->work->finish(std::move(*outputs));
+    op->work->finish(completionKey(), std::move(*outputs));
   }
 }
 
@@ -249,7 +249,7 @@ void MpiBackend::State::workerLoop() {
       }
     }
     if (!reason.empty()) {
-      if (op->claim()) op->work->fail(op->work->distError(fmt::format("not started: {}", reason)));
+      if (op->claim()) op->work->fail(completionKey(), op->work->distError(fmt::format("not started: {}", reason)));
       continue;
     }
     runOne(op);
@@ -295,7 +295,7 @@ void MpiBackend::State::monitorLoop() {
       // so the worker skips it.
       if (!first->claim()) continue;
       lock.unlock();
-      first->work->fail(first->work->timeoutError("it was still queued behind other ops"));
+      first->work->fail(completionKey(), first->work->timeoutError("it was still queued behind other ops"));
       lock.lock();
       continue;
     }
@@ -318,13 +318,13 @@ void MpiBackend::State::monitorLoop() {
     const std::string blocked =
         "MPI cannot cancel a blocking collective: this rank's MPI thread stays blocked in it and the backend is "
         "aborted (mpirun ends the job when a process exits)";
-    if (stuckOp && stuckOp->claim()) stuckOp->work->fail(stuckOp->work->timeoutError(blocked));
+    if (stuckOp && stuckOp->claim()) stuckOp->work->fail(completionKey(), stuckOp->work->timeoutError(blocked));
     for (auto& op : drop) {
       if (!op->claim()) continue;
       if (op == first || Clock::now() >= op->work->deadline()) {
-        op->work->fail(op->work->timeoutError(fmt::format("not started: {}", reason)));
+        op->work->fail(completionKey(), op->work->timeoutError(fmt::format("not started: {}", reason)));
       } else {
-        op->work->fail(op->work->distError(fmt::format("not started: {}", reason)));
+        op->work->fail(completionKey(), op->work->distError(fmt::format("not started: {}", reason)));
       }
     }
     lock.lock();
@@ -352,11 +352,12 @@ void MpiBackend::State::abortAll(const std::string& reason) {
   if (running) {
     comm->env().markStuck();
     if (running->claim()) {
-      running->work->fail(running->work->distError(fmt::format("{}; the op stays blocked inside MPI", reason)));
+      running->work->fail(completionKey(),
+                          running->work->distError(fmt::format("{}; the op stays blocked inside MPI", reason)));
     }
   }
   for (auto& op : drop) {
-    if (op->claim()) op->work->fail(op->work->distError(fmt::format("not started: {}", reason)));
+    if (op->claim()) op->work->fail(completionKey(), op->work->distError(fmt::format("not started: {}", reason)));
   }
   p2pAbortAll.store(true);
   p2pCv.notify_all();
@@ -450,7 +451,7 @@ void MpiBackend::State::pollerLoop() {
       }
       for (auto& p : active) {
         if (!p->cancelled) {
-          p->work->fail(p->work->distError("the backend was shut down before the transfer completed"));
+          p->work->fail(completionKey(), p->work->distError("the backend was shut down before the transfer completed"));
         }
       }
       return;
@@ -473,7 +474,7 @@ void MpiBackend::State::pollerLoop() {
       }
       for (auto& [p, timedOut] : toCancel) {
         std::string what = fmt::format("MPI_{} of {} elements cancelled", p->isRecv ? "Irecv" : "Isend", p->count);
-        p->work->fail(timedOut ? p->work->timeoutError(what) : p->work->distError("aborted; " + what));
+        p->work->fail(completionKey(), timedOut ? p->work->timeoutError(what) : p->work->distError("aborted; " + what));
       }
     }
     requests.resize(active.size());
@@ -493,20 +494,22 @@ void MpiBackend::State::pollerLoop() {
       if (p->cancelled) continue;  // already failed
       int err = rc == MPI_ERR_IN_STATUS ? statuses[k].MPI_ERROR : rc;
       if (err != MPI_SUCCESS) {
-        p->work->fail(p->work->distError(
-            fmt::format("MPI_{} failed: {}", p->isRecv ? "Irecv" : "Isend", mpi::MpiEnvironment::errorString(err))));
+        p->work->fail(completionKey(),
+                      p->work->distError(fmt::format("MPI_{} failed: {}", p->isRecv ? "Irecv" : "Isend",
+                                                     mpi::MpiEnvironment::errorString(err))));
         continue;
       }
       if (p->isRecv) {
         int got = 0;
         MPI_Get_count(&statuses[k], p->type, &got);
         if (got != p->count) {
-          p->work->fail(p->work->distError(fmt::format("received {} elements from rank {} (tag {}) into a tensor of {}",
+          p->work->fail(completionKey(),
+                        p->work->distError(fmt::format("received {} elements from rank {} (tag {}) into a tensor of {}",
                                                        got, p->peer, p->tag, p->count)));
           continue;
         }
       }
-      p->work->finish({p->tensor});
+      p->work->finish(completionKey(), {p->tensor});
     }
     active.erase(std::remove_if(active.begin(), active.end(),
                                 [](const auto& p) { return p->request == MPI_REQUEST_NULL; }),

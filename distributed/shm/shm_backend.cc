@@ -25,6 +25,7 @@
 #include <cohort/core/util/env.h>
 #include <cohort/core/util/error.h>
 #include <cohort/core/util/logging.h>
+#include <cohort/distributed/detail/op_queue.h>
 #include <cohort/distributed/store/prefix_store.h>
 
 namespace cohort::dist::shm {
@@ -254,7 +255,7 @@ ShmBackend::ShmBackend(const StorePtr& store, int rank, int size, const BackendO
       throw;
     }
   }
-  if (config.worker) ops_ = std::make_unique<OpQueue>();
+  if (config.worker) ops_ = std::make_unique<OpQueue>(completionKey());
 }
 
 ShmBackend::~ShmBackend() {

@@ -91,7 +91,10 @@
 
 #include <cohort/core/util/error.h>
 #include <cohort/distributed/backend.h>
-#include <cohort/distributed/op_queue.h>
+
+namespace cohort::dist {
+class OpQueue;  // detail/op_queue.h
+}  // namespace cohort::dist
 
 namespace cohort::dist::shm {
 

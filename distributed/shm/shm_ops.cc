@@ -9,6 +9,7 @@
 #include <cohort/core/ops/ops.h>
 #include <cohort/core/util/error.h>
 #include <cohort/distributed/detail/coalesce.h>
+#include <cohort/distributed/detail/op_queue.h>
 #include <cohort/distributed/detail/reduce_kernels.h>
 #include <cohort/distributed/shm/shm_backend.h>
 
@@ -54,8 +55,8 @@ void ShmBackend::execute(const WorkPtr& work, const std::function<std::vector<Te
     }
   }
   // Completed outside the lock: a completion callback may issue the group's next op.
-  if (error) work->fail(error);
-  else work->finish(std::move(outputs));
+  if (error) work->fail(completionKey(), error);
+  else work->finish(completionKey(), std::move(outputs));
 }
 
 // ---- byte-level collectives ------------------------------------------------------------------

@@ -12,12 +12,15 @@
 #include <string>
 #include <vector>
 
-#include <cohort/distributed/op_queue.h>
+#include <cohort/distributed/detail/op_queue.h>
+
+#include "pg_test_util.h"
 
 namespace cohort::dist {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::completionKeyForTests;
 
 WorkPtr makeWork(uint64_t seq) { return std::make_shared<Work>(OpType::Allreduce, seq, "test", Millis(10'000)); }
 
@@ -43,7 +46,7 @@ struct Tracker {
         --running;
         cv.notify_all();
       }
-      work->finish({});
+      work->finish(completionKeyForTests(), {});
     };
   }
   // Waits (bounded) until `name` has started; returns whether it did.
@@ -65,7 +68,7 @@ void waitAll(const std::vector<WorkPtr>& works) {
 int a, b, c;  // three distinct "storages"
 
 TEST(OpQueue, ShareableOpsOnDifferentMemoryRunSideBySide) {
-  OpQueue q(2);
+  OpQueue q(completionKeyForTests(), 2);
   Tracker t;
   // A holds on until B has started: only possible when they overlap.
   std::vector<WorkPtr> w{makeWork(1), makeWork(2)};
@@ -74,7 +77,7 @@ TEST(OpQueue, ShareableOpsOnDifferentMemoryRunSideBySide) {
       w[0],
       [&, work = w[0]] {
         sawB = t.waitStarted("B", 5'000ms);
-        work->finish({});
+        work->finish(completionKeyForTests(), {});
       },
       OpFootprint{false, {&a}});
   q.post(w[1], t.task("B", 0ms, w[1]), OpFootprint{false, {&b}});
@@ -83,7 +86,7 @@ TEST(OpQueue, ShareableOpsOnDifferentMemoryRunSideBySide) {
 }
 
 TEST(OpQueue, ShareableOpsOnTheSameMemoryRunOneAfterTheOther) {
-  OpQueue q(4);
+  OpQueue q(completionKeyForTests(), 4);
   Tracker t;
   std::vector<WorkPtr> w{makeWork(1), makeWork(2), makeWork(3)};
   q.post(w[0], t.task("A", 40ms, w[0]), OpFootprint{false, {&a, &b}});
@@ -97,7 +100,7 @@ TEST(OpQueue, ShareableOpsOnTheSameMemoryRunOneAfterTheOther) {
 }
 
 TEST(OpQueue, AnExclusiveOpRunsAloneBetweenWhatCameBeforeAndAfter) {
-  OpQueue q(3);
+  OpQueue q(completionKeyForTests(), 3);
   Tracker t;
   std::vector<WorkPtr> w{makeWork(1), makeWork(2), makeWork(3), makeWork(4)};
   q.post(w[0], t.task("A", 40ms, w[0]), OpFootprint{false, {&a}});
@@ -112,7 +115,7 @@ TEST(OpQueue, AnExclusiveOpRunsAloneBetweenWhatCameBeforeAndAfter) {
 }
 
 TEST(OpQueue, NoMoreThanTheThreadCountRunAtOnce) {
-  OpQueue q(2);
+  OpQueue q(completionKeyForTests(), 2);
   Tracker t;
   static int s[6];
   std::vector<WorkPtr> w;
@@ -129,7 +132,7 @@ TEST(OpQueue, NoMoreThanTheThreadCountRunAtOnce) {
 }
 
 TEST(OpQueue, StoppingLetsRunningOpsFinishAndFailsTheQueuedOnes) {
-  auto q = std::make_unique<OpQueue>(2);
+  auto q = std::make_unique<OpQueue>(completionKeyForTests(), 2);
   Tracker t;
   std::vector<WorkPtr> w{makeWork(1), makeWork(2), makeWork(3)};
   q->post(w[0], t.task("A", 500ms, w[0]));  // long enough that stop() comes while A runs
@@ -154,12 +157,12 @@ TEST(OpQueue, StoppingLetsRunningOpsFinishAndFailsTheQueuedOnes) {
 // join that worker from itself (std::terminate) nor touch freed memory; queued ops still fail.
 TEST(OpQueue, DestroyedFromItsOwnTaskEndsCleanly) {
   for (int threads : {1, 2}) {
-    auto q = std::make_shared<OpQueue>(threads);
+    auto q = std::make_shared<OpQueue>(completionKeyForTests(), threads);
     auto done = makeWork(1), queued = makeWork(2);
     std::atomic<bool> release{false};
     q->post(done, [keep = q, &release, done]() mutable {
       while (!release.load()) std::this_thread::sleep_for(1ms);
-      done->finish({});
+      done->finish(completionKeyForTests(), {});
     });
     q->post(queued, [] {});  // exclusive: waits behind the first, then fails with the group gone
     std::weak_ptr<OpQueue> weak = q;

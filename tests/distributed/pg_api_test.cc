@@ -1,6 +1,8 @@
 // ProcessGroup behaviour that does not depend on the backend's transport: argument validation,
 // the uniform unsupported-op error, the backend registry, device routing, Work and its timeout
 // diagnosis, the flight recorder. Uses gloo where a real backend is needed (skipped without it).
+#include <type_traits>
+
 #include "pg_test_util.h"
 
 #include "env_guard.h"
@@ -10,6 +12,15 @@
 namespace cohort::dist::testing {
 namespace {
 
+// Only backends complete Works: outside Backend (and ProcessGroup) the key to finish/fail cannot
+// be made, not even by brace-initialisation.
+template <typename T>
+concept BraceInitialisable = requires {
+  T{};
+};
+static_assert(!std::is_default_constructible_v<Work::CompletionKey>);
+static_assert(!BraceInitialisable<Work::CompletionKey>);
+
 // A backend that only knows allreduce (it adds 1 to every element, without talking to anyone),
 // to test routing, supports() and the uniform error of the ops it lacks.
 class AllreduceOnlyBackend : public Backend {
@@ -18,7 +29,7 @@ class AllreduceOnlyBackend : public Backend {
   bool supports(OpType op) const override { return op == OpType::Allreduce; }
   void allreduce(Tensor& t, const AllreduceOptions&, const WorkPtr& work) override {
     t.add_(Scalar(1));
-    work->finish({t});
+    work->finish(completionKey(), {t});
   }
 };
 
@@ -301,7 +312,7 @@ TEST(Work, AFutureTakenBeforeCompletionIsCompletedOnceAndIsTheSameOnEveryCall) {
   EXPECT_FALSE(w->isCompleted());
   EXPECT_EQ(w->exception(), nullptr);
   Tensor t = zeros({3});
-  std::thread finisher([&] { w->finish({t}); });
+  std::thread finisher([&] { w->finish(completionKeyForTests(), {t}); });
   finisher.join();
   EXPECT_TRUE(f2.isCompleted());  // the same Future as f1
   EXPECT_EQ(doubled.value(), 6);
@@ -313,7 +324,7 @@ TEST(Work, AFutureTakenBeforeCompletionIsCompletedOnceAndIsTheSameOnEveryCall) {
 
 TEST(Work, AFutureTakenAfterAFailureCarriesTheError) {
   auto w = bareWork();
-  w->fail(std::make_exception_ptr(PeerError("rank 1 went away")));
+  w->fail(completionKeyForTests(), std::make_exception_ptr(PeerError("rank 1 went away")));
   EXPECT_TRUE(w->isCompleted());
   EXPECT_FALSE(w->isSuccess());
   ASSERT_NE(w->exception(), nullptr);
@@ -328,9 +339,9 @@ TEST(Work, AFutureTakenAfterAFailureCarriesTheError) {
 TEST(Work, CompletingTwiceIsABrokenInvariantAndKeepsTheFirstResult) {
   auto w = bareWork();
   Tensor t = zeros({1});
-  w->finish({t});
+  w->finish(completionKeyForTests(), {t});
   try {
-    w->fail(std::make_exception_ptr(DistError("late")));
+    w->fail(completionKeyForTests(), std::make_exception_ptr(DistError("late")));
     ADD_FAILURE() << "a second completion was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("allreduce #3 in group 'g' completed twice"), std::string::npos) << e.what();
@@ -343,7 +354,7 @@ TEST(Work, WaitWakesWhenAnotherThreadCompletes) {
   auto w = bareWork();
   std::thread finisher([&] {
     std::this_thread::sleep_for(Millis(30));
-    w->finish({});
+    w->finish(completionKeyForTests(), {});
   });
   w->wait(Millis(30'000));
   EXPECT_TRUE(w->isSuccess());
@@ -363,9 +374,9 @@ TEST(Work, RacingCompletionFutureAndWaiterSeeOneOutcome) {
     std::thread completer([&] {
       while (!go.load()) std::this_thread::yield();
       if (fail) {
-        w->fail(std::make_exception_ptr(DistError("x")));
+        w->fail(completionKeyForTests(), std::make_exception_ptr(DistError("x")));
       } else {
-        w->finish({});
+        w->finish(completionKeyForTests(), {});
       }
     });
     std::thread chainer([&] {
@@ -406,7 +417,7 @@ class AbortRecordingBackend : public Backend {
 TEST(Work, ATimedOutWaitAbortsTheBackendOnceAndNamesTheOp) {
   auto backend = std::make_shared<AbortRecordingBackend>();
   auto w = bareWork(9);
-  w->setAbortBackend(backend);
+  w->setAbortBackend(completionKeyForTests(), backend);
   std::string first = errorOf([&] { w->wait(Millis(10)); });
   EXPECT_NE(first.find("allreduce #9 in group 'g' not finished after wait(10 ms)"), std::string::npos) << first;
   EXPECT_THROW(w->wait(Millis(10)), TimeoutError);
@@ -414,15 +425,15 @@ TEST(Work, ATimedOutWaitAbortsTheBackendOnceAndNamesTheOp) {
   EXPECT_EQ(backend->reasons[0], "allreduce #9 in group 'g': abandoned by wait() after its timeout");
   // The backend's own abort function, when it installs one, is used instead.
   auto w2 = bareWork(10);
-  w2->setAbortBackend(backend);
+  w2->setAbortBackend(completionKeyForTests(), backend);
   int own = 0;
-  w2->setAbort([&] { ++own; });
+  w2->setAbort(completionKeyForTests(), [&] { ++own; });
   EXPECT_THROW(w2->wait(Millis(5)), TimeoutError);
   EXPECT_EQ(own, 1);
   EXPECT_EQ(backend->reasons.size(), 1u);
   // A Work does not keep its backend alive: once the backend is gone, a timeout just throws.
   auto w3 = bareWork(11);
-  w3->setAbortBackend(backend);
+  w3->setAbortBackend(completionKeyForTests(), backend);
   backend.reset();
   EXPECT_THROW(w3->wait(Millis(5)), TimeoutError);
 }

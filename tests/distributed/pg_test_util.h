@@ -26,6 +26,13 @@ namespace cohort::dist::testing {
 
 using namespace std::chrono_literals;
 
+// The key Works are completed with (work.h), for tests that complete Works by hand: taken the way
+// a backend of a user's own takes it, from the Backend base class.
+struct CompletionKeySource : Backend {
+  static Work::CompletionKey key() { return completionKey(); }
+};
+inline Work::CompletionKey completionKeyForTests() { return CompletionKeySource::key(); }
+
 inline const std::vector<DType> kAllDTypes = {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16,
                                               DType::Int64,   DType::Int32,   DType::UInt8,   DType::Bool};
 inline const std::vector<ReduceOp> kAllReduceOps = {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Product, ReduceOp::Min,

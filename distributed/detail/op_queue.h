@@ -46,7 +46,8 @@ struct OpFootprint {
 
 class OpQueue {
  public:
-  explicit OpQueue(int threads = 1);
+  // `key` is the owning backend's (Backend::completionKey()): the queue fails the Works it drops.
+  explicit OpQueue(Work::CompletionKey key, int threads = 1);
   ~OpQueue();
   OpQueue(const OpQueue&) = delete;
   OpQueue& operator=(const OpQueue&) = delete;
@@ -65,6 +66,8 @@ class OpQueue {
   };
   // Everything the workers touch: it outlives the queue while a worker still runs.
   struct State {
+    explicit State(Work::CompletionKey k) : key(k) {}
+    Work::CompletionKey key;
     std::mutex mu;
     std::condition_variable cv;
     std::deque<Item> queue;

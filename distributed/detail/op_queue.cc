@@ -1,4 +1,4 @@
-#include <cohort/distributed/op_queue.h>
+#include <cohort/distributed/detail/op_queue.h>
 
 #include <pthread.h>
 #include <signal.h>
@@ -10,12 +10,12 @@
 namespace cohort::dist {
 
 namespace {
-void failDestroyed(const WorkPtr& work) {
-  work->fail(work->distError("the process group was destroyed before the op ran"));
+void failDestroyed(Work::CompletionKey key, const WorkPtr& work) {
+  work->fail(key, work->distError("the process group was destroyed before the op ran"));
 }
 }  // namespace
 
-OpQueue::OpQueue(int threads) : state_(std::make_shared<State>()) {
+OpQueue::OpQueue(Work::CompletionKey key, int threads) : state_(std::make_shared<State>(key)) {
   COHORT_CHECK(threads >= 1, "OpQueue: {} threads", threads);
   state_->threads = threads;
   for (int i = 0; i < threads; ++i) {
@@ -40,7 +40,7 @@ void OpQueue::post(WorkPtr work, std::function<void()> task, OpFootprint footpri
       return;
     }
   }
-  failDestroyed(work);
+  failDestroyed(state_->key, work);
 }
 
 void OpQueue::stop() {
@@ -75,7 +75,7 @@ void OpQueue::loop(const std::shared_ptr<State>& state) {
       Item item = std::move(s.queue.front());
       s.queue.pop_front();
       lock.unlock();
-      failDestroyed(item.work);
+      failDestroyed(s.key, item.work);
       item = Item{};
       lock.lock();
       continue;
