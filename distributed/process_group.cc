@@ -1,14 +1,10 @@
 #include <cohort/distributed/process_group.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cctype>
-#include <condition_variable>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <sstream>
-#include <thread>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -17,11 +13,12 @@
 #include <cohort/core/util/error.h>
 #include <cohort/core/util/logging.h>
 #include <cohort/distributed/debug/consistency_check.h>
+#include <cohort/distributed/debug/detail/hang_diagnosis.h>
+#include <cohort/distributed/debug/detail/progress_publisher.h>
 #include <cohort/distributed/debug/flight_recorder.h>
+#include <cohort/distributed/detail/op_args.h>
 #include <cohort/distributed/store/prefix_store.h>
 #include <cohort/distributed/topology.h>
-
-#include <cohort/distributed/detail/op_args.h>
 
 namespace cohort::dist {
 
@@ -44,99 +41,6 @@ DebugLevel debugLevelFromEnv() {
   if (v == "DETAIL") return DebugLevel::Detail;
   throw ValueError(fmt::format("COHORT_DEBUG must be OFF, INFO or DETAIL, got '{}'", *raw));
 }
-
-// ---- progress publishing -------------------------------------------------------------------
-// The op's thread only stores to atomics (no lock, no wake-up: on a rank bound to one core, waking
-// a thread per op costs a context switch). A background thread publishes the counters to the store
-// when they changed, at most every kMinPublishInterval while ops run and backing off to
-// kMaxPublishInterval when idle, so a stalled or dead rank's last published progress is at most
-// that old. diagnose() waits longer than that for the peers (its grace) and publishes this rank's
-// own counters synchronously first.
-namespace {
-constexpr Millis kMinPublishInterval{20};
-constexpr Millis kMaxPublishInterval{200};
-void atomicMax(std::atomic<uint64_t>& a, uint64_t v) {
-  uint64_t cur = a.load(std::memory_order_relaxed);
-  while (cur < v && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
-  }
-}
-}  // namespace
-
-struct ProcessGroup::Progress {
-  StorePtr store;
-  std::string key;
-  std::atomic<uint64_t> started{0}, completed{0}, failed{0};
-  std::mutex mu;  // guards stop and the published value; the counters are atomics
-  std::condition_variable cv;
-  bool stop = false;
-  std::string published;
-  std::mutex publishMu;  // one store write at a time, in order
-  std::thread thread;
-
-  Progress(StorePtr s, std::string k) : store(std::move(s)), key(std::move(k)) {
-    thread = std::thread([this] { loop(); });
-  }
-  ~Progress() {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      stop = true;
-    }
-    cv.notify_all();
-    thread.join();
-  }
-  std::string value() const {
-    return fmt::format("{} {} {}", started.load(std::memory_order_relaxed), completed.load(std::memory_order_relaxed),
-                       failed.load(std::memory_order_relaxed));
-  }
-  // Writes the counters to the store if they changed since the last write; true when it wrote.
-  bool publish() {
-    std::lock_guard<std::mutex> plock(publishMu);
-    std::string v = value();
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (v == published) return false;
-    }
-    try {
-      store->set(key, v);
-    } catch (const std::exception& e) {
-      // Best effort: at the end of a job rank 0 (and its store server) may be gone before the
-      // others' last publish, which is not worth a warning on every rank. A diagnosis that needs
-      // the store reports its own failure to read it.
-      COHORT_LOG(Debug, "could not publish collective progress to {}: {}", store->describe(), e.what());
-      return false;
-    }
-    std::lock_guard<std::mutex> lock(mu);
-    published = std::move(v);
-    return true;
-  }
-  void loop() {
-    Millis interval = kMinPublishInterval;
-    std::unique_lock<std::mutex> lock(mu);
-    while (!stop) {
-      cv.wait_for(lock, interval, [&] { return stop; });
-      if (stop) return;
-      lock.unlock();
-      bool wrote = publish();
-      lock.lock();
-      interval = wrote ? kMinPublishInterval : std::min(interval * 2, kMaxPublishInterval);
-    }
-  }
-};
-
-namespace {
-struct RankProgress {
-  uint64_t started = 0, completed = 0, failed = 0;
-};
-
-RankProgress readProgress(Store& store, const std::string& key) {
-  RankProgress p;
-  if (!store.check({key})) return p;
-  std::istringstream in(store.getString(key));
-  in >> p.started >> p.completed >> p.failed;
-  return p;
-}
-
-}  // namespace
 
 // ---- construction --------------------------------------------------------------------------
 
@@ -171,10 +75,14 @@ ProcessGroup::ProcessGroup(StorePtr store, int rank, int size, ProcessGroupOptio
         fmt::format("process group '{}': timeout must be positive, got {} ms", opts_.name, opts_.timeout.count()));
   }
   recorder_ = std::make_shared<FlightRecorder>(opts_.name, opts_.flightRecorderEntries);
-  progress_ = std::make_shared<Progress>(store_, fmt::format("progress/{}", rank_));
+  progress_ = std::make_shared<ProgressPublisher>(store_, rank_);
+  diagnoser_ = std::make_shared<HangDiagnoser>(store_, rank_, size_, globalRanks_, progress_);
+  observer_ = std::make_shared<GroupWorkObserver>(diagnoser_, progress_, recorder_);
 }
 
 ProcessGroup::~ProcessGroup() {
+  // Works failed from here on (by the backends, below) get no diagnosis: the group is going away.
+  diagnoser_.reset();
   // Backends first: their threads complete pending Works, whose callbacks touch progress_.
   backends_.clear();
   progress_.reset();
@@ -259,46 +167,6 @@ const BackendPtr& ProcessGroup::backendFor(OpType op, DeviceType device) const {
 
 // ---- work bookkeeping ----------------------------------------------------------------------
 
-// Told by each Work of this group when it completes; explains failures. One per group.
-class ProcessGroup::Observer : public Work::Observer {
- public:
-  Observer(std::weak_ptr<ProcessGroup> pg, std::shared_ptr<Progress> progress, std::shared_ptr<FlightRecorder> recorder)
-      : pg_(std::move(pg)), progress_(std::move(progress)), recorder_(std::move(recorder)) {}
-
-  void onComplete(const Work& work, uint64_t entry, const std::exception_ptr& error) override {
-    const uint64_t seq = work.sequenceNumber();
-    if (!error) {
-      recorder_->complete(entry, FlightRecorder::State::Completed);
-      if (seq) atomicMax(progress_->completed, seq);
-      return;
-    }
-    std::string what;
-    bool distError = false;
-    try {
-      std::rethrow_exception(error);
-    } catch (const DistError& e) {
-      what = e.what();
-      distError = true;
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-      what = "unknown error";
-    }
-    recorder_->complete(entry, FlightRecorder::State::Failed, what);
-    if (seq) atomicMax(progress_->failed, seq);
-    if (distError) dumpFlightRecorders(what);  // a dead peer or a timeout: keep the evidence
-  }
-  std::string diagnose(const Work& work) const override {
-    auto pg = pg_.lock();
-    return pg ? pg->diagnose(work) : std::string();
-  }
-
- private:
-  std::weak_ptr<ProcessGroup> pg_;
-  std::shared_ptr<Progress> progress_;
-  std::shared_ptr<FlightRecorder> recorder_;
-};
-
 WorkPtr ProcessGroup::startWork(OpType op, Millis timeout, RecordFn record, FingerprintFn fingerprint,
                                 std::string p2pLabel) {
   Millis t = timeout.count() < 0 ? opts_.timeout : timeout;
@@ -322,9 +190,8 @@ WorkPtr ProcessGroup::startWork(OpType op, Millis timeout, RecordFn record, Fing
         start);
     work->setLabel(Work::CompletionKey(), std::move(p2pLabel));
   }
-  if (!observer_) observer_ = std::make_shared<Observer>(weak_from_this(), progress_, recorder_);
   work->setObserver(Work::CompletionKey(), observer_, entry);
-  if (collective) progress_->started.store(seq, std::memory_order_relaxed);
+  if (collective) progress_->markStarted(seq);
   if (collective && opts_.debug == DebugLevel::Detail && fingerprint) {
     try {
       checkCollectiveConsistency(*store_, opts_.name, rank_, size_, seq, fingerprint(), t);
@@ -349,64 +216,11 @@ WorkPtr ProcessGroup::launch(const WorkPtr& work, const BackendPtr& backend, F&&
   return work;
 }
 
-std::string ProcessGroup::rankName(int groupRank) const {
-  int g = groupRank >= 0 && groupRank < static_cast<int>(globalRanks_.size()) ? globalRanks_[groupRank] : groupRank;
-  return g == groupRank ? fmt::format("{}", groupRank) : fmt::format("{} (global rank {})", groupRank, g);
-}
-
-std::string ProcessGroup::diagnose(const Work& work) const {
-  if (work.sequenceNumber() == 0) return "";  // send/recv: the label names the peer
-  const uint64_t seq = work.sequenceNumber();
-  // Only failing ops are diagnosed: say so first, so the other ranks' diagnoses can tell this
-  // rank (alive, failed) from the one that died or stalled.
-  atomicMax(progress_->failed, seq);
-  progress_->publish();
-  // Peers publish asynchronously: give them a moment so only ranks that really went silent (or
-  // never came) are named. Stops early once every other rank is accounted for.
-  const auto graceEnd = std::chrono::steady_clock::now() + Millis(500);
-  std::vector<int> notReached, silent, failed;
-  std::map<int, RankProgress> seen;
-  while (true) {
-    notReached.clear();
-    silent.clear();
-    failed.clear();
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_) continue;
-      RankProgress p = readProgress(*store_, fmt::format("progress/{}", r));
-      seen[r] = p;
-      if (p.started < seq) notReached.push_back(r);
-      else if (p.failed >= seq) failed.push_back(r);
-      else if (p.completed < seq) silent.push_back(r);
-    }
-    if ((notReached.empty() && silent.empty()) || std::chrono::steady_clock::now() >= graceEnd) break;
-    std::this_thread::sleep_for(Millis(50));
-  }
-  auto names = [&](const std::vector<int>& rs) {
-    std::vector<std::string> out;
-    for (int r : rs) out.push_back(rankName(r));
-    return fmt::format("{}", fmt::join(out, ", "));
-  };
-  std::string msg;
-  if (!notReached.empty()) {
-    std::vector<std::string> last;
-    for (int r : notReached) last.push_back(fmt::format("rank {} at #{}", rankName(r), seen[r].started));
-    msg = fmt::format("ranks that never reached it: [{}] (last op they started: {})", names(notReached),
-                      fmt::join(last, ", "));
-  } else if (!silent.empty()) {
-    msg = fmt::format("every rank reached it; ranks that started it but neither finished nor reported an error "
-                      "(dead or stalled): [{}]",
-                      names(silent));
-  } else {
-    msg = "every rank reached it";
-  }
-  if (!failed.empty()) msg += fmt::format("; ranks that failed it too: [{}]", names(failed));
-  return msg;
-}
-
 using op_args::appendShapes;
 using op_args::Checker;
 using op_args::fp;
 using op_args::fpDtypeOnly;
+using op_args::rankName;
 using op_args::reduceDetail;
 using op_args::rootDetail;
 
@@ -708,7 +522,7 @@ WorkPtr ProcessGroup::send(const Tensor& tensor, int dst, const SendRecvOptions&
   const BackendPtr& b = backendFor(OpType::Send, tensor.device().type());
   auto work = startWork(
       OpType::Send, opts.timeout, [&](std::string& s, std::string&) { appendShapes(s, tensor); }, {},
-      fmt::format("to rank {}, tag {}", rankName(dst), opts.tag));
+      fmt::format("to rank {}, tag {}", rankName(dst, globalRanks_), opts.tag));
   return launch(work, b, [&] { b->send(tensor, dst, opts, work); });
 }
 
@@ -721,7 +535,7 @@ WorkPtr ProcessGroup::recv(Tensor& tensor, int src, const SendRecvOptions& opts)
   const BackendPtr& b = backendFor(OpType::Recv, tensor.device().type());
   auto work = startWork(
       OpType::Recv, opts.timeout, [&](std::string& s, std::string&) { appendShapes(s, tensor); }, {},
-      fmt::format("from rank {}, tag {}", rankName(src), opts.tag));
+      fmt::format("from rank {}, tag {}", rankName(src, globalRanks_), opts.tag));
   return launch(work, b, [&] { b->recv(tensor, src, opts, work); });
 }
 

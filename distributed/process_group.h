@@ -40,6 +40,8 @@
 namespace cohort::dist {
 
 class FlightRecorder;
+class HangDiagnoser;
+class ProgressPublisher;
 struct CollectiveFingerprint;
 
 enum class DebugLevel { Off, Info, Detail };
@@ -111,9 +113,6 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   std::shared_ptr<ProcessGroup> split(int color, int key, ProcessGroupOptions opts = {});
 
  private:
-  struct Progress;  // this rank's published progress: "<group store>/progress/<rank>"
-  class Observer;   // completes each Work's bookkeeping (flight recorder, progress)
-
   ProcessGroup(StorePtr store, int rank, int size, ProcessGroupOptions opts, std::vector<int> globalRanks);
   void initBackends();
   std::shared_ptr<ProcessGroup> makeSubgroup(const std::string& prefix, const std::vector<int>& parentRanks,
@@ -131,8 +130,6 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // Runs the backend call; a synchronous throw fails the Work and propagates.
   template <typename F>
   WorkPtr launch(const WorkPtr& work, const BackendPtr& backend, F&& call);
-  std::string diagnose(const Work& work) const;
-  std::string rankName(int groupRank) const;
 
   StorePtr store_;
   int rank_;
@@ -143,8 +140,13 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   uint64_t subgroupCounter_ = 0;
   std::map<DeviceType, BackendPtr> backends_;
   std::shared_ptr<FlightRecorder> recorder_;
-  std::shared_ptr<Progress> progress_;
-  std::shared_ptr<Observer> observer_;  // made at the first op (it needs weak_from_this())
+  // The debugging aids of debug/detail/: this rank's published progress ("<group store>/
+  // progress/<rank>"), the diagnosis of failed collectives (the observer holds it weakly, so
+  // none runs once the group is being destroyed), and the one Work::Observer every Work of the
+  // group reports its completion to (flight recorder, progress) and asks for that diagnosis.
+  std::shared_ptr<ProgressPublisher> progress_;
+  std::shared_ptr<const HangDiagnoser> diagnoser_;
+  std::shared_ptr<Work::Observer> observer_;
 };
 
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;

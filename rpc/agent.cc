@@ -1,6 +1,7 @@
 #include <cohort/rpc/agent.h>
 
 #include <cohort/core/util/logging.h>
+#include <cohort/rpc/detail/rref_protocol.h>
 #include <cohort/rpc/rref.h>
 
 namespace cohort::rpc {
@@ -46,31 +47,6 @@ const char* errorTypeName(std::exception_ptr e) {
   }
 }
 
-// Walks a value tree for the rrefs it carries.
-void collectRRefs(const Value& v, std::vector<std::shared_ptr<RRefHandle>>& out) {
-  switch (v.kind()) {
-    case Kind::RRef: out.push_back(v.toRRef()); break;
-    case Kind::List:
-      for (const auto& x : v.toList()) collectRRefs(x, out);
-      break;
-    case Kind::Dict:
-      for (const auto& [k, x] : v.toDict()) collectRRefs(x, out);
-      break;
-    default: break;
-  }
-}
-
-Value idValue(const RRefId& id) {
-  return Value(List{Value(int64_t{id.creator}), Value(static_cast<int64_t>(id.local))});
-}
-RRefId idFrom(const Value& v) {
-  const List& l = v.toList();
-  if (l.size() < 2) throw RpcError("malformed rref request: no rref id");
-  int64_t c = l[0].toInt(), loc = l[1].toInt();
-  if (c < 0 || c > INT32_MAX) throw RpcError(fmt::format("malformed rref request: creator rank {}", c));
-  return RRefId{static_cast<int32_t>(c), static_cast<uint64_t>(loc)};
-}
-
 }  // namespace
 
 std::string describeException(std::exception_ptr e) {
@@ -99,13 +75,6 @@ AgentFactory findAgentFactory(const std::string& kind) {
   return it == factories().end() ? nullptr : it->second;
 }
 
-// ---- RRefHandle ----------------------------------------------------------------------------
-
-RRefHandle::~RRefHandle() {
-  if (auto a = agent_.lock()) a->releaseRRef(*this);
-}
-std::shared_ptr<RpcAgent> RRefHandle::agent() const { return agent_.lock(); }
-
 // ---- RpcAgent ------------------------------------------------------------------------------
 
 RpcAgent::RpcAgent(WorkerInfo self, int worldSize, RpcOptions options)
@@ -126,6 +95,17 @@ RpcAgent::RpcAgent(WorkerInfo self, int worldSize, RpcOptions options)
         fmt::format("rpc::init: copyThreads must be 0 (one per core) to 64, got {}", options_.copyThreads));
   }
   out_.resize(worldSize_);
+  rrefs_ = std::make_unique<RRefProtocol>(
+      *this, RRefProtocol::Hooks{
+                 .runOnPool = [this](std::function<void()> task) { return pool_->run(std::move(task)); },
+                 .dispatch = [this](const std::string& fn, Value args) { return dispatchCall(fn, std::move(args)); },
+                 .respond =
+                     [this](int to, const Frame& request, Future<Value> result, RRefProtocol::Respond respond) {
+                       respondWith(to, request, std::move(result), std::move(respond));
+                     },
+                 .errorFrame = [this](uint64_t id, const std::string& fn,
+                                      const std::string& message) { return errorFrame(id, fn, message); },
+             });
 }
 
 RpcAgent::~RpcAgent() {
@@ -167,10 +147,7 @@ size_t RpcAgent::pendingCalls() const {
   std::lock_guard<std::mutex> lock(mu_);
   return pending_.size();
 }
-size_t RpcAgent::ownedRRefs() const {
-  std::lock_guard<std::mutex> lock(rrefMu_);
-  return owned_.size();
-}
+size_t RpcAgent::ownedRRefs() const { return rrefs_->ownedCount(); }
 
 Future<Value> RpcAgent::call(const std::string& to, const std::string& fn, List args, Millis timeout) {
   return send(worker(to).rank, Op::Call, fn, Value(std::move(args)), timeout);
@@ -226,22 +203,20 @@ Future<Value> RpcAgent::send(int rank, Op op, const std::string& fn, Value body,
   // request takes a place in its peer's outgoing queue now and leaves in that order. The
   // addrefs and this request take their places together, under one lock: then no two requests
   // can each wait on an addref queued behind the other.
-  std::vector<std::shared_ptr<RRefHandle>> rrefs;
-  collectRRefs(body, rrefs);
+  std::vector<std::shared_ptr<RRefHandle>> forks = rrefs_->forks(body, rank);
   std::vector<Future<Value>> acks;
   uint64_t slot;
   {
     std::lock_guard<std::mutex> lock(outMu_);
-    for (const auto& h : rrefs) {
+    for (const auto& h : forks) {
       int owner = h->owner();
-      if (owner == self_.rank || owner == rank) continue;
       auto [aid, afut] = registerPending(owner, describeCall(owner, Op::RRefAddRef, ""), timeout);
       acks.push_back(afut);
       if (aid == 0) continue;
       Frame a;
       a.op = Op::RRefAddRef;
       a.id = aid;
-      a.body = idValue(h->id());
+      a.body = RRefProtocol::idValue(h->id());
       markReadyLocked(owner, out_[owner].next++, encodeFrame(a));
     }
     slot = out_[rank].next++;
@@ -256,7 +231,7 @@ Future<Value> RpcAgent::send(int rank, Op op, const std::string& fn, Value body,
     std::optional<EncodedFrame> enc;
     if (!e) {
       try {
-        enc = encodeFrame(f, encoderFor(rank), options_.limits);
+        enc = encodeFrame(f, rrefs_->encoderFor(rank), options_.limits);
       } catch (...) {
         e = std::current_exception();
       }
@@ -310,22 +285,13 @@ void RpcAgent::markReadyLocked(int rank, uint64_t slot, std::optional<EncodedFra
   }
 }
 
-RRefEncoder RpcAgent::encoderFor(int to) {
-  return [this, to](const std::shared_ptr<RRefHandle>& h) {
-    RRefWire w{h->owner(), h->id().creator, h->id().local, h->owner() != to, h->typeName()};
-    if (h->owner() == self_.rank) ownerIncRef(h->id(), "sending it");
-    return w;
-  };
-}
-
 void RpcAgent::encodeFor(int to, Frame frame, Millis timeout,
                          std::function<void(std::exception_ptr, EncodedFrame)> done) {
-  std::vector<std::shared_ptr<RRefHandle>> rrefs;
-  collectRRefs(frame.body, rrefs);
+  std::vector<std::shared_ptr<RRefHandle>> forks = rrefs_->forks(frame.body, to);
   auto encode = [this, to, frame = std::move(frame), done]() {
     EncodedFrame enc;
     try {
-      enc = encodeFrame(frame, encoderFor(to), options_.limits);
+      enc = encodeFrame(frame, rrefs_->encoderFor(to), options_.limits);
     } catch (...) {
       done(std::current_exception(), {});
       return;
@@ -334,10 +300,8 @@ void RpcAgent::encodeFor(int to, Frame frame, Millis timeout,
   };
   // Forks to third workers: the owner counts the receiver's reference before the message leaves.
   std::vector<Future<Value>> acks;
-  for (const auto& h : rrefs) {
-    if (h->owner() != self_.rank && h->owner() != to) {
-      acks.push_back(send(h->owner(), Op::RRefAddRef, "", idValue(h->id()), timeout));
-    }
+  for (const auto& h : forks) {
+    acks.push_back(send(h->owner(), Op::RRefAddRef, "", RRefProtocol::idValue(h->id()), timeout));
   }
   if (acks.empty()) {
     encode();
@@ -508,81 +472,11 @@ void RpcAgent::onRequest(int from, Frame frame, Respond respond) {
         if (!pool_->run(task)) respond(errorFrame(id, fn, "the agent has shut down"));
         return;
       }
-      case Op::RRefCreate: {
-        // body: [creator, local, type name, args]. Counted here, in arrival order, for the creator.
-        const List& l = frame.body.toList();
-        if (l.size() != 4) throw RpcError("malformed rref create request");
-        RRefId id = idFrom(frame.body);
-        if (id.creator != from)
-          throw RpcError(fmt::format("rank {} created an rref in the name of rank {}", from, id.creator));
-        Future<Value> value;
-        {
-          std::lock_guard<std::mutex> lock(rrefMu_);
-          if (owned_.count(id)) throw RpcError("rref created twice");
-          owned_[id] = OwnedRRef{1, value, l[2].toStr()};
-        }
-        uint64_t reqId = frame.id;
-        std::string fn = frame.function;
-        auto task = [this, from, frame = std::move(frame), respond, value]() mutable {
-          Value args = std::move(frame.body.toList()[3]);
-          Future<Value> r = dispatchCall(frame.function, std::move(args));
-          r.addCallback([value](Future<Value> d) mutable {
-            if (auto e = d.exception()) value.setError(e);
-            else value.setValue(d.value());
-          });
-          respondWith(from, frame, r.then([](Future<Value> d) {
-            d.wait();
-            return Value();
-          }),
-                      respond);
-        };
-        if (!pool_->run(task)) respond(errorFrame(reqId, fn, "the agent has shut down"));
-        return;
-      }
-      case Op::RRefFetch: {
-        respondWith(from, frame, ownedValue(idFrom(frame.body)), respond);
-        return;
-      }
-      case Op::RRefCall: {
-        const List& l = frame.body.toList();
-        if (l.size() != 3) throw RpcError("malformed rref call request");
-        Future<Value> value = ownedValue(idFrom(frame.body));
-        Future<Value> result;
-        value.addCallback([this, result, fn = frame.function, args = l[2]](Future<Value> v) mutable {
-          if (auto e = v.exception()) {
-            result.setError(e);
-            return;
-          }
-          if (args.kind() != Kind::List) {
-            result.setError(std::make_exception_ptr(RpcError("malformed rref call request: arguments are not a list")));
-            return;
-          }
-          List full;
-          full.push_back(v.value());
-          for (auto& a : args.toList()) full.push_back(std::move(a));
-          if (!pool_->run([this, result, fn, full = std::move(full)]() mutable {
-                Future<Value> r = dispatchCall(fn, Value(std::move(full)));
-                r.addCallback([result](Future<Value> d) mutable {
-                  if (auto e = d.exception()) result.setError(e);
-                  else result.setValue(d.value());
-                });
-              })) {
-            result.setError(std::make_exception_ptr(RpcError("the agent has shut down")));
-          }
-        });
-        respondWith(from, frame, result, respond);
-        return;
-      }
-      case Op::RRefAddRef: {
-        ownerIncRef(idFrom(frame.body), "a fork");
-        respondWith(from, frame, Future<Value>::ready(Value()), respond);
-        return;
-      }
-      case Op::RRefDecRef: {
-        ownerDecRef(idFrom(frame.body));
-        respondWith(from, frame, Future<Value>::ready(Value()), respond);
-        return;
-      }
+      case Op::RRefCreate:
+      case Op::RRefFetch:
+      case Op::RRefCall:
+      case Op::RRefAddRef:
+      case Op::RRefDecRef: rrefs_->serve(from, frame, respond); return;
       case Op::Barrier: throw RpcError("unexpected barrier request");
     }
   } catch (...) {
@@ -590,130 +484,21 @@ void RpcAgent::onRequest(int from, Frame frame, Respond respond) {
   }
 }
 
-// ---- RRefs ---------------------------------------------------------------------------------
-
-void RpcAgent::ownerIncRef(const RRefId& id, const char* why) {
-  std::lock_guard<std::mutex> lock(rrefMu_);
-  auto it = owned_.find(id);
-  if (it == owned_.end()) {
-    throw RpcError(fmt::format("rref ({}, {}) is unknown on its owner '{}' ({}): its value is gone", id.creator,
-                               id.local, self_.name, why));
-  }
-  ++it->second.count;
-}
-
-void RpcAgent::ownerDecRef(const RRefId& id) {
-  Future<Value> dying;  // destroyed outside the lock
-  {
-    std::lock_guard<std::mutex> lock(rrefMu_);
-    auto it = owned_.find(id);
-    if (it == owned_.end()) {
-      throw RpcError(fmt::format("rref ({}, {}) released on '{}' more often than it was counted", id.creator, id.local,
-                                 self_.name));
-    }
-    if (--it->second.count == 0) {
-      dying = std::move(it->second.value);
-      owned_.erase(it);
-    }
-  }
-}
-
-Future<Value> RpcAgent::ownedValue(const RRefId& id) {
-  std::lock_guard<std::mutex> lock(rrefMu_);
-  auto it = owned_.find(id);
-  if (it == owned_.end()) {
-    throw RpcError(fmt::format("rref ({}, {}) is unknown on its owner '{}'", id.creator, id.local, self_.name));
-  }
-  return it->second.value;
-}
-
-std::shared_ptr<RRefHandle> RpcAgent::makeHandle(int owner, const RRefId& id, std::string typeName) {
-  return std::make_shared<RRefHandle>(weak_from_this(), owner, id, std::move(typeName), owner == self_.rank);
-}
-
-RRefDecoder RpcAgent::decoderFor(int from) {
-  return [this, from](const RRefWire& w) -> std::shared_ptr<RRefHandle> {
-    if (w.owner >= worldSize_ || w.creator >= worldSize_) {
-      throw RpcError(fmt::format("rref names rank {} in a world of {}", std::max(w.owner, w.creator), worldSize_));
-    }
-    RRefId id{w.creator, w.local};
-    if (w.owner == self_.rank) {
-      if (!w.counted) ownerIncRef(id, fmt::format("sent back by rank {}", from).c_str());
-    } else if (!w.counted) {
-      throw RpcError(fmt::format("rank {} sent an uncounted reference to an rref owned by rank {}", from, w.owner));
-    }
-    return makeHandle(w.owner, id, w.typeName);
-  };
-}
+// ---- RRefs: the protocol is in rref_protocol.cc --------------------------------------------
 
 std::shared_ptr<RRefHandle> RpcAgent::createRemote(const std::string& to, const std::string& fn, List args,
                                                    std::string typeName, Millis timeout) {
-  int owner = worker(to).rank;
-  RRefId id{self_.rank, nextRRef_.fetch_add(1)};
-  if (owner == self_.rank) {
-    Future<Value> value;
-    {
-      std::lock_guard<std::mutex> lock(rrefMu_);
-      owned_[id] = OwnedRRef{1, value, typeName};
-    }
-    auto h = makeHandle(owner, id, std::move(typeName));
-    h->created = value.then([](Future<Value> d) {
-      d.wait();
-      return Value();
-    });
-    if (!pool_->run([this, fn, args = std::move(args), value]() mutable {
-          Future<Value> r = dispatchCall(fn, Value(std::move(args)));
-          r.addCallback([value](Future<Value> d) mutable {
-            if (auto e = d.exception()) value.setError(e);
-            else value.setValue(d.value());
-          });
-        })) {
-      value.setError(std::make_exception_ptr(RpcError("the agent has shut down")));
-    }
-    return h;
-  }
-  auto h = makeHandle(owner, id, typeName);
-  List body{Value(int64_t{id.creator}), Value(static_cast<int64_t>(id.local)), Value(typeName), Value(std::move(args))};
-  h->created = send(owner, Op::RRefCreate, fn, Value(std::move(body)), timeout);
-  return h;
+  return rrefs_->createRemote(to, fn, std::move(args), std::move(typeName), timeout);
 }
-
 Future<Value> RpcAgent::fetchRRef(const std::shared_ptr<RRefHandle>& h, Millis timeout) {
-  if (h->isOwner()) {
-    try {
-      return ownedValue(h->id());
-    } catch (...) {
-      return Future<Value>::failed(std::current_exception());
-    }
-  }
-  return send(h->owner(), Op::RRefFetch, "", idValue(h->id()), timeout);
+  return rrefs_->fetch(h, timeout);
 }
-
 Future<Value> RpcAgent::callOnRRef(const std::shared_ptr<RRefHandle>& h, const std::string& fn, List args,
                                    Millis timeout) {
-  if (h->isOwner()) {
-    return fetchRRef(h, timeout).then([this, fn, args = std::move(args)](Future<Value> v) mutable {
-      List full;
-      full.push_back(v.value());
-      for (auto& a : args) full.push_back(std::move(a));
-      return send(self_.rank, Op::Call, fn, Value(std::move(full)));
-    });
-  }
-  List body{Value(int64_t{h->id().creator}), Value(static_cast<int64_t>(h->id().local)), Value(std::move(args))};
-  return send(h->owner(), Op::RRefCall, fn, Value(std::move(body)), timeout);
+  return rrefs_->callOn(h, fn, std::move(args), timeout);
 }
-
-void RpcAgent::releaseRRef(const RRefHandle& h) noexcept {
-  try {
-    if (h.isOwner()) {
-      ownerDecRef(h.id());
-    } else if (state_.load() == State::Running) {
-      send(h.owner(), Op::RRefDecRef, "", idValue(h.id()));
-    }
-  } catch (const std::exception& e) {
-    COHORT_LOG(Warning, "rpc: releasing rref ({}, {}) failed: {}", h.id().creator, h.id().local, e.what());
-  }
-}
+void RpcAgent::releaseRRef(const RRefHandle& h) noexcept { rrefs_->release(h); }
+RRefDecoder RpcAgent::decoderFor(int from) { return rrefs_->decoderFor(from); }
 
 // ---- shutdown ------------------------------------------------------------------------------
 
@@ -755,12 +540,7 @@ void RpcAgent::shutdown(bool graceful) {
     closeTransport();
     if (timer_.joinable()) timer_.join();
     if (pool_) pool_->stop();
-    std::map<RRefId, OwnedRRef> dying;  // values may hold rrefs whose release takes rrefMu_
-    {
-      std::lock_guard<std::mutex> lock(rrefMu_);
-      dying.swap(owned_);
-    }
-    dying.clear();
+    rrefs_->dropOwned();
     if (barrierError) std::rethrow_exception(barrierError);
   });
 }

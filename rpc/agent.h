@@ -5,8 +5,11 @@
  * this worker owns, and times out or fails calls whose peer is slow or gone.
  *
  * This class holds everything that does not depend on the transport: the pending-call table,
- * deadlines, dispatch to the registry, the RRef protocol (rref.h) and graceful shutdown. A
- * transport (tensorpipe/tensorpipe_agent.h) moves encoded frames: it implements transmit() to a
+ * deadlines, dispatch to the registry, the outgoing order per peer and graceful shutdown. It owns
+ * the RRef protocol (rref.h's rules carried out: the values this worker owns and their counts,
+ * the RRef requests; rref_protocol.cc), hands it the RRef requests and the references in the
+ * frames it encodes and decodes, and sends the forks it names before the message carrying them.
+ * A transport (tensorpipe/tensorpipe_agent.h) moves encoded frames: it implements transmit() to a
  * peer and feeds what it receives to onRequest()/onResponse(), and reports broken peers with
  * failPeer().
  *
@@ -93,6 +96,7 @@ struct Timeout {
 };
 
 class RRefHandle;
+class RRefProtocol;
 struct RRefId {
   int32_t creator = -1;
   uint64_t local = 0;
@@ -179,12 +183,6 @@ class RpcAgent : public std::enable_shared_from_this<RpcAgent> {
     std::chrono::steady_clock::time_point deadline;
     Millis timeout;
   };
-  struct OwnedRRef {
-    int64_t count = 0;
-    Future<Value> value;
-    std::string typeName;
-  };
-
   Future<Value> dispatchCall(const std::string& fn, Value args);
   void respondWith(int to, const Frame& request, Future<Value> result, Respond respond);
   // Encodes `frame` for `to`, first counting the rrefs it carries at their owners; then `done`.
@@ -201,18 +199,11 @@ class RpcAgent : public std::enable_shared_from_this<RpcAgent> {
     std::map<uint64_t, std::optional<EncodedFrame>> ready;
   };
   void markReadyLocked(int rank, uint64_t slot, std::optional<EncodedFrame> frame);
-  RRefEncoder encoderFor(int to);
   void timerLoop();
   std::string describeCall(int rank, Op op, const std::string& fn) const;
 
-  void ownerIncRef(const RRefId& id, const char* why);
-  void ownerDecRef(const RRefId& id);
-  std::shared_ptr<RRefHandle> makeHandle(int owner, const RRefId& id, std::string typeName);
-  Future<Value> ownedValue(const RRefId& id);
-
   std::atomic<State> state_{State::Running};
   std::atomic<uint64_t> nextId_{1};
-  std::atomic<uint64_t> nextRRef_{1};
 
   mutable std::mutex mu_;  // pending_, deadlines_, deadPeers_
   std::condition_variable pendingCv_;
@@ -228,8 +219,8 @@ class RpcAgent : public std::enable_shared_from_this<RpcAgent> {
   std::mutex outMu_;  // out_; taken before mu_, never after
   std::vector<OutQueue> out_;
 
-  mutable std::mutex rrefMu_;
-  std::map<RRefId, OwnedRRef> owned_;
+  // The RRefs this worker owns and the RRef requests it serves and sends (rpc/detail/rref_protocol.h).
+  std::unique_ptr<RRefProtocol> rrefs_;
 
   std::unique_ptr<ThreadPool> pool_;
   std::once_flag shutdownOnce_;

@@ -40,6 +40,11 @@ void reduceDetail(std::string& out, ReduceOp op) {
 }
 std::string rootDetail(int root) { return "root=" + std::to_string(root); }
 
+std::string rankName(int groupRank, const std::vector<int>& globalRanks) {
+  int g = groupRank >= 0 && groupRank < static_cast<int>(globalRanks.size()) ? globalRanks[groupRank] : groupRank;
+  return g == groupRank ? fmt::format("{}", groupRank) : fmt::format("{} (global rank {})", groupRank, g);
+}
+
 // "[4, 8] float32; [2] int64": the flight recorder's shapes text, appended in place with
 // std::to_chars (the hot path: no formatting library, no allocation once `out` has capacity).
 void appendShape(std::string& out, const Tensor& t) {

@@ -1,9 +1,9 @@
 /*
  * Internal to ProcessGroup (process_group.cc): the argument checks every collective runs before it
  * reaches a backend, the fingerprint COHORT_DEBUG=DETAIL compares across ranks, and the text of the
- * op's flight-recorder entry ("[4, 8] float32; [2] int64", "op=sum root=0"). The checks and the
- * text are on every op's path: they build no string unless a check fails, and the text is
- * appended into the recorder slot's own buffers.
+ * op's flight-recorder entry ("[4, 8] float32; [2] int64", "op=sum root=0"), and how messages name
+ * a rank ("1 (global rank 3)"). The checks and the text are on every op's path: they build no
+ * string unless a check fails, and the text is appended into the recorder slot's own buffers.
  */
 #pragma once
 
@@ -90,5 +90,9 @@ void appendShapes(std::string& out, const Tensor& first, const Ts&... rest) {
 }
 void reduceDetail(std::string& out, ReduceOp op);
 std::string rootDetail(int root);
+
+// How messages name a rank of the group: "1", or "1 (global rank 3)" in a subgroup (send/recv
+// labels, the hang diagnosis of debug/detail/hang_diagnosis.h).
+std::string rankName(int groupRank, const std::vector<int>& globalRanks);
 
 }  // namespace cohort::dist::op_args
