@@ -2,6 +2,7 @@
 
 #include <cohort/core/util/logging.h>
 #include <cohort/rpc/detail/rref_protocol.h>
+#include <cohort/rpc/detail/thread_pool.h>
 #include <cohort/rpc/rref.h>
 
 namespace cohort::rpc {

@@ -43,7 +43,6 @@
 #include <cohort/core/util/future.h>
 #include <cohort/distributed/store/store.h>
 #include <cohort/rpc/registry.h>
-#include <cohort/rpc/thread_pool.h>
 #include <cohort/rpc/value.h>
 #include <cohort/rpc/wire.h>
 
@@ -66,7 +65,7 @@ struct RpcOptions {
   Millis shutdownTimeout{60'000};          // graceful shutdown: outstanding calls and the barrier
   int numWorkerThreads = 4;
   // The pool grows up to this many threads while all are busy (functions blocked on nested calls
-  // would otherwise starve the completions they wait for; thread_pool.h).
+  // would otherwise starve the completions they wait for; detail/thread_pool.h).
   int maxWorkerThreads = 256;
   // A worker thread that finished a task polls for the next one this long (yielding the CPU)
   // before it sleeps: a stream of calls then skips a thread wake-up per call (tiny calls ~30 µs
@@ -97,6 +96,7 @@ struct Timeout {
 
 class RRefHandle;
 class RRefProtocol;
+class ThreadPool;  // detail/thread_pool.h
 struct RRefId {
   int32_t creator = -1;
   uint64_t local = 0;

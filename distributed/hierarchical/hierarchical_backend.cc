@@ -13,7 +13,7 @@
 #include <cohort/distributed/detail/op_queue.h>
 #include <cohort/distributed/store/prefix_store.h>
 
-namespace cohort::dist::hierarchical {
+namespace cohort::dist::hierarchical_backend {
 
 COHORT_ENV_KNOB(kInterKnob, "COHORT_HIERARCHICAL_INTER", "gloo",
                 "Backend the hierarchical backend uses across node leaders and for the ops it does not "
@@ -268,4 +268,4 @@ const bool kRegistered = [] {
 }();
 }  // namespace
 
-}  // namespace cohort::dist::hierarchical
+}  // namespace cohort::dist::hierarchical_backend

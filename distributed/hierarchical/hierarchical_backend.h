@@ -53,7 +53,7 @@ namespace cohort::dist {
 class OpQueue;  // detail/op_queue.h
 }  // namespace cohort::dist
 
-namespace cohort::dist::hierarchical {
+namespace cohort::dist::hierarchical_backend {
 
 class HierarchicalBackend : public Backend {
  public:
@@ -129,4 +129,4 @@ class HierarchicalBackend : public Backend {
   std::unique_ptr<OpQueue> ops_;  // every op, in issue order
 };
 
-}  // namespace cohort::dist::hierarchical
+}  // namespace cohort::dist::hierarchical_backend

@@ -5,7 +5,7 @@
 #include <cohort/core/ops/ops.h>
 #include <cohort/distributed/hierarchical/hierarchical_backend.h>
 
-namespace cohort::dist::hierarchical {
+namespace cohort::dist::hierarchical_backend {
 
 namespace {
 
@@ -128,4 +128,4 @@ void HierarchicalBackend::allgatherStaged(Tensor& full, const Tensor& input, con
   }
 }
 
-}  // namespace cohort::dist::hierarchical
+}  // namespace cohort::dist::hierarchical_backend

@@ -14,11 +14,10 @@
 #include <cohort/core/util/logging.h>
 #include <cohort/distributed/mpi/detail/mpi_state.h>
 
-namespace cohort::dist {
+namespace cohort::dist::mpi_backend {
 
 using Clock = std::chrono::steady_clock;
 
-namespace mpi {
 void check(int rc, const char* call) {
   if (rc != MPI_SUCCESS) throw MpiCallError(fmt::format("{} failed: {}", call, MpiEnvironment::errorString(rc)));
 }
@@ -36,13 +35,12 @@ const bool kRegistered = [] {
   return true;
 }();
 }  // namespace
-}  // namespace mpi
 
 // ---- construction ----------------------------------------------------------------------------
 
 MpiBackend::MpiBackend(int rank, int size, const BackendOptions& opts)
     : Backend("mpi", rank, size), state_(std::make_shared<State>()) {
-  auto env = mpi::MpiEnvironment::get();
+  auto env = mpi_backend::MpiEnvironment::get();
   std::vector<int> global = opts.globalRanks;
   if (global.empty()) {
     for (int i = 0; i < size; ++i) global.push_back(i);
@@ -67,7 +65,7 @@ MpiBackend::MpiBackend(int rank, int size, const BackendOptions& opts)
   state_->groupName = opts.groupName;
   state_->size = size;
   state_->onCaller = collectiveThreadFromEnv() == CollectiveThread::Caller;
-  state_->comm = mpi::MpiComm::create(env, global, opts.groupName);
+  state_->comm = mpi_backend::MpiComm::create(env, global, opts.groupName);
   if (state_->comm->rank() != rank || state_->comm->size() != size) {
     throw DistError(fmt::format("backend mpi: group '{}': the communicator has this process as rank {} of {}, "
                                 "expected rank {} of {}",
@@ -91,7 +89,7 @@ void MpiBackend::State::start() {
   poller = std::thread([self] { self->pollerLoop(); });
 }
 
-void MpiBackend::State::push(std::shared_ptr<mpi::PendingOp> op) {
+void MpiBackend::State::push(std::shared_ptr<mpi_backend::PendingOp> op) {
   bool wakeMonitor = false;
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -103,8 +101,8 @@ void MpiBackend::State::push(std::shared_ptr<mpi::PendingOp> op) {
   if (wakeMonitor) monitorCv.notify_one();
 }
 
-void MpiBackend::State::enqueueOnWorker(const WorkPtr& work, mpi::OpFn fn) {
-  auto op = std::make_shared<mpi::PendingOp>();
+void MpiBackend::State::enqueueOnWorker(const WorkPtr& work, mpi_backend::OpFn fn) {
+  auto op = std::make_shared<mpi_backend::PendingOp>();
   op->work = work;
   op->run = std::move(fn);
   std::weak_ptr<State> weak = weak_from_this();
@@ -115,8 +113,9 @@ void MpiBackend::State::enqueueOnWorker(const WorkPtr& work, mpi::OpFn fn) {
   push(std::move(op));
 }
 
-void MpiBackend::State::enqueueP2p(const WorkPtr& work, mpi::OpFn fn, std::shared_ptr<std::atomic<bool>> abortFlag) {
-  auto op = std::make_shared<mpi::PendingOp>();
+void MpiBackend::State::enqueueP2p(const WorkPtr& work, mpi_backend::OpFn fn,
+                                   std::shared_ptr<std::atomic<bool>> abortFlag) {
+  auto op = std::make_shared<mpi_backend::PendingOp>();
   op->work = work;
   op->run = std::move(fn);
   op->pointToPoint = true;
@@ -202,7 +201,7 @@ void MpiBackend::State::abortJobForStuckCaller(const WorkPtr& work) {
   std::abort();  // MPI_Abort does not return; if it did, still never go back into a stuck job
 }
 
-void MpiBackend::State::runOne(const std::shared_ptr<mpi::PendingOp>& op) {
+void MpiBackend::State::runOne(const std::shared_ptr<mpi_backend::PendingOp>& op) {
   std::optional<std::vector<Tensor>> outputs;
   std::exception_ptr error;
   try {
@@ -232,7 +231,7 @@ void MpiBackend::State::runOne(const std::shared_ptr<mpi::PendingOp>& op) {
 
 void MpiBackend::State::workerLoop() {
   while (true) {
-    std::shared_ptr<mpi::PendingOp> op;
+    std::shared_ptr<mpi_backend::PendingOp> op;
     std::string reason;
     {
       std::unique_lock<std::mutex> lock(mu);
@@ -265,8 +264,8 @@ void MpiBackend::State::monitorLoop() {
   std::unique_lock<std::mutex> lock(mu);
   while (!(stop && workerDone)) {
     // The earliest deadline among the op in MPI and those queued behind it.
-    std::shared_ptr<mpi::PendingOp> first;
-    auto consider = [&](const std::shared_ptr<mpi::PendingOp>& op) {
+    std::shared_ptr<mpi_backend::PendingOp> first;
+    auto consider = [&](const std::shared_ptr<mpi_backend::PendingOp>& op) {
       if (op && !op->completed.load() && (!first || op->work->deadline() < first->work->deadline())) first = op;
     };
     if (!currentStuck) consider(current);
@@ -274,7 +273,7 @@ void MpiBackend::State::monitorLoop() {
     auto now = Clock::now();
     if (onCaller) checkCallerDeadline(lock, now);
     // In caller mode collectives come and go without telling the watchdog: look every kCallerPoll.
-    auto pollLimit = onCaller ? now + mpi::kCallerPoll : Clock::time_point::max();
+    auto pollLimit = onCaller ? now + mpi_backend::kCallerPoll : Clock::time_point::max();
     if (!first) {
       monitorWake = Clock::time_point::max();
       if (onCaller) {
@@ -301,9 +300,9 @@ void MpiBackend::State::monitorLoop() {
     }
     // A collective missed its deadline. MPI cannot cancel it, and running the ops behind it would
     // pair them with the wrong ops on the other ranks: abort the backend.
-    std::vector<std::shared_ptr<mpi::PendingOp>> drop(queue.begin(), queue.end());
+    std::vector<std::shared_ptr<mpi_backend::PendingOp>> drop(queue.begin(), queue.end());
     queue.clear();
-    std::shared_ptr<mpi::PendingOp> stuckOp;
+    std::shared_ptr<mpi_backend::PendingOp> stuckOp;
     if (current && !currentStuck) {
       stuckOp = current;
       currentStuck = true;
@@ -332,8 +331,8 @@ void MpiBackend::State::monitorLoop() {
 }
 
 void MpiBackend::State::abortAll(const std::string& reason) {
-  std::vector<std::shared_ptr<mpi::PendingOp>> drop;
-  std::shared_ptr<mpi::PendingOp> running;
+  std::vector<std::shared_ptr<mpi_backend::PendingOp>> drop;
+  std::shared_ptr<mpi_backend::PendingOp> running;
   {
     std::lock_guard<std::mutex> lock(mu);
     if (!aborted) {
@@ -405,7 +404,7 @@ void MpiBackend::State::shutdown() {
 
 // ---- send/recv completion ----------------------------------------------------------------------
 
-void MpiBackend::State::addP2p(std::shared_ptr<mpi::P2pOp> op) {
+void MpiBackend::State::addP2p(std::shared_ptr<mpi_backend::P2pOp> op) {
   {
     std::lock_guard<std::mutex> lock(p2pMu);
     incoming.push_back(std::move(op));
@@ -414,7 +413,7 @@ void MpiBackend::State::addP2p(std::shared_ptr<mpi::P2pOp> op) {
 }
 
 void MpiBackend::State::pollerLoop() {
-  std::vector<std::shared_ptr<mpi::P2pOp>> active;
+  std::vector<std::shared_ptr<mpi_backend::P2pOp>> active;
   std::vector<MPI_Request> requests;
   std::vector<int> indices;
   std::vector<MPI_Status> statuses;
@@ -458,7 +457,7 @@ void MpiBackend::State::pollerLoop() {
     }
     // Deadlines and aborts: ask MPI to cancel (the Work fails now; the request finishes later).
     auto now = Clock::now();
-    std::vector<std::pair<std::shared_ptr<mpi::P2pOp>, bool>> toCancel;  // (op, timed out)
+    std::vector<std::pair<std::shared_ptr<mpi_backend::P2pOp>, bool>> toCancel;  // (op, timed out)
     for (auto& p : active) {
       if (p->cancelled) continue;
       bool timedOut = now >= p->work->deadline();
@@ -496,7 +495,7 @@ void MpiBackend::State::pollerLoop() {
       if (err != MPI_SUCCESS) {
         p->work->fail(completionKey(),
                       p->work->distError(fmt::format("MPI_{} failed: {}", p->isRecv ? "Irecv" : "Isend",
-                                                     mpi::MpiEnvironment::errorString(err))));
+                                                     mpi_backend::MpiEnvironment::errorString(err))));
         continue;
       }
       if (p->isRecv) {
@@ -525,4 +524,4 @@ void MpiBackend::State::pollerLoop() {
   }
 }
 
-}  // namespace cohort::dist
+}  // namespace cohort::dist::mpi_backend

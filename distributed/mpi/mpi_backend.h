@@ -42,7 +42,7 @@
 
 #include <cohort/distributed/backend.h>
 
-namespace cohort::dist {
+namespace cohort::dist::mpi_backend {
 
 class MpiBackend : public Backend {
  public:
@@ -87,4 +87,4 @@ class MpiBackend : public Backend {
   std::shared_ptr<State> state_;
 };
 
-}  // namespace cohort::dist
+}  // namespace cohort::dist::mpi_backend

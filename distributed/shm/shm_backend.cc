@@ -28,7 +28,7 @@
 #include <cohort/distributed/detail/op_queue.h>
 #include <cohort/distributed/store/prefix_store.h>
 
-namespace cohort::dist::shm {
+namespace cohort::dist::shm_backend {
 
 COHORT_ENV_KNOB(kSlotBytes, "COHORT_SHM_SLOT_BYTES", "4194304",
                 "Bytes of each of the two slots of a rank's shared-memory segment (shm backend)");
@@ -525,4 +525,4 @@ const bool kRegistered = [] {
 }();
 }  // namespace
 
-}  // namespace cohort::dist::shm
+}  // namespace cohort::dist::shm_backend

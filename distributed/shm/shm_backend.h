@@ -96,7 +96,7 @@ namespace cohort::dist {
 class OpQueue;  // detail/op_queue.h
 }  // namespace cohort::dist
 
-namespace cohort::dist::shm {
+namespace cohort::dist::shm_backend {
 
 // The header page of every rank's segment. The counter and the flags live in separate cache
 // lines so the owner's writes do not bounce the line the peers poll.
@@ -262,4 +262,4 @@ class ShmBackend : public Backend {
   std::unique_ptr<OpQueue> ops_;  // worker mode only
 };
 
-}  // namespace cohort::dist::shm
+}  // namespace cohort::dist::shm_backend

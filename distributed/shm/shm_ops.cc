@@ -13,7 +13,7 @@
 #include <cohort/distributed/detail/reduce_kernels.h>
 #include <cohort/distributed/shm/shm_backend.h>
 
-namespace cohort::dist::shm {
+namespace cohort::dist::shm_backend {
 
 using ::cohort::dist::detail::reduceSources;
 using ::cohort::dist::detail::reduceSourcesInto;
@@ -473,4 +473,4 @@ void ShmBackend::barrier(const BarrierOptions& /*opts*/, const WorkPtr& work) {
   });
 }
 
-}  // namespace cohort::dist::shm
+}  // namespace cohort::dist::shm_backend

@@ -145,7 +145,7 @@ Outcome runScenario(const Scenario& s, const std::string& backend = "gloo") {
       out.numBuckets[r] = ddp->reducer().numBuckets();
       out.rebuilt[r] = ddp->reducer().bucketsRebuilt();
 #if COHORT_USE_SHM
-      if (auto* shmBackend = dynamic_cast<shm::ShmBackend*>(&world.pg(r).backend(DeviceType::CPU)))
+      if (auto* shmBackend = dynamic_cast<shm_backend::ShmBackend*>(&world.pg(r).backend(DeviceType::CPU)))
         out.registeredAllreduces[r] = shmBackend->registeredAllreduces();
 #endif
     });

@@ -39,7 +39,7 @@ void registerLayout(const std::string& name, std::vector<int> sizes) {
     for (int acc = sizes[0]; world >= acc;) acc += sizes[++node];
     o.nodeId = fmt::format("sim{}", node);
     o.nodeIds.clear();
-    return std::make_shared<hierarchical::HierarchicalBackend>(store, rank, size, o);
+    return std::make_shared<hierarchical_backend::HierarchicalBackend>(store, rank, size, o);
   });
 }
 
@@ -118,7 +118,7 @@ TEST(AutoBackend, SeveralNodesWithSeveralRanksPickHierarchicalAndSubgroupsChoose
     auto& pg = w.pg(r);
     EXPECT_EQ(cpuBackend(pg), "hierarchical");
 #if COHORT_USE_SHM && COHORT_USE_GLOO
-    auto& hb = dynamic_cast<hierarchical::HierarchicalBackend&>(pg.backend(DeviceType::CPU));
+    auto& hb = dynamic_cast<hierarchical_backend::HierarchicalBackend&>(pg.backend(DeviceType::CPU));
     EXPECT_EQ(hb.layout().numNodes(), 3);
     EXPECT_EQ(hb.isLeader(), r == 0 || r == 2 || r == 4);
 #endif

@@ -6,15 +6,8 @@
 // instantiated here on a World whose one rank is this process. What stays below is MPI's own:
 // truncated receives, MPI's tag range, ranks that are not MPI ranks, and the collective-thread
 // modes with their timeouts.
+#include <cohort/distributed/mpi/detail/mpi_api.h>
 #include <gtest/gtest.h>
-// The C API only: OpenMPI's C++ bindings would need libmpi_cxx.
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1
-#endif
-#ifndef MPICH_SKIP_MPICXX
-#define MPICH_SKIP_MPICXX 1
-#endif
-#include <mpi.h>
 
 #include <unistd.h>
 
@@ -27,7 +20,7 @@
 #include <cohort/core/tensor/tensor.h>
 #include <cohort/core/util/error.h>
 #include <cohort/distributed/backend.h>
-#include <cohort/distributed/mpi/mpi_environment.h>
+#include <cohort/distributed/mpi/detail/mpi_environment.h>
 #include <cohort/distributed/process_group.h>
 #include <cohort/distributed/store/file_store.h>
 
@@ -56,7 +49,7 @@ using testing::World;
 using namespace std::chrono_literals;
 
 struct MpiJob {
-  std::shared_ptr<mpi::MpiEnvironment> env;
+  std::shared_ptr<mpi_backend::MpiEnvironment> env;
   std::filesystem::path dir;
   StorePtr store;
   ProcessGroupPtr pg;
@@ -67,7 +60,7 @@ class MpiJobSetup : public ::testing::Environment {
  public:
   void SetUp() override {
     gWorld = new MpiJob;
-    gWorld->env = mpi::MpiEnvironment::get();
+    gWorld->env = mpi_backend::MpiEnvironment::get();
     // Rank 0 makes a fresh directory for the FileStore and tells the others where it is.
     char path[4096] = {};
     if (gWorld->env->worldRank() == 0) {

@@ -20,16 +20,18 @@ using namespace std::chrono_literals;
 
 #if COHORT_USE_SHM
 
-shm::ShmBackend& shmOf(ProcessGroup& pg) { return dynamic_cast<shm::ShmBackend&>(pg.backend(DeviceType::CPU)); }
+shm_backend::ShmBackend& shmOf(ProcessGroup& pg) {
+  return dynamic_cast<shm_backend::ShmBackend&>(pg.backend(DeviceType::CPU));
+}
 
 // "shm" where rank 1 may place no buffer above 1000 bytes in /dev/shm (as a full /dev/shm would
 // refuse it), the others any.
 const bool kCappedRegistered = [] {
   registerBackend("shm_capped_rank1",
                   [](const StorePtr& store, int rank, int size, const BackendOptions& opts) -> BackendPtr {
-                    shm::ShmConfig c = shm::ShmConfig::fromEnv();
+                    shm_backend::ShmConfig c = shm_backend::ShmConfig::fromEnv();
                     if (rank == 1) c.maxBufferBytes = 1000;
-                    return std::make_shared<shm::ShmBackend>(store, rank, size, opts, c);
+                    return std::make_shared<shm_backend::ShmBackend>(store, rank, size, opts, c);
                   });
   return true;
 }();

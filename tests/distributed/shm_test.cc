@@ -24,10 +24,10 @@ using namespace std::chrono_literals;
 const bool kTinyRegistered = [] {
   registerBackend("shm_tiny_slots",
                   [](const StorePtr& store, int rank, int size, const BackendOptions& opts) -> BackendPtr {
-                    shm::ShmConfig c;
+                    shm_backend::ShmConfig c;
                     c.slotBytes = 4096;
                     c.smallBytes = 0;
-                    return std::make_shared<shm::ShmBackend>(store, rank, size, opts, c);
+                    return std::make_shared<shm_backend::ShmBackend>(store, rank, size, opts, c);
                   });
   return true;
 }();
@@ -36,9 +36,9 @@ const bool kTinyRegistered = [] {
 const bool kWorkerRegistered = [] {
   registerBackend("shm_worker",
                   [](const StorePtr& store, int rank, int size, const BackendOptions& opts) -> BackendPtr {
-                    shm::ShmConfig c;
+                    shm_backend::ShmConfig c;
                     c.worker = true;
-                    return std::make_shared<shm::ShmBackend>(store, rank, size, opts, c);
+                    return std::make_shared<shm_backend::ShmBackend>(store, rank, size, opts, c);
                   });
   return true;
 }();
@@ -67,7 +67,9 @@ INSTANTIATE_TEST_SUITE_P(ShmWorker, Collectives,
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(Collectives);
 
 #if COHORT_USE_SHM
-shm::ShmBackend& shmOf(ProcessGroup& pg) { return dynamic_cast<shm::ShmBackend&>(pg.backend(DeviceType::CPU)); }
+shm_backend::ShmBackend& shmOf(ProcessGroup& pg) {
+  return dynamic_cast<shm_backend::ShmBackend&>(pg.backend(DeviceType::CPU));
+}
 
 TEST(ShmBackend, NoSegmentStaysInDevShmAndDestroyingTheGroupUnmapsThem) {
   if (!hasBackend("shm")) GTEST_SKIP() << "shm is not built";

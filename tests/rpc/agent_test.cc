@@ -9,9 +9,9 @@
 #include <thread>
 
 #include <cohort/core/ops/ops.h>
+#include <cohort/rpc/detail/thread_pool.h>
 #include <cohort/rpc/tensorpipe/detail/parallel_cma.h>
 #include <cohort/rpc/tensorpipe/tensorpipe_agent.h>
-#include <cohort/rpc/thread_pool.h>
 
 #include "rpc_test_util.h"
 

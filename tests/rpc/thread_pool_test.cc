@@ -1,4 +1,4 @@
-// The RPC agent's worker pool (rpc/thread_pool.h): every task runs, a task blocked on a later task
+// The RPC agent's worker pool (rpc/detail/thread_pool.h): every task runs, a task blocked on a later task
 // never deadlocks the pool (whether a thread was polling for work or all slept), the pool grows
 // when all its threads are blocked, and bad agent options are ValueErrors naming the option.
 #include <gtest/gtest.h>
@@ -11,8 +11,8 @@
 
 #include <cohort/core/util/future.h>
 #include <cohort/distributed/store/hash_store.h>
+#include <cohort/rpc/detail/thread_pool.h>
 #include <cohort/rpc/rpc.h>
-#include <cohort/rpc/thread_pool.h>
 
 namespace cohort::rpc {
 namespace {

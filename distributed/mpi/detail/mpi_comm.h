@@ -11,22 +11,15 @@
  */
 #pragma once
 
-// The C API only: OpenMPI's C++ bindings would need libmpi_cxx.
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1
-#endif
-#ifndef MPICH_SKIP_MPICXX
-#define MPICH_SKIP_MPICXX 1
-#endif
-#include <mpi.h>
+#include <cohort/distributed/mpi/detail/mpi_api.h>
 
 #include <memory>
 #include <string>
 #include <vector>
 
-#include <cohort/distributed/mpi/mpi_environment.h>
+#include <cohort/distributed/mpi/detail/mpi_environment.h>
 
-namespace cohort::dist::mpi {
+namespace cohort::dist::mpi_backend {
 
 class MpiComm {
  public:
@@ -54,4 +47,4 @@ class MpiComm {
   int size_ = 0;
 };
 
-}  // namespace cohort::dist::mpi
+}  // namespace cohort::dist::mpi_backend

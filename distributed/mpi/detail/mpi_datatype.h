@@ -13,14 +13,7 @@
  */
 #pragma once
 
-// The C API only: OpenMPI's C++ bindings would need libmpi_cxx.
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1
-#endif
-#ifndef MPICH_SKIP_MPICXX
-#define MPICH_SKIP_MPICXX 1
-#endif
-#include <mpi.h>
+#include <cohort/distributed/mpi/detail/mpi_api.h>
 
 #include <cstdint>
 #include <vector>
@@ -29,7 +22,7 @@
 #include <cohort/core/tensor/tensor.h>
 #include <cohort/distributed/collective_options.h>
 
-namespace cohort::dist::mpi {
+namespace cohort::dist::mpi_backend {
 
 // The MPI type an element of `t` travels as.
 MPI_Datatype mpiType(DType t);
@@ -53,4 +46,4 @@ int mpiCount(int64_t n, const char* what);
 // The address of a tensor's first element, or nullptr for an empty tensor.
 inline void* dataOrNull(const Tensor& t) { return t.numel() == 0 ? nullptr : t.dataPtr(); }
 
-}  // namespace cohort::dist::mpi
+}  // namespace cohort::dist::mpi_backend

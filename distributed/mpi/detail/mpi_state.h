@@ -6,14 +6,7 @@
  */
 #pragma once
 
-// The C API only: OpenMPI's C++ bindings would need libmpi_cxx.
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1
-#endif
-#ifndef MPICH_SKIP_MPICXX
-#define MPICH_SKIP_MPICXX 1
-#endif
-#include <mpi.h>
+#include <cohort/distributed/mpi/detail/mpi_api.h>
 
 #include <atomic>
 #include <chrono>
@@ -29,10 +22,10 @@
 #include <vector>
 
 #include <cohort/distributed/mpi/detail/mpi_comm.h>
+#include <cohort/distributed/mpi/detail/mpi_environment.h>
 #include <cohort/distributed/mpi/mpi_backend.h>
-#include <cohort/distributed/mpi/mpi_environment.h>
 
-namespace cohort::dist::mpi {
+namespace cohort::dist::mpi_backend {
 
 // An MPI call returned an error code; the worker turns it into the Work's DistError.
 class MpiCallError : public std::runtime_error {
@@ -69,12 +62,8 @@ struct P2pOp {
   std::shared_ptr<std::atomic<bool>> abortRequested;
 };
 
-}  // namespace cohort::dist::mpi
-
-namespace cohort::dist {
-
 struct MpiBackend::State : std::enable_shared_from_this<MpiBackend::State> {
-  std::unique_ptr<mpi::MpiComm> comm;
+  std::unique_ptr<mpi_backend::MpiComm> comm;
   std::string groupName;
   int size = 1;
   // COHORT_COLLECTIVE_THREAD: true (caller, the default) runs collectives on the thread that
@@ -97,8 +86,8 @@ struct MpiBackend::State : std::enable_shared_from_this<MpiBackend::State> {
   std::condition_variable workerCv;   // queue not empty, or stop
   std::condition_variable monitorCv;  // an earlier deadline, or stop
   std::condition_variable idleCv;     // the worker finished (destructor)
-  std::deque<std::shared_ptr<mpi::PendingOp>> queue;
-  std::shared_ptr<mpi::PendingOp> current;
+  std::deque<std::shared_ptr<mpi_backend::PendingOp>> queue;
+  std::shared_ptr<mpi_backend::PendingOp> current;
   bool currentStuck = false;  // current failed by the watchdog and still inside MPI
   bool aborted = false;
   std::string abortReason;
@@ -111,7 +100,7 @@ struct MpiBackend::State : std::enable_shared_from_this<MpiBackend::State> {
   // Send/recv in flight, completed by the poller.
   std::mutex p2pMu;
   std::condition_variable p2pCv;
-  std::vector<std::shared_ptr<mpi::P2pOp>> incoming;
+  std::vector<std::shared_ptr<mpi_backend::P2pOp>> incoming;
   bool p2pStop = false;
   std::atomic<bool> p2pAbortAll{false};  // the backend was aborted: cancel every transfer
   std::thread poller;
@@ -134,7 +123,7 @@ struct MpiBackend::State : std::enable_shared_from_this<MpiBackend::State> {
   template <typename F>
   void enqueue(const WorkPtr& work, F&& fn) {
     if (!onCaller) {
-      enqueueOnWorker(work, mpi::OpFn(std::forward<F>(fn)));
+      enqueueOnWorker(work, mpi_backend::OpFn(std::forward<F>(fn)));
       return;
     }
     const uint64_t ticket = beginOnCaller(work);
@@ -150,16 +139,16 @@ struct MpiBackend::State : std::enable_shared_from_this<MpiBackend::State> {
     endOnCaller(*work, ticket, std::move(outputs), std::move(error));
   }
   // Send/recv: `fn` issues the transfer and hands it to addP2p; `abortFlag` is shared with it.
-  void enqueueP2p(const WorkPtr& work, mpi::OpFn fn, std::shared_ptr<std::atomic<bool>> abortFlag);
-  void addP2p(std::shared_ptr<mpi::P2pOp> op);
+  void enqueueP2p(const WorkPtr& work, mpi_backend::OpFn fn, std::shared_ptr<std::atomic<bool>> abortFlag);
+  void addP2p(std::shared_ptr<mpi_backend::P2pOp> op);
   void abortAll(const std::string& reason);
 
  private:
   void workerLoop();
   void monitorLoop();
   void pollerLoop();
-  void runOne(const std::shared_ptr<mpi::PendingOp>& op);
-  void enqueueOnWorker(const WorkPtr& work, mpi::OpFn fn);
+  void runOne(const std::shared_ptr<mpi_backend::PendingOp>& op);
+  void enqueueOnWorker(const WorkPtr& work, mpi_backend::OpFn fn);
   // Caller mode: publishes the op for the watchdog and returns its ticket, or fails the Work and
   // returns 0 when the backend is aborted or shut down.
   uint64_t beginOnCaller(const WorkPtr& work);
@@ -169,7 +158,7 @@ struct MpiBackend::State : std::enable_shared_from_this<MpiBackend::State> {
   // A collective on its caller's thread passed its deadline: MPI cannot interrupt it, so this
   // reports the error (with the group's diagnosis) and ends the job with MPI_Abort.
   [[noreturn]] void abortJobForStuckCaller(const WorkPtr& work);
-  void push(std::shared_ptr<mpi::PendingOp> op);
+  void push(std::shared_ptr<mpi_backend::PendingOp> op);
 };
 
-}  // namespace cohort::dist
+}  // namespace cohort::dist::mpi_backend

@@ -7,7 +7,7 @@
 #include <cohort/core/tensor/half.h>
 #include <cohort/core/util/error.h>
 
-namespace cohort::dist::mpi {
+namespace cohort::dist::mpi_backend {
 
 MPI_Datatype mpiType(DType t) {
   switch (t) {
@@ -96,4 +96,4 @@ int mpiCount(int64_t n, const char* what) {
   return static_cast<int>(n);
 }
 
-}  // namespace cohort::dist::mpi
+}  // namespace cohort::dist::mpi_backend

@@ -22,21 +22,14 @@
  */
 #pragma once
 
-// The C API only: OpenMPI's C++ bindings would need libmpi_cxx.
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1
-#endif
-#ifndef MPICH_SKIP_MPICXX
-#define MPICH_SKIP_MPICXX 1
-#endif
-#include <mpi.h>
+#include <cohort/distributed/mpi/detail/mpi_api.h>
 
 #include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
 
-namespace cohort::dist::mpi {
+namespace cohort::dist::mpi_backend {
 
 class MpiEnvironment {
  public:
@@ -79,4 +72,4 @@ class MpiEnvironment {
   std::atomic<int> stuck_{0};
 };
 
-}  // namespace cohort::dist::mpi
+}  // namespace cohort::dist::mpi_backend

@@ -1,11 +1,11 @@
-#include <cohort/distributed/mpi/mpi_environment.h>
+#include <cohort/distributed/mpi/detail/mpi_environment.h>
 
 #include <fmt/format.h>
 
 #include <cohort/core/util/error.h>
 #include <cohort/core/util/logging.h>
 
-namespace cohort::dist::mpi {
+namespace cohort::dist::mpi_backend {
 
 namespace {
 std::mutex& holderMutex() {
@@ -103,4 +103,4 @@ MpiEnvironment::~MpiEnvironment() {
   if (!finalized) MPI_Finalize();
 }
 
-}  // namespace cohort::dist::mpi
+}  // namespace cohort::dist::mpi_backend

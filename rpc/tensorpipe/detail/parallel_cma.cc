@@ -24,7 +24,7 @@
 #include <tensorpipe/transport/connection.h>
 
 #include <cohort/core/util/error.h>
-#include <cohort/rpc/thread_pool.h>
+#include <cohort/rpc/detail/thread_pool.h>
 
 namespace tp = tensorpipe;
 
@@ -101,7 +101,7 @@ struct CopyJob {
   }
 };
 
-// Splits a copy into chunks and runs them on the RPC layer's thread pool (rpc/thread_pool.h),
+// Splits a copy into chunks and runs them on the RPC layer's thread pool (rpc/detail/thread_pool.h),
 // here with a fixed size, no polling, and threads named "cohort-rpc-copy".
 class CopyPool {
  public:

@@ -7,7 +7,7 @@
 
 #include <cohort/core/util/error.h>
 
-namespace cohort::dist::mpi {
+namespace cohort::dist::mpi_backend {
 
 MpiComm::MpiComm(std::shared_ptr<MpiEnvironment> env, MPI_Comm comm) : env_(std::move(env)), comm_(comm) {
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
@@ -53,4 +53,4 @@ MpiComm::~MpiComm() {
   MPI_Comm_free(&comm_);
 }
 
-}  // namespace cohort::dist::mpi
+}  // namespace cohort::dist::mpi_backend
