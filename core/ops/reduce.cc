@@ -428,7 +428,7 @@ void varKernel(const detail::ReducePlan& p, T* out, double divisor, bool takeSqr
 // statistics follow as mean = mf + sd/n, M2 = sd2 - sd^2/n (the corrected two-pass formula, so
 // the error of mf cancels), and blocks merge in double with Chan's parallel update
 // (M2 += M2_b + delta^2 n_a n_b / (n_a + n_b)). A block whose float sums overflow is redone in
-// double. Relative error about 1e-9 on 1e4 + N(0, 1) data (tests/core/reduce_test.cc).
+// double. Relative error about 1e-9 on 1e4 + N(0, 1) data (tests/core/ops/reduce_test.cc).
 template <typename T>
 void varRows(const T* x, int64_t O, int64_t R, T* out, double divisor, bool takeSqrt) {
   constexpr int64_t L = 32;

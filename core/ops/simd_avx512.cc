@@ -41,7 +41,7 @@ COHORT_SIMD_LOOP(geluTanh, vecmath::geluTanh(x))
 // 2^w by a degree-9 polynomial and scalef) and rounded once to float, which makes it faster
 // (~1.5 against ~1.8 ns per element per core) and more accurate (0.5001 ulp against 1.2, measured
 // against std::pow in double over random bit patterns). IEEE's special cases are applied to the
-// float lanes exactly as vecmath::powSpecial does; tests/core/simd_test.cc checks both claims.
+// float lanes exactly as vecmath::powSpecial does; tests/core/ops/simd_test.cc checks both claims.
 // So on AVX-512 CPUs pow's results may differ from the AVX2 kernel's in the last bit.
 // |x|^y for 8 doubles: x > 0 finite (anything else is garbage that the special cases replace).
 // 1/c and log2(c) for the 16 mantissa intervals of [1, 2) (centres 1 + (i + 1/2)/16; interval 0

@@ -110,7 +110,7 @@ inline float cohort::Half::hardwareToFloat(uint16_t h) { return _cvtsh_ss(h); }
 namespace cohort {
 
 // Bulk conversions between contiguous float and Half arrays, bit-identical to the scalar
-// Half(float) / float(Half) above for every input (tests/core/half_test.cc checks all 65536 half
+// Half(float) / float(Half) above for every input (tests/core/tensor/half_test.cc checks all 65536 half
 // patterns and float boundaries). The scalar float->half code branches per element and does not
 // vectorize; with F16C (x86-64-v3) these convert 8 elements per instruction: VCVTPS2PH rounds to
 // nearest-even with IEEE overflow to inf and half subnormals exactly like Half::fromFloat, and

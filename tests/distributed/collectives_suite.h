@@ -9,7 +9,7 @@
 // compared element by element.
 #pragma once
 
-#include "pg_test_util.h"
+#include "distributed/pg_test_util.h"
 
 namespace cohort::dist::testing {
 
@@ -69,8 +69,9 @@ TEST_P(Collectives, AllreduceLarge) {
   });
 }
 
-// Every other op once past a million elements, in every dtype (the per-rank share of a gathered
-// or scattered tensor is kLargeCount / size, so the whole tensor stays about kLargeCount).
+// Every other op past a million elements, in every dtype, broadcast and reduce at every root (the
+// per-rank share of a gathered or scattered tensor is kLargeCount / size, so the whole tensor
+// stays about kLargeCount).
 TEST_P(Collectives, EveryOpLarge) {
   const int n = size();
   const int64_t share = kLargeCount / n + 1;
@@ -81,15 +82,20 @@ TEST_P(Collectives, EveryOpLarge) {
       auto f = [&](int src) {
         return periodic([&, src](int64_t i) { return roundTo(d, value(d, ReduceOp::Sum, src, i)); });
       };
-      Tensor t = filled(d, kLargeCount, f(r));
-      pg.broadcast(t, {.root = n - 1})->wait();
-      COHORT_EXPECT_MATCH(t, kLargeCount, f(n - 1));
+      // Broadcast and reduce at every root: a backend's large-message path (pipelined, chunked or
+      // segmented) must not depend on the root being rank 0.
+      for (int root = 0; root < n; ++root) {
+        Tensor t = filled(d, kLargeCount, f(r));
+        pg.broadcast(t, {.root = root})->wait();
+        COHORT_EXPECT_MATCH(t, kLargeCount, f(root));
 
-      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Min, ReduceOp::Avg}) {
-        if (op == ReduceOp::Avg && !isFloating(d)) continue;
-        Tensor u = filled(d, kLargeCount, periodic([&](int64_t i) { return value(d, op, r, i); }));
-        pg.reduce(u, {.op = op, .root = 0})->wait();
-        if (r == 0) COHORT_EXPECT_MATCH(u, kLargeCount, periodic([&](int64_t i) { return reduceRef(d, op, n, i); }));
+        for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Min, ReduceOp::Avg}) {
+          if (op == ReduceOp::Avg && !isFloating(d)) continue;
+          Tensor u = filled(d, kLargeCount, periodic([&](int64_t i) { return value(d, op, r, i); }));
+          pg.reduce(u, {.op = op, .root = root})->wait();
+          if (r == root)
+            COHORT_EXPECT_MATCH(u, kLargeCount, periodic([&](int64_t i) { return reduceRef(d, op, n, i); }));
+        }
       }
       for (ReduceOp op : kAllReduceOps) {
         if (op == ReduceOp::Avg && !isFloating(d)) continue;

@@ -1,8 +1,8 @@
 // The backend-neutral collectives suite (collectives_suite.h) over every backend this build
 // registered that runs with ranks as threads of one process: gloo for now (shm and hierarchical
 // instantiate it in their own binaries, MPI in mpi_test.cc, one mpirun process per rank).
-#include "collectives_suite.h"
-#include "env_guard.h"
+#include "distributed/collectives_suite.h"
+#include "distributed/env_guard.h"
 
 namespace cohort::dist::testing {
 namespace {

@@ -32,7 +32,7 @@
 #include <cohort/distributed/process_group.h>
 #include <cohort/distributed/store/file_store.h>
 
-#include "fork_util.h"
+#include "distributed/fork_util.h"
 
 namespace cohort::dist::testing {
 namespace {

@@ -31,8 +31,8 @@
 #include <cohort/core/util/error.h>
 #include <cohort/distributed/store/store.h>
 
+#include "distributed/store/store_test_util.h"  // TempDir
 #include "harness/ranks.h"
-#include "store_test_util.h"  // TempDir
 
 namespace cohort::dist::testing {
 

@@ -14,7 +14,7 @@
 
 #include <cohort/distributed/detail/op_queue.h>
 
-#include "pg_test_util.h"
+#include "distributed/pg_test_util.h"
 
 namespace cohort::dist {
 namespace {

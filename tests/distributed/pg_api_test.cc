@@ -3,9 +3,9 @@
 // diagnosis, the flight recorder. Uses gloo where a real backend is needed (skipped without it).
 #include <type_traits>
 
-#include "pg_test_util.h"
+#include "distributed/pg_test_util.h"
 
-#include "env_guard.h"
+#include "distributed/env_guard.h"
 
 #include <cohort/distributed/debug/flight_recorder.h>
 

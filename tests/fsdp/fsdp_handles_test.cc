@@ -21,8 +21,8 @@
 #include <cohort/core/optim/sgd.h>
 #include <cohort/fsdp/fully_sharded_data_parallel.h>
 
-#include "../distributed/pg_test_util.h"
-#include "fsdp_test_util.h"
+#include "distributed/pg_test_util.h"
+#include "fsdp/fsdp_test_util.h"
 
 namespace cohort::fsdp::testing {
 namespace {

@@ -20,8 +20,8 @@
 #include <cohort/core/util/error.h>
 #include <cohort/fsdp/state_dict.h>
 
-#include "distributed/store_test_util.h"  // TempDir
-#include "fsdp_test_util.h"
+#include "distributed/store/store_test_util.h"  // TempDir
+#include "fsdp/fsdp_test_util.h"
 
 namespace cohort::fsdp::testing {
 namespace {

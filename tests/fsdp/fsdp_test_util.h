@@ -18,7 +18,7 @@
 #include <cohort/core/optim/sgd.h>
 #include <cohort/fsdp/fully_sharded_data_parallel.h>
 
-#include "../distributed/pg_test_util.h"
+#include "distributed/pg_test_util.h"
 
 namespace cohort::fsdp::testing {
 

@@ -33,7 +33,7 @@
 #include <cohort/fsdp/training_checkpoint.h>
 
 #include "distributed/fork_util.h"
-#include "fsdp_test_util.h"
+#include "fsdp/fsdp_test_util.h"
 
 namespace cohort::fsdp::testing {
 namespace {

@@ -2,7 +2,7 @@
 // once and runs however the ranks are made:
 //   - ThreadWorld: every rank is a thread of this process, the groups meet through one HashStore
 //     (optionally with a node id per rank, for the hierarchical backend);
-//   - a launcher's world (tests/distributed/mpi_test.cc's MpiProcessWorld): every rank is a
+//   - a launcher's world (tests/distributed/mpi/mpi_test.cc's MpiProcessWorld): every rank is a
 //     process started by `mpirun -np N`, and this process runs only its own rank.
 // run(fn) calls fn(rank) for every rank this process holds and rethrows the first failure,
 // prefixed with its rank; pg(rank) is that rank's group. A body therefore may only touch

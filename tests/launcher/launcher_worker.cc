@@ -29,7 +29,7 @@
 #include <cohort/core/tensor/tensor.h>
 #include <cohort/distributed/init.h>
 
-#include "train_math.h"
+#include "launcher/train_math.h"
 
 using namespace cohort;
 using namespace cohort::launcher_test;

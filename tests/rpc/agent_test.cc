@@ -13,7 +13,7 @@
 #include <cohort/rpc/tensorpipe/detail/parallel_cma.h>
 #include <cohort/rpc/tensorpipe/tensorpipe_agent.h>
 
-#include "rpc_test_util.h"
+#include "rpc/rpc_test_util.h"
 
 namespace cohort::rpc {
 namespace {

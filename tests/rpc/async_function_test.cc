@@ -5,7 +5,7 @@
 
 #include <mutex>
 
-#include "rpc_test_util.h"
+#include "rpc/rpc_test_util.h"
 
 namespace cohort::rpc {
 namespace {

@@ -7,7 +7,7 @@
 #include <functional>
 #include <string>
 
-#include "../distributed/fork_util.h"
+#include "distributed/fork_util.h"
 
 #include <cohort/distributed/store/file_store.h>
 #include <cohort/rpc/rpc.h>

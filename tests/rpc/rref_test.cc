@@ -10,7 +10,7 @@
 
 #include <cohort/core/ops/ops.h>
 
-#include "rpc_test_util.h"
+#include "rpc/rpc_test_util.h"
 
 namespace cohort::rpc {
 namespace {

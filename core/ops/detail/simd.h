@@ -12,7 +12,7 @@
  * vecmath functions, so results are bit-identical, a NaN's sign aside — except pow, which on
  * AVX-512 is a table-driven kernel in double lanes (simd_avx512.cc): faster, and within 0.5001 ulp
  * of the exact result where the portable one is within 1.2, so the two may differ in the last
- * bit; IEEE's special cases are identical. tests/core/simd_test.cc checks all of this over random
+ * bit; IEEE's special cases are identical. tests/core/ops/simd_test.cc checks all of this over random
  * and special inputs.
  *
  * COHORT_SIMD=avx2 turns the AVX-512 kernels off (benchmarks compare the two); setEnabled is the

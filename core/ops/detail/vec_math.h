@@ -6,7 +6,7 @@
  * functions with no branches and no table lookups (range reduction, a polynomial, a bit-level
  * rescale, and selects for the special values), so inside mapKernel's contiguous loop GCC/Clang
  * turn them into AVX2/AVX-512 code. Accuracy (checked against double-precision std:: functions
- * in tests/core/vec_math_test.cc): a few ulp over the whole float range, with IEEE special values
+ * in tests/core/ops/vec_math_test.cc): a few ulp over the whole float range, with IEEE special values
  * (inf, nan, +-0, subnormals) handled like the C library.
  *
  * The double overloads call the C library: float64 kernels are about accuracy, not the bandwidth
@@ -191,7 +191,7 @@ COHORT_VM_INLINE float erf(float x) {
 // pair: a double exponent keeps its low part), w = n + r with |r| <= 1/2, 2^r = e^{r ln2} by the
 // Cephes expf polynomial, and 2^n applied in two factors (subnormal results). Max error 1.2 ulp
 // (1.16 measured over every 97th float bit pattern for 13 exponents and 6.9e8 random (x, y) bit
-// patterns; tests/core/vec_math_test.cc bounds it at 1.25 ulp); IEEE pow special cases exactly
+// patterns; tests/core/ops/vec_math_test.cc bounds it at 1.25 ulp); IEEE pow special cases exactly
 // like std::pow (all combinations of 0, -0, +-1, +-inf, NaN, subnormals, negative bases with
 // integer and non-integer exponents are tested).
 
@@ -332,7 +332,7 @@ COHORT_VM_INLINE float silu(float x) { return x * sigmoid(x); }
 // (weighted least-squares fit of log(erfcx(|x|/sqrt2)/(2t)) on |x| in [0, 14.5], max fit error 1.2e-8,
 // made for this file with numpy/scipy), evaluated by Estrin's scheme (shorter dependency chain);
 // x^2 is split in hi + lo so the exponent keeps full precision. Max error 6.8 ulp over normal
-// results (measured on a 1e-5 grid over [-13.1, 16]; tests/core/vec_math_test.cc bounds it at 8).
+// results (measured on a 1e-5 grid over [-13.1, 16]; tests/core/ops/vec_math_test.cc bounds it at 8).
 // Results below FLT_MIN (x < -13.1) are flushed to -0; +inf -> inf, -inf -> NaN, as torch.
 COHORT_VM_INLINE float geluErf(float x) {
   const float ax = std::fabs(x);

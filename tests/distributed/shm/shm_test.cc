@@ -11,8 +11,8 @@
 #include <cohort/config.h>
 #include <cohort/distributed/shm/shm_backend.h>
 
-#include "collectives_suite.h"
-#include "fork_util.h"
+#include "distributed/collectives_suite.h"
+#include "distributed/fork_util.h"
 
 namespace cohort::dist::testing {
 namespace {

@@ -24,7 +24,7 @@
 #include <cohort/distributed/process_group.h>
 #include <cohort/distributed/store/file_store.h>
 
-#include "collectives_suite.h"
+#include "distributed/collectives_suite.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 // AddressSanitizer builds (scripts/test.sh --sanitize): OpenMPI does not free what MPI_Init and its
@@ -294,7 +294,7 @@ TEST(MpiBackend, CallerModeCompletesEveryOpBeforeReturningEvenOnTwoThreads) {
 
 // In caller mode a collective past its deadline ends the job: ctest runs this alone under
 // `mpirun -np 2` with COHORT_TEST_MPI_CALLER_TIMEOUT=1 and expects the logged error, naming the op,
-// the group and the rank that never came (distributed.mpi_test.caller_timeout_aborts_the_job).
+// the group and the rank that never came (distributed.mpi.caller_timeout_aborts_the_job).
 TEST(MpiCallerTimeout, EndsTheJobNamingTheMissingRank) {
   if (!std::getenv("COHORT_TEST_MPI_CALLER_TIMEOUT")) GTEST_SKIP() << "run by its own ctest entry";
   ASSERT_EQ(worldSize(), 2);

@@ -22,7 +22,7 @@
 #include <cohort/distributed/ddp/join.h>
 #include <cohort/distributed/ddp/powersgd_hook.h>
 
-#include "pg_test_util.h"
+#include "distributed/pg_test_util.h"
 
 namespace cohort::dist::testing {
 namespace {

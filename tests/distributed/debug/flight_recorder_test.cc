@@ -22,7 +22,7 @@
 #include <cohort/distributed/debug/flight_recorder.h>
 
 #include "distributed/env_guard.h"
-#include "distributed/store_test_util.h"
+#include "distributed/store/store_test_util.h"
 #include "harness/ranks.h"
 
 using namespace cohort;

@@ -9,9 +9,9 @@
 #include <cohort/config.h>
 #include <cohort/distributed/shm/shm_backend.h>
 
-#include "env_guard.h"
-#include "fork_util.h"
-#include "pg_test_util.h"
+#include "distributed/env_guard.h"
+#include "distributed/fork_util.h"
+#include "distributed/pg_test_util.h"
 
 namespace cohort::dist::testing {
 namespace {

@@ -8,7 +8,7 @@
 
 #include <cohort/core/util/error.h>
 
-#include "distributed/store_test_util.h"
+#include "distributed/store/store_test_util.h"
 
 namespace cohort::dist::testing {
 namespace {

@@ -9,7 +9,7 @@
 #include <cohort/core/util/error.h>
 #include <cohort/distributed/store/detail/tcp_protocol.h>
 
-#include "distributed/store_test_util.h"
+#include "distributed/store/store_test_util.h"
 
 namespace cohort::dist::testing {
 namespace {

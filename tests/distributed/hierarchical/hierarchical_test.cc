@@ -11,8 +11,8 @@
 #include <cohort/config.h>
 #include <cohort/distributed/topology.h>
 
-#include "collectives_suite.h"
-#include "env_guard.h"
+#include "distributed/collectives_suite.h"
+#include "distributed/env_guard.h"
 
 #if COHORT_USE_SHM && COHORT_USE_GLOO
 #include <cohort/distributed/hierarchical/hierarchical_backend.h>

@@ -31,7 +31,7 @@
 #include <cohort/distributed/shm/shm_backend.h>
 #endif
 
-#include "pg_test_util.h"
+#include "distributed/pg_test_util.h"
 
 namespace cohort::dist::testing {
 namespace {
