@@ -46,7 +46,7 @@ for ((rep = 1; rep <= ${REPEAT:-1}; rep++)); do
   memcpy=(); [[ $rep -gt 1 ]] && memcpy=(--no-memcpy)
   "${mpi[@]}" "$build/bench/collectives" --backend gloo "${memcpy[@]}" "${args[@]}" | tee "$out/cohort_gloo.$rep.txt"
   "${mpi[@]}" "$build/bench/collectives" --backend mpi --no-memcpy "${args[@]}" | tee "$out/cohort_mpi.$rep.txt"
-  if "$build/bench/collectives" --list-backends 2>/dev/null | grep -qx shm; then
+  if grep -qx shm <<<"$("$build/bench/collectives" --list-backends 2>/dev/null)"; then
     "${mpi[@]}" "$build/bench/collectives" --backend shm --no-memcpy "${args[@]}" | tee "$out/cohort_shm.$rep.txt"
   fi
   "${mpi[@]}" "$build/bench/collectives_mpi_baseline" "${args[@]}" | tee "$out/mpi.$rep.txt"

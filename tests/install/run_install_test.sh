@@ -56,7 +56,7 @@ done
 for lib in core distributed fsdp rpc launcher; do
   [[ -f "$libdir/libcohort_$lib.so" ]] || fail "libcohort_$lib.so was not installed in $libdir"
 done
-if find "$prefix/include" -type l | grep -q .; then
+if [[ -n "$(find "$prefix/include" -type l)" ]]; then
   find "$prefix/include" -type l >&2
   fail "the installed headers contain links"
 fi
@@ -78,7 +78,7 @@ done < <(find "$prefix/include" -name '*.h' -print0)
 [[ $missing -eq 0 ]] || fail "installed headers include headers that were not installed"
 # Headers under a detail/ folder are internal: none is installed, and no installed header names one
 # (even one that happens to exist at the include path).
-if find "$prefix/include" -path '*/detail/*' | grep -q .; then
+if [[ -n "$(find "$prefix/include" -path '*/detail/*')" ]]; then
   find "$prefix/include" -path '*/detail/*' >&2
   fail "internal headers (under a detail/ folder) were installed"
 fi
@@ -126,8 +126,10 @@ cmake -S "$here/consumer" -B "$scratch/consumer-build" "${generator[@]}" -DCMAKE
   { cat "$scratch/consumer-configure.log" >&2; fail "configuring the consumer against the installed package"; }
 cmake --build "$scratch/consumer-build" --parallel 2 || fail "building the consumer (strict flags)"
 consumer=$scratch/consumer-build/consumer
-if ! ldd "$consumer" | grep -qF "$libdir/libcohort_core.so"; then
-  ldd "$consumer" >&2
+# (Not `ldd | grep -q`: under pipefail, grep's early exit can fail the pipeline with SIGPIPE.)
+consumer_libs=$(ldd "$consumer")
+if ! grep -qF "$libdir/libcohort_core.so" <<<"$consumer_libs"; then
+  echo "$consumer_libs" >&2
   fail "the consumer does not load libcohort_core from the moved tree"
 fi
 
