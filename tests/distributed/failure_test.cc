@@ -173,8 +173,8 @@ TEST_P(Failure, StalledRankTimesOutWithItsName) {
     // first and aborted the node's stage under it: its message then carries the leader's
     // timeout (the deadlines are the same on every rank, so which comes first is a race).
     const bool timedOutHere = o.kind == "TimeoutError";
-    const bool leaderTimedOut = backend() == "hierarchical" && o.kind == "PeerError" &&
-                                o.message.find("timed out after") != std::string::npos;
+    const bool leaderTimedOut =
+        backend() == "hierarchical" && o.kind == "PeerError" && o.message.find("timed out after") != std::string::npos;
     EXPECT_TRUE(timedOutHere || leaderTimedOut) << results[r].report;
     EXPECT_LT(o.seconds, 5.0) << o.message;
     EXPECT_NE(o.message.find(fmt::format("allreduce #2 in group '{}'", group)), std::string::npos) << o.message;
