@@ -13,6 +13,9 @@
  *  - the op's own error (PeerError when a peer died or disconnected, DistError otherwise).
  * A failed or timed-out Work never leaves a thread blocked forever: the backend aborts the op (the
  * mpi backend in caller mode ends the job instead: mpi/mpi_backend.h).
+ * Only a backend completes a Work: finish/fail and the setters backends use take a CompletionKey,
+ * which Backend hands to its subclasses (Backend::completionKey(), so a backend of one's own,
+ * registered with registerBackend, completes its Works the same way) and nothing else can make.
  * Thread-safe.
  */
 #pragma once

@@ -8,9 +8,9 @@
  * Work. Ops start in issue order; an allreduce may run beside earlier allreduces on other memory
  * (DDP's buckets: on a 2-core host the second bucket's transfer fills the first one's waits,
  * 0.87-0.91x PyTorch's DDP step against 1.03-1.07x with one thread), each tagged with its sequence
- * number on the wire; every other op runs alone, after everything issued before it (op_queue.h). Send/recv are posted
- * at once on gloo unbound buffers (slot = the user's tag, apart from the collectives' slots) and completed by a second
- * thread that waits for them in order, so a recv waiting for its sender never holds up a collective.
+ * number on the wire; every other op runs alone, after everything issued before it (detail/op_queue.h). Send/recv are
+ * posted at once on gloo unbound buffers (slot = the user's tag, apart from the collectives' slots) and completed by a
+ * second thread that waits for them in order, so a recv waiting for its sender never holds up a collective.
  *
  * Timeouts and failures. Each op gets what is left of its Work's timeout as gloo's timeout, so a
  * dead or stalled peer fails the op (gloo IoException → PeerError, gloo timeout → TimeoutError,

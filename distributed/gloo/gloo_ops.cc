@@ -159,7 +159,7 @@ void reduceTensor(const Ctx& ctx, const Tensor& t, ReduceOp op, int root, Millis
 
 }  // namespace
 
-// Allreduces may run side by side with other allreduces on other memory (op_queue.h).
+// Allreduces may run side by side with other allreduces on other memory (distributed/detail/op_queue.h).
 void GlooBackend::allreduce(Tensor& tensor, const AllreduceOptions& opts, const WorkPtr& work) {
   OpFootprint shared{false, {tensor.storage().get()}};
   enqueue(

@@ -18,8 +18,18 @@ template <typename T>
 concept BraceInitialisable = requires {
   T{};
 };
+template <typename W>
+concept FinishableWithoutKey = requires(W& w) {
+  w.finish(std::vector<Tensor>{});
+};
+template <typename W>
+concept FailableWithoutKey = requires(W& w) {
+  w.fail(std::exception_ptr{});
+};
 static_assert(!std::is_default_constructible_v<Work::CompletionKey>);
 static_assert(!BraceInitialisable<Work::CompletionKey>);
+static_assert(!FinishableWithoutKey<Work> && !FailableWithoutKey<Work>);
+static_assert(requires(Work & w, Work::CompletionKey key) { w.finish(key, std::vector<Tensor>{}); });  // with it
 
 // A backend that only knows allreduce (it adds 1 to every element, without talking to anyone),
 // to test routing, supports() and the uniform error of the ops it lacks.
