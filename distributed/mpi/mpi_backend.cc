@@ -40,7 +40,7 @@ const bool kRegistered = [] {
 
 MpiBackend::MpiBackend(int rank, int size, const BackendOptions& opts)
     : Backend("mpi", rank, size), state_(std::make_shared<State>()) {
-  auto env = mpi_backend::MpiEnvironment::get();
+  auto env = MpiEnvironment::get();
   std::vector<int> global = opts.globalRanks;
   if (global.empty()) {
     for (int i = 0; i < size; ++i) global.push_back(i);
@@ -65,7 +65,7 @@ MpiBackend::MpiBackend(int rank, int size, const BackendOptions& opts)
   state_->groupName = opts.groupName;
   state_->size = size;
   state_->onCaller = collectiveThreadFromEnv() == CollectiveThread::Caller;
-  state_->comm = mpi_backend::MpiComm::create(env, global, opts.groupName);
+  state_->comm = MpiComm::create(env, global, opts.groupName);
   if (state_->comm->rank() != rank || state_->comm->size() != size) {
     throw DistError(fmt::format("backend mpi: group '{}': the communicator has this process as rank {} of {}, "
                                 "expected rank {} of {}",
@@ -89,7 +89,7 @@ void MpiBackend::State::start() {
   poller = std::thread([self] { self->pollerLoop(); });
 }
 
-void MpiBackend::State::push(std::shared_ptr<mpi_backend::PendingOp> op) {
+void MpiBackend::State::push(std::shared_ptr<PendingOp> op) {
   bool wakeMonitor = false;
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -101,8 +101,8 @@ void MpiBackend::State::push(std::shared_ptr<mpi_backend::PendingOp> op) {
   if (wakeMonitor) monitorCv.notify_one();
 }
 
-void MpiBackend::State::enqueueOnWorker(const WorkPtr& work, mpi_backend::OpFn fn) {
-  auto op = std::make_shared<mpi_backend::PendingOp>();
+void MpiBackend::State::enqueueOnWorker(const WorkPtr& work, OpFn fn) {
+  auto op = std::make_shared<PendingOp>();
   op->work = work;
   op->run = std::move(fn);
   std::weak_ptr<State> weak = weak_from_this();
@@ -113,9 +113,8 @@ void MpiBackend::State::enqueueOnWorker(const WorkPtr& work, mpi_backend::OpFn f
   push(std::move(op));
 }
 
-void MpiBackend::State::enqueueP2p(const WorkPtr& work, mpi_backend::OpFn fn,
-                                   std::shared_ptr<std::atomic<bool>> abortFlag) {
-  auto op = std::make_shared<mpi_backend::PendingOp>();
+void MpiBackend::State::enqueueP2p(const WorkPtr& work, OpFn fn, std::shared_ptr<std::atomic<bool>> abortFlag) {
+  auto op = std::make_shared<PendingOp>();
   op->work = work;
   op->run = std::move(fn);
   op->pointToPoint = true;
@@ -201,7 +200,7 @@ void MpiBackend::State::abortJobForStuckCaller(const WorkPtr& work) {
   std::abort();  // MPI_Abort does not return; if it did, still never go back into a stuck job
 }
 
-void MpiBackend::State::runOne(const std::shared_ptr<mpi_backend::PendingOp>& op) {
+void MpiBackend::State::runOne(const std::shared_ptr<PendingOp>& op) {
   std::optional<std::vector<Tensor>> outputs;
   std::exception_ptr error;
   try {
@@ -231,7 +230,7 @@ void MpiBackend::State::runOne(const std::shared_ptr<mpi_backend::PendingOp>& op
 
 void MpiBackend::State::workerLoop() {
   while (true) {
-    std::shared_ptr<mpi_backend::PendingOp> op;
+    std::shared_ptr<PendingOp> op;
     std::string reason;
     {
       std::unique_lock<std::mutex> lock(mu);
@@ -264,8 +263,8 @@ void MpiBackend::State::monitorLoop() {
   std::unique_lock<std::mutex> lock(mu);
   while (!(stop && workerDone)) {
     // The earliest deadline among the op in MPI and those queued behind it.
-    std::shared_ptr<mpi_backend::PendingOp> first;
-    auto consider = [&](const std::shared_ptr<mpi_backend::PendingOp>& op) {
+    std::shared_ptr<PendingOp> first;
+    auto consider = [&](const std::shared_ptr<PendingOp>& op) {
       if (op && !op->completed.load() && (!first || op->work->deadline() < first->work->deadline())) first = op;
     };
     if (!currentStuck) consider(current);
@@ -273,7 +272,7 @@ void MpiBackend::State::monitorLoop() {
     auto now = Clock::now();
     if (onCaller) checkCallerDeadline(lock, now);
     // In caller mode collectives come and go without telling the watchdog: look every kCallerPoll.
-    auto pollLimit = onCaller ? now + mpi_backend::kCallerPoll : Clock::time_point::max();
+    auto pollLimit = onCaller ? now + kCallerPoll : Clock::time_point::max();
     if (!first) {
       monitorWake = Clock::time_point::max();
       if (onCaller) {
@@ -300,9 +299,9 @@ void MpiBackend::State::monitorLoop() {
     }
     // A collective missed its deadline. MPI cannot cancel it, and running the ops behind it would
     // pair them with the wrong ops on the other ranks: abort the backend.
-    std::vector<std::shared_ptr<mpi_backend::PendingOp>> drop(queue.begin(), queue.end());
+    std::vector<std::shared_ptr<PendingOp>> drop(queue.begin(), queue.end());
     queue.clear();
-    std::shared_ptr<mpi_backend::PendingOp> stuckOp;
+    std::shared_ptr<PendingOp> stuckOp;
     if (current && !currentStuck) {
       stuckOp = current;
       currentStuck = true;
@@ -331,8 +330,8 @@ void MpiBackend::State::monitorLoop() {
 }
 
 void MpiBackend::State::abortAll(const std::string& reason) {
-  std::vector<std::shared_ptr<mpi_backend::PendingOp>> drop;
-  std::shared_ptr<mpi_backend::PendingOp> running;
+  std::vector<std::shared_ptr<PendingOp>> drop;
+  std::shared_ptr<PendingOp> running;
   {
     std::lock_guard<std::mutex> lock(mu);
     if (!aborted) {
@@ -404,7 +403,7 @@ void MpiBackend::State::shutdown() {
 
 // ---- send/recv completion ----------------------------------------------------------------------
 
-void MpiBackend::State::addP2p(std::shared_ptr<mpi_backend::P2pOp> op) {
+void MpiBackend::State::addP2p(std::shared_ptr<P2pOp> op) {
   {
     std::lock_guard<std::mutex> lock(p2pMu);
     incoming.push_back(std::move(op));
@@ -413,7 +412,7 @@ void MpiBackend::State::addP2p(std::shared_ptr<mpi_backend::P2pOp> op) {
 }
 
 void MpiBackend::State::pollerLoop() {
-  std::vector<std::shared_ptr<mpi_backend::P2pOp>> active;
+  std::vector<std::shared_ptr<P2pOp>> active;
   std::vector<MPI_Request> requests;
   std::vector<int> indices;
   std::vector<MPI_Status> statuses;
@@ -457,7 +456,7 @@ void MpiBackend::State::pollerLoop() {
     }
     // Deadlines and aborts: ask MPI to cancel (the Work fails now; the request finishes later).
     auto now = Clock::now();
-    std::vector<std::pair<std::shared_ptr<mpi_backend::P2pOp>, bool>> toCancel;  // (op, timed out)
+    std::vector<std::pair<std::shared_ptr<P2pOp>, bool>> toCancel;  // (op, timed out)
     for (auto& p : active) {
       if (p->cancelled) continue;
       bool timedOut = now >= p->work->deadline();
@@ -495,7 +494,7 @@ void MpiBackend::State::pollerLoop() {
       if (err != MPI_SUCCESS) {
         p->work->fail(completionKey(),
                       p->work->distError(fmt::format("MPI_{} failed: {}", p->isRecv ? "Irecv" : "Isend",
-                                                     mpi_backend::MpiEnvironment::errorString(err))));
+                                                     MpiEnvironment::errorString(err))));
         continue;
       }
       if (p->isRecv) {

@@ -15,10 +15,6 @@
 
 namespace cohort::dist::mpi_backend {
 
-using mpi_backend::check;
-using mpi_backend::dataOrNull;
-using mpi_backend::mpiCount;
-using mpi_backend::mpiType;
 using Outputs = std::optional<std::vector<Tensor>>;
 
 namespace {
@@ -33,17 +29,17 @@ bool overlaps(const void* a, size_t aBytes, const void* b, size_t bBytes) {
 // the group size afterwards; float16/bfloat16 are reduced in float32 and rounded once.
 void allreduceInPlace(void* data, DType dt, int count, MPI_Op op, bool avg, int size, MPI_Comm comm) {
   if (count == 0) return;
-  if (mpi_backend::reducesInFloat32(dt)) {
+  if (reducesInFloat32(dt)) {
     std::vector<float> buf(count);
-    mpi_backend::widenToFloat(data, dt, buf.data(), count);
+    widenToFloat(data, dt, buf.data(), count);
     check(MPI_Allreduce(MPI_IN_PLACE, buf.data(), count, MPI_FLOAT, op, comm), "MPI_Allreduce");
-    if (avg) mpi_backend::divideInPlace(buf.data(), MPI_FLOAT, count, size);
-    mpi_backend::narrowFromFloat(buf.data(), dt, data, count);
+    if (avg) divideInPlace(buf.data(), MPI_FLOAT, count, size);
+    narrowFromFloat(buf.data(), dt, data, count);
     return;
   }
   MPI_Datatype type = mpiType(dt);
   check(MPI_Allreduce(MPI_IN_PLACE, data, count, type, op, comm), "MPI_Allreduce");
-  if (avg) mpi_backend::divideInPlace(data, type, count, size);
+  if (avg) divideInPlace(data, type, count, size);
 }
 
 // The reduction's MPI type and op, checked on the caller's thread (a bad reduction is a
@@ -51,7 +47,7 @@ void allreduceInPlace(void* data, DType dt, int count, MPI_Op op, bool avg, int 
 struct Reduction {
   MPI_Op op;
   bool avg;
-  Reduction(ReduceOp r, DType dt) : op(mpi_backend::mpiOp(r, dt)), avg(r == ReduceOp::Avg) {}
+  Reduction(ReduceOp r, DType dt) : op(mpiOp(r, dt)), avg(r == ReduceOp::Avg) {}
 };
 
 }  // namespace
@@ -79,19 +75,19 @@ void MpiBackend::allreduceCoalesced(std::vector<Tensor>& tensors, const Allreduc
       return ts;
     }
     // One flat buffer, one MPI call: small tensors cost one latency instead of one each.
-    if (mpi_backend::reducesInFloat32(dt)) {
+    if (reducesInFloat32(dt)) {
       // Not detail::packBytes: each tensor is converted to float32 on its way in and back out.
       std::vector<float> buf(count);
       int64_t off = 0;
       for (const auto& t : ts) {
-        if (t.numel()) mpi_backend::widenToFloat(t.dataPtr(), dt, buf.data() + off, t.numel());
+        if (t.numel()) widenToFloat(t.dataPtr(), dt, buf.data() + off, t.numel());
         off += t.numel();
       }
       if (count) check(MPI_Allreduce(MPI_IN_PLACE, buf.data(), count, MPI_FLOAT, red.op, comm), "MPI_Allreduce");
-      if (red.avg) mpi_backend::divideInPlace(buf.data(), MPI_FLOAT, count, n);
+      if (red.avg) divideInPlace(buf.data(), MPI_FLOAT, count, n);
       off = 0;
       for (const auto& t : ts) {
-        if (t.numel()) mpi_backend::narrowFromFloat(buf.data() + off, dt, t.dataPtr(), t.numel());
+        if (t.numel()) narrowFromFloat(buf.data() + off, dt, t.dataPtr(), t.numel());
         off += t.numel();
       }
       return ts;
@@ -123,16 +119,16 @@ void MpiBackend::reduce(Tensor& tensor, const ReduceOptions& opts, const WorkPtr
   bool isRoot = rank() == root;
   state_->enqueue(work, [t = tensor, dt, red, count, root, n, isRoot](MPI_Comm comm) -> Outputs {
     if (count == 0) return std::vector<Tensor>{t};
-    if (mpi_backend::reducesInFloat32(dt)) {
+    if (reducesInFloat32(dt)) {
       // Not detail::packBytes: each tensor is converted to float32 on its way in and back out.
       std::vector<float> buf(count);
-      mpi_backend::widenToFloat(t.dataPtr(), dt, buf.data(), count);
+      widenToFloat(t.dataPtr(), dt, buf.data(), count);
       check(MPI_Reduce(isRoot ? MPI_IN_PLACE : buf.data(), isRoot ? buf.data() : nullptr, count, MPI_FLOAT, red.op,
                        root, comm),
             "MPI_Reduce");
       if (isRoot) {
-        if (red.avg) mpi_backend::divideInPlace(buf.data(), MPI_FLOAT, count, n);
-        mpi_backend::narrowFromFloat(buf.data(), dt, t.dataPtr(), count);
+        if (red.avg) divideInPlace(buf.data(), MPI_FLOAT, count, n);
+        narrowFromFloat(buf.data(), dt, t.dataPtr(), count);
       }
       return std::vector<Tensor>{t};
     }
@@ -140,7 +136,7 @@ void MpiBackend::reduce(Tensor& tensor, const ReduceOptions& opts, const WorkPtr
     check(MPI_Reduce(isRoot ? MPI_IN_PLACE : t.dataPtr(), isRoot ? t.dataPtr() : nullptr, count, type, red.op, root,
                      comm),
           "MPI_Reduce");
-    if (isRoot && red.avg) mpi_backend::divideInPlace(t.dataPtr(), type, count, n);
+    if (isRoot && red.avg) divideInPlace(t.dataPtr(), type, count, n);
     return std::vector<Tensor>{t};
   });
 }
@@ -210,17 +206,17 @@ namespace {
 void reduceScatterBlock(const void* send, void* recv, DType dt, int count, const Reduction& red, int size,
                         MPI_Comm comm) {
   if (count == 0) return;
-  if (mpi_backend::reducesInFloat32(dt)) {
+  if (reducesInFloat32(dt)) {
     std::vector<float> in(static_cast<size_t>(count) * size), out(count);
-    mpi_backend::widenToFloat(send, dt, in.data(), static_cast<int64_t>(count) * size);
+    widenToFloat(send, dt, in.data(), static_cast<int64_t>(count) * size);
     check(MPI_Reduce_scatter_block(in.data(), out.data(), count, MPI_FLOAT, red.op, comm), "MPI_Reduce_scatter_block");
-    if (red.avg) mpi_backend::divideInPlace(out.data(), MPI_FLOAT, count, size);
-    mpi_backend::narrowFromFloat(out.data(), dt, recv, count);
+    if (red.avg) divideInPlace(out.data(), MPI_FLOAT, count, size);
+    narrowFromFloat(out.data(), dt, recv, count);
     return;
   }
   MPI_Datatype type = mpiType(dt);
   check(MPI_Reduce_scatter_block(send, recv, count, type, red.op, comm), "MPI_Reduce_scatter_block");
-  if (red.avg) mpi_backend::divideInPlace(recv, type, count, size);
+  if (red.avg) divideInPlace(recv, type, count, size);
 }
 }  // namespace
 

@@ -9,7 +9,7 @@
 namespace cohort::dist::mpi_backend {
 
 namespace {
-void checkTag(int tag, const mpi_backend::MpiComm& comm, const char* op) {
+void checkTag(int tag, const MpiComm& comm, const char* op) {
   int ub = comm.env().tagUpperBound();
   if (tag < 0 || tag > ub) {
     throw ValueError(fmt::format("backend mpi: {} tag {} is outside MPI's tag range [0, {}]", op, tag, ub));
@@ -19,25 +19,24 @@ void checkTag(int tag, const mpi_backend::MpiComm& comm, const char* op) {
 
 void MpiBackend::send(const Tensor& tensor, int dst, const SendRecvOptions& opts, const WorkPtr& work) {
   checkTag(opts.tag, *state_->comm, "send");
-  int count = mpi_backend::mpiCount(tensor.numel(), "send's tensor");
+  int count = mpiCount(tensor.numel(), "send's tensor");
   auto abortFlag = std::make_shared<std::atomic<bool>>(false);
   State* s = state_.get();  // the closure runs on the state's own worker
   state_->enqueueP2p(
       work,
       [s, work, t = tensor, dst, tag = opts.tag, count,
        abortFlag](MPI_Comm comm) -> std::optional<std::vector<Tensor>> {
-        auto op = std::make_shared<mpi_backend::P2pOp>();
+        auto op = std::make_shared<P2pOp>();
         op->work = work;
         op->tensor = t;
         op->isRecv = false;
         op->count = count;
-        op->type = mpi_backend::mpiType(t.dtype());
+        op->type = mpiType(t.dtype());
         op->peer = dst;
         op->tag = tag;
         op->abortRequested = abortFlag;
         char dummy = 0;
-        mpi_backend::check(MPI_Isend(count ? t.dataPtr() : &dummy, count, op->type, dst, tag, comm, &op->request),
-                           "MPI_Isend");
+        check(MPI_Isend(count ? t.dataPtr() : &dummy, count, op->type, dst, tag, comm, &op->request), "MPI_Isend");
         s->addP2p(std::move(op));
         return std::nullopt;
       },
@@ -46,27 +45,26 @@ void MpiBackend::send(const Tensor& tensor, int dst, const SendRecvOptions& opts
 
 void MpiBackend::recv(Tensor& tensor, int src, const SendRecvOptions& opts, const WorkPtr& work) {
   checkTag(opts.tag, *state_->comm, "recv");
-  int count = mpi_backend::mpiCount(tensor.numel(), "recv's tensor");
+  int count = mpiCount(tensor.numel(), "recv's tensor");
   auto abortFlag = std::make_shared<std::atomic<bool>>(false);
   State* s = state_.get();
   state_->enqueueP2p(
       work,
       [s, work, t = tensor, src, tag = opts.tag, count,
        abortFlag](MPI_Comm comm) -> std::optional<std::vector<Tensor>> {
-        auto op = std::make_shared<mpi_backend::P2pOp>();
+        auto op = std::make_shared<P2pOp>();
         op->work = work;
         op->tensor = t;
         op->isRecv = true;
         op->count = count;
-        op->type = mpi_backend::mpiType(t.dtype());
+        op->type = mpiType(t.dtype());
         op->peer = src;
         op->tag = tag;
         op->abortRequested = abortFlag;
         char dummy = 0;
         // A larger message than the tensor fails with MPI_ERR_TRUNCATE; a smaller one is caught by
         // the poller's element count check.
-        mpi_backend::check(MPI_Irecv(count ? t.dataPtr() : &dummy, count, op->type, src, tag, comm, &op->request),
-                           "MPI_Irecv");
+        check(MPI_Irecv(count ? t.dataPtr() : &dummy, count, op->type, src, tag, comm, &op->request), "MPI_Irecv");
         s->addP2p(std::move(op));
         return std::nullopt;
       },

@@ -63,7 +63,7 @@ struct P2pOp {
 };
 
 struct MpiBackend::State : std::enable_shared_from_this<MpiBackend::State> {
-  std::unique_ptr<mpi_backend::MpiComm> comm;
+  std::unique_ptr<MpiComm> comm;
   std::string groupName;
   int size = 1;
   // COHORT_COLLECTIVE_THREAD: true (caller, the default) runs collectives on the thread that
@@ -86,8 +86,8 @@ struct MpiBackend::State : std::enable_shared_from_this<MpiBackend::State> {
   std::condition_variable workerCv;   // queue not empty, or stop
   std::condition_variable monitorCv;  // an earlier deadline, or stop
   std::condition_variable idleCv;     // the worker finished (destructor)
-  std::deque<std::shared_ptr<mpi_backend::PendingOp>> queue;
-  std::shared_ptr<mpi_backend::PendingOp> current;
+  std::deque<std::shared_ptr<PendingOp>> queue;
+  std::shared_ptr<PendingOp> current;
   bool currentStuck = false;  // current failed by the watchdog and still inside MPI
   bool aborted = false;
   std::string abortReason;
@@ -100,7 +100,7 @@ struct MpiBackend::State : std::enable_shared_from_this<MpiBackend::State> {
   // Send/recv in flight, completed by the poller.
   std::mutex p2pMu;
   std::condition_variable p2pCv;
-  std::vector<std::shared_ptr<mpi_backend::P2pOp>> incoming;
+  std::vector<std::shared_ptr<P2pOp>> incoming;
   bool p2pStop = false;
   std::atomic<bool> p2pAbortAll{false};  // the backend was aborted: cancel every transfer
   std::thread poller;
@@ -123,7 +123,7 @@ struct MpiBackend::State : std::enable_shared_from_this<MpiBackend::State> {
   template <typename F>
   void enqueue(const WorkPtr& work, F&& fn) {
     if (!onCaller) {
-      enqueueOnWorker(work, mpi_backend::OpFn(std::forward<F>(fn)));
+      enqueueOnWorker(work, OpFn(std::forward<F>(fn)));
       return;
     }
     const uint64_t ticket = beginOnCaller(work);
@@ -139,16 +139,16 @@ struct MpiBackend::State : std::enable_shared_from_this<MpiBackend::State> {
     endOnCaller(*work, ticket, std::move(outputs), std::move(error));
   }
   // Send/recv: `fn` issues the transfer and hands it to addP2p; `abortFlag` is shared with it.
-  void enqueueP2p(const WorkPtr& work, mpi_backend::OpFn fn, std::shared_ptr<std::atomic<bool>> abortFlag);
-  void addP2p(std::shared_ptr<mpi_backend::P2pOp> op);
+  void enqueueP2p(const WorkPtr& work, OpFn fn, std::shared_ptr<std::atomic<bool>> abortFlag);
+  void addP2p(std::shared_ptr<P2pOp> op);
   void abortAll(const std::string& reason);
 
  private:
   void workerLoop();
   void monitorLoop();
   void pollerLoop();
-  void runOne(const std::shared_ptr<mpi_backend::PendingOp>& op);
-  void enqueueOnWorker(const WorkPtr& work, mpi_backend::OpFn fn);
+  void runOne(const std::shared_ptr<PendingOp>& op);
+  void enqueueOnWorker(const WorkPtr& work, OpFn fn);
   // Caller mode: publishes the op for the watchdog and returns its ticket, or fails the Work and
   // returns 0 when the backend is aborted or shut down.
   uint64_t beginOnCaller(const WorkPtr& work);
@@ -158,7 +158,7 @@ struct MpiBackend::State : std::enable_shared_from_this<MpiBackend::State> {
   // A collective on its caller's thread passed its deadline: MPI cannot interrupt it, so this
   // reports the error (with the group's diagnosis) and ends the job with MPI_Abort.
   [[noreturn]] void abortJobForStuckCaller(const WorkPtr& work);
-  void push(std::shared_ptr<mpi_backend::PendingOp> op);
+  void push(std::shared_ptr<PendingOp> op);
 };
 
 }  // namespace cohort::dist::mpi_backend
