@@ -1,7 +1,6 @@
 #include <cohort/core/autograd/engine.h>
 
-#include <queue>
-#include <unordered_map>
+#include <algorithm>
 
 #include <cohort/core/autograd/grad_mode.h>
 #include <cohort/core/ops/ops.h>
@@ -9,45 +8,16 @@
 namespace cohort::autograd {
 namespace {
 
-struct ReadyOrder {
-  bool operator()(const Node* a, const Node* b) const { return a->sequenceNr() < b->sequenceNr(); }
-};
-
 void accumulateInto(std::vector<Tensor>& buffer, uint32_t pos, Tensor g) {
   if (buffer.size() <= pos) buffer.resize(pos + 1);
   if (!buffer[pos].defined()) buffer[pos] = std::move(g);
   else buffer[pos] = add(buffer[pos], g);
 }
 
-// The callbacks of the backward running on this thread (innermost when backward is reentrant).
+// What this thread is executing (innermost when backward is reentrant).
+thread_local GraphTask* tTask = nullptr;
 thread_local std::vector<std::function<void()>>* tCallbacks = nullptr;
-
-struct CallbackFrame {
-  std::vector<std::function<void()>> callbacks;
-  std::vector<std::function<void()>>* outer;
-  CallbackFrame() : outer(tCallbacks) { tCallbacks = &callbacks; }
-  ~CallbackFrame() { tCallbacks = outer; }
-  CallbackFrame(const CallbackFrame&) = delete;
-  CallbackFrame& operator=(const CallbackFrame&) = delete;
-};
-
-// The dependency counts and input buffers of the backward running on this thread (innermost).
-struct TaskFrame {
-  std::unordered_map<Node*, std::vector<Tensor>>& buffers;
-  std::unordered_map<Node*, int>& deps;
-  TaskFrame* outer;
-};
-thread_local TaskFrame* tTask = nullptr;
-
-struct TaskScope {
-  TaskFrame frame;
-  TaskScope(std::unordered_map<Node*, std::vector<Tensor>>& b, std::unordered_map<Node*, int>& d) : frame{b, d, tTask} {
-    tTask = &frame;
-  }
-  ~TaskScope() { tTask = frame.outer; }
-  TaskScope(const TaskScope&) = delete;
-  TaskScope& operator=(const TaskScope&) = delete;
-};
+thread_local GradStore* tStore = nullptr;
 
 bool fits(const Tensor& t, const TensorImpl& leaf) {
   return t.defined() && t.isContiguous() && t.sizes() == leaf.sizes && t.dtype() == leaf.dtype;
@@ -60,13 +30,13 @@ namespace detail {
 // A producer may write straight into a leaf's gradient when its gradient is the leaf's only one
 // still to come and nothing else has arrived (no other edge will add to it, and nothing sits in
 // the leaf's input buffer), and the leaf has no gradient hooks (they must see the gradient before
-// it is accumulated).
+// it is accumulated). Not into a GradStore: its gradients are made by the store itself.
 GradSink gradSinkFor(const Edge& e) {
-  if (tTask == nullptr || !e.valid()) return {};
+  if (tTask == nullptr || tTask->store_ != nullptr || !e.valid()) return {};
   auto* acc = dynamic_cast<AccumulateGrad*>(e.fn.get());
   if (acc == nullptr) return {};
-  auto d = tTask->deps.find(acc);
-  if (d == tTask->deps.end() || d->second != 1 || tTask->buffers.contains(acc)) return {};
+  auto d = tTask->deps_.find(acc);
+  if (d == tTask->deps_.end() || d->second != 1 || tTask->buffers_.contains(acc)) return {};
   TensorImpl& leaf = *acc->leaf();
   if (!leaf.autograd || !leaf.autograd->hooks.empty()) return {};
   AutogradMeta& meta = *leaf.autograd;
@@ -108,13 +78,170 @@ void queueCallback(std::function<void()> fn) {
 
 bool inBackward() { return tCallbacks != nullptr; }
 
+GradStore* currentGradStore() { return tStore; }
+
+namespace detail {
+bool emitGradient(Node& from, size_t i, Tensor grad) {
+  return tTask != nullptr && tTask->emit(&from, i, std::move(grad));
+}
+}  // namespace detail
+
+Tensor gradOf(const Tensor& leaf) { return tStore != nullptr ? tStore->get(*leaf.impl()) : leaf.grad(); }
+
+void setGradOf(const Tensor& leaf, Tensor grad) {
+  if (tStore != nullptr) tStore->set(leaf.implPtr(), std::move(grad));
+  else Tensor(leaf).setGrad(grad);
+}
+
+// ---- GraphTask -------------------------------------------------------------------------------
+
+GraphTask::GraphTask(bool retainGraph, GradStore* store) : retainGraph_(retainGraph), store_(store) {}
+GraphTask::~GraphTask() = default;
+
+void GraphTask::addRoot(const Edge& e, Tensor grad) {
+  accumulateInto(buffers_[e.fn.get()], e.inputNr, std::move(grad));
+  roots_.push_back(e.fn);
+}
+
+std::vector<Node*> GraphTask::discover(const std::shared_ptr<Node>& start) {
+  std::vector<Node*> fresh;
+  std::vector<Node*> stack;
+  auto visit = [&](Node* n) {
+    if (seen_.insert(n).second) {
+      fresh.push_back(n);
+      stack.push_back(n);
+    }
+  };
+  if (start) {
+    roots_.push_back(start);
+    visit(start.get());
+  } else {
+    for (auto& n : roots_) visit(n.get());
+  }
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (auto& e : n->nextEdges()) {
+      if (!e.valid()) continue;
+      deps_[e.fn.get()]++;
+      visit(e.fn.get());
+    }
+  }
+  if (!start) {
+    for (auto& n : roots_)
+      if (deps_[n.get()] == 0) {
+        deps_[n.get()] = -1;  // queued (a root may be listed twice)
+        ready_.push(n.get());
+      }
+  }
+  return fresh;
+}
+
+void GraphTask::expectExternal(Node* node) { deps_[node]++; }
+
+void GraphTask::deliver(Node* node, uint32_t inputNr, Tensor grad) {
+  accumulateInto(buffers_[node], inputNr, std::move(grad));
+  if (--deps_[node] == 0) ready_.push(node);
+}
+
+std::vector<Tensor> GraphTask::takeInputs(Node* node) {
+  std::vector<Tensor> inputs;
+  auto it = buffers_.find(node);
+  if (it != buffers_.end()) {
+    inputs = std::move(it->second);
+    buffers_.erase(it);
+  }
+  auto& meta = node->outputMeta();
+  if (inputs.size() < meta.size()) inputs.resize(meta.size());
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (!inputs[i].defined() && i < meta.size()) inputs[i] = zeros(meta[i].sizes, {.dtype = meta[i].dtype});
+  return inputs;
+}
+
+Node* GraphTask::popReady(std::vector<Tensor>& inputs) {
+  if (ready_.empty()) return nullptr;
+  Node* node = ready_.top();
+  ready_.pop();
+  inputs = takeInputs(node);
+  return node;
+}
+
+bool GraphTask::emit(Node* node, size_t i, Tensor grad) {
+  const Edge& e = node->nextEdges()[i];
+  std::unique_lock<std::mutex> lock;
+  if (lock_ != nullptr) lock = std::unique_lock<std::mutex>(*lock_);
+  if (!seen_.contains(node)) return false;
+  std::vector<size_t>& done = emitted_[node];
+  if (std::find(done.begin(), done.end(), i) != done.end()) return false;  // emitted already
+  done.push_back(i);
+  Node* target = e.fn.get();
+  accumulateInto(buffers_[target], e.inputNr, std::move(grad));
+  if (--deps_[target] != 0) return true;
+  if (!target->runsInline()) {
+    ready_.push(target);
+    return true;
+  }
+  std::vector<Tensor> in = takeInputs(target);
+  if (lock.owns_lock()) lock.unlock();
+  std::vector<Tensor> out = runNode(target, std::move(in));
+  if (lock_ != nullptr) lock.lock();
+  propagate(target, std::move(out));
+  return true;
+}
+
+std::vector<Tensor> GraphTask::runNode(Node* node, std::vector<Tensor> inputs) {
+  node->runPreHooks(inputs);
+  std::vector<Tensor> out = node->apply(std::move(inputs));
+  if (!retainGraph_) node->releaseSaved();
+  return out;
+}
+
+void GraphTask::propagate(Node* node, std::vector<Tensor> out) {
+  ++executed_;
+  std::vector<size_t> early;
+  if (auto it = emitted_.find(node); it != emitted_.end()) {
+    early = std::move(it->second);
+    emitted_.erase(it);
+  }
+  auto& next = node->nextEdges();
+  for (size_t i = 0; i < next.size(); ++i) {
+    const Edge& e = next[i];
+    if (!e.valid() || std::find(early.begin(), early.end(), i) != early.end()) continue;
+    if (i < out.size() && out[i].defined()) accumulateInto(buffers_[e.fn.get()], e.inputNr, std::move(out[i]));
+    if (--deps_[e.fn.get()] == 0) ready_.push(e.fn.get());
+  }
+}
+
+void GraphTask::runCallbacks() {
+  // Indexed, not iterated: a callback may queue another.
+  for (size_t i = 0; i < callbacks_.size(); ++i) {
+    auto fn = std::move(callbacks_[i]);
+    fn();
+  }
+  callbacks_.clear();
+}
+
+GraphTask::ExecScope::ExecScope(GraphTask& task)
+    : outerTask_(tTask), outerCallbacks_(tCallbacks), outerStore_(tStore), outerGradMode_(isGradEnabled()) {
+  tTask = &task;
+  tCallbacks = &task.callbacks_;
+  tStore = task.store_;
+  setGradEnabled(false);
+}
+
+GraphTask::ExecScope::~ExecScope() {
+  tTask = outerTask_;
+  tCallbacks = outerCallbacks_;
+  tStore = outerStore_;
+  setGradEnabled(outerGradMode_);
+}
+
+// ---- the local engine ------------------------------------------------------------------------
+
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retainGraph) {
   COHORT_CHECK_EQ(roots.size(), grads.size(), "backward: one gradient per root");
-  // A graph task: the root grads go into a virtual node feeding each root's edge.
-  std::unordered_map<Node*, std::vector<Tensor>> buffers;
-  std::unordered_map<Node*, int> deps;
-  std::vector<std::shared_ptr<Node>> rootNodes;
-
+  // Inside a distributed backward's hook, a nested local backward keeps going to the same store.
+  GraphTask task(retainGraph, tStore);
   for (size_t i = 0; i < roots.size(); ++i) {
     const Tensor& r = roots[i];
     if (!r.defined()) throw ValueError("backward: a root tensor is undefined");
@@ -133,67 +260,13 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
       throw ValueError(fmt::format("backward: gradient of shape {} does not match the output's shape {}",
                                    shapeStr(g.sizes()), shapeStr(r.sizes())));
     }
-    accumulateInto(buffers[e.fn.get()], e.inputNr, g.detach());
-    rootNodes.push_back(e.fn);
+    task.addRoot(e, g.detach());
   }
-
-  // Count, for every reachable node, how many edges lead into it.
-  std::vector<Node*> stack;
-  std::unordered_map<Node*, bool> seen;
-  for (auto& n : rootNodes) {
-    if (!seen[n.get()]) {
-      seen[n.get()] = true;
-      stack.push_back(n.get());
-    }
-  }
-  while (!stack.empty()) {
-    Node* n = stack.back();
-    stack.pop_back();
-    for (auto& e : n->nextEdges()) {
-      if (!e.valid()) continue;
-      deps[e.fn.get()]++;
-      if (!seen[e.fn.get()]) {
-        seen[e.fn.get()] = true;
-        stack.push_back(e.fn.get());
-      }
-    }
-  }
-
-  std::priority_queue<Node*, std::vector<Node*>, ReadyOrder> ready;
-  for (auto& n : rootNodes)
-    if (deps[n.get()] == 0) {
-      deps[n.get()] = -1;  // queued
-      ready.push(n.get());
-    }
-
-  NoGradGuard noGrad;
-  CallbackFrame frame;
-  TaskScope task(buffers, deps);
-  while (!ready.empty()) {
-    Node* node = ready.top();
-    ready.pop();
-    std::vector<Tensor> in = std::move(buffers[node]);
-    buffers.erase(node);
-    auto& meta = node->outputMeta();
-    if (in.size() < meta.size()) in.resize(meta.size());
-    for (size_t i = 0; i < in.size(); ++i)
-      if (!in[i].defined() && i < meta.size()) in[i] = zeros(meta[i].sizes, {.dtype = meta[i].dtype});
-    node->runPreHooks(in);
-    std::vector<Tensor> out = node->apply(std::move(in));
-    if (!retainGraph) node->releaseSaved();
-    auto& next = node->nextEdges();
-    for (size_t i = 0; i < next.size(); ++i) {
-      const Edge& e = next[i];
-      if (!e.valid()) continue;
-      if (i < out.size() && out[i].defined()) accumulateInto(buffers[e.fn.get()], e.inputNr, std::move(out[i]));
-      if (--deps[e.fn.get()] == 0) ready.push(e.fn.get());
-    }
-  }
-  // Indexed, not iterated: a callback may queue another.
-  for (size_t i = 0; i < frame.callbacks.size(); ++i) {
-    auto fn = std::move(frame.callbacks[i]);
-    fn();
-  }
+  task.discover();
+  GraphTask::ExecScope scope(task);
+  std::vector<Tensor> in;
+  while (Node* node = task.popReady(in)) task.propagate(node, task.runNode(node, std::move(in)));
+  task.runCallbacks();
 }
 
 }  // namespace cohort::autograd

@@ -1,12 +1,25 @@
 /*
- * The backward engine: runs the graph from roots to leaves on the calling thread.
- * Nodes run when every gradient they will receive has arrived (dependency counting); among
+ * The backward engine. A GraphTask is one backward's bookkeeping: the nodes reachable from its
+ * roots, how many gradients each still waits for (dependency counting), their input buffers and
+ * the nodes ready to run. Nodes run when every gradient they will receive has arrived; among
  * ready nodes the most recently created runs first, so gradients of the last layers reach their
  * leaves (and DDP's hooks) first. Each node runs with grad mode off.
+ *
+ * backward() is the local engine: one GraphTask run to the end on the calling thread.
+ * Distributed autograd (rpc/autograd.h) drives GraphTasks itself: their roots include nodes whose
+ * gradient comes from another worker (expectExternal/deliver), the graph is discovered in parts
+ * as other workers name roots (discover), and leaf gradients go to a GradStore (the context's)
+ * instead of .grad. A GraphTask is not thread-safe: whoever shares one serialises its calls;
+ * only runNode() (the node's own work) may run outside that lock.
  */
 #pragma once
 
 #include <functional>
+#include <memory>
+#include <mutex>
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include <cohort/core/autograd/node.h>
@@ -29,11 +42,106 @@ bool inBackward();  // whether this thread is running backward()
 // of allocating one. DDP points each parameter at its slice of the bucket, so that backward writes
 // gradients straight into the memory the all-reduce reads. An undefined `target` clears it.
 // Throws ValueError for a tensor that is not a leaf requiring grad, or a target that does not fit.
+// (A backward into a GradStore ignores targets.)
 void setGradTarget(const Tensor& leaf, const Tensor& target);
+
+// Where a backward puts leaf gradients instead of .grad: a distributed autograd context keeps
+// them per context, so that several backwards through shared parameters never mix. Leaf hooks
+// and post-accumulate hooks run as usual; the gradient they see is the store's.
+class GradStore {
+ public:
+  virtual ~GradStore() = default;
+  // The gradient of `leaf` accumulated so far (undefined: none).
+  virtual Tensor get(const TensorImpl& leaf) const = 0;
+  virtual void set(const std::shared_ptr<TensorImpl>& leaf, Tensor grad) = 0;
+};
+// The store of the backward this thread is running (null: gradients go to .grad).
+GradStore* currentGradStore();
+// The gradient of `leaf` as the backward running on this thread sees it: its store's when it has
+// one, else .grad. Hooks that read or replace gradients (DDP's) use these.
+Tensor gradOf(const Tensor& leaf);
+void setGradOf(const Tensor& leaf, Tensor grad);
 
 namespace detail {
 // The sink for the gradient flowing along `e` from the node now running (Ctx::gradSink).
 GradSink gradSinkFor(const Edge& e);
+// Ctx::emit: input i's gradient of `from` (running on this thread), handed on early.
+bool emitGradient(Node& from, size_t i, Tensor grad);
 }  // namespace detail
+
+class GraphTask {
+ public:
+  explicit GraphTask(bool retainGraph, GradStore* store = nullptr);
+  ~GraphTask();
+  GraphTask(const GraphTask&) = delete;
+  GraphTask& operator=(const GraphTask&) = delete;
+
+  // A root: `grad` flows along `e` (a root tensor's gradientEdge). Call before discover().
+  void addRoot(const Edge& e, Tensor grad);
+  // Counts the dependencies of every node reachable from `start` (and from the roots, when
+  // `start` is null) that this task has not seen yet, queues the roots that wait for nothing, and
+  // returns the nodes newly seen.
+  std::vector<Node*> discover(const std::shared_ptr<Node>& start = nullptr);
+  // `node` (seen) waits for one more gradient from outside the graph: a deliver() call.
+  void expectExternal(Node* node);
+  // A gradient from outside the graph for input `inputNr` of `node`.
+  void deliver(Node* node, uint32_t inputNr, Tensor grad);
+
+  // The next ready node, with its inputs in `inputs` (zeros for outputs that got no gradient);
+  // null when nothing is ready.
+  Node* popReady(std::vector<Tensor>& inputs);
+  // Runs `node` on `inputs` (pre-hooks, apply, then frees its saved tensors unless the graph is
+  // retained). Needs an ExecScope on this thread; touches nothing of the task but its store.
+  std::vector<Tensor> runNode(Node* node, std::vector<Tensor> inputs);
+  // Hands `node`'s outputs to the nodes its edges lead to (but those it emitted already).
+  void propagate(Node* node, std::vector<Tensor> outputs);
+  // A gradient `node` emits for input i while it runs (Ctx::emit): accumulated now, and a node it
+  // completes that runsInline() runs at once on this thread. Takes the task's lock, when it has one.
+  bool emit(Node* node, size_t i, Tensor grad);
+  // The lock whoever shares this task holds around its calls, released while runNode runs: emit
+  // (called from inside runNode) takes it.
+  void setLock(std::mutex* lock) { lock_ = lock; }
+  bool hasReady() const { return !ready_.empty(); }
+  // Every node seen has run.
+  bool finished() const { return executed_ == seen_.size(); }
+  size_t seenCount() const { return seen_.size(); }
+  // Runs the callbacks hooks queued (queueCallback), in order, on this thread.
+  void runCallbacks();
+
+  // While alive, this thread executes nodes of `task`: grad mode off, queueCallback and
+  // inBackward() refer to it, leaf gradients go to its store.
+  class ExecScope {
+   public:
+    explicit ExecScope(GraphTask& task);
+    ~ExecScope();
+    ExecScope(const ExecScope&) = delete;
+    ExecScope& operator=(const ExecScope&) = delete;
+
+   private:
+    GraphTask* outerTask_;
+    std::vector<std::function<void()>>* outerCallbacks_;
+    GradStore* outerStore_;
+    bool outerGradMode_;
+  };
+
+ private:
+  struct ReadyOrder {
+    bool operator()(const Node* a, const Node* b) const { return a->sequenceNr() < b->sequenceNr(); }
+  };
+  friend GradSink detail::gradSinkFor(const Edge& e);
+  std::vector<Tensor> takeInputs(Node* node);
+
+  bool retainGraph_;
+  GradStore* store_;
+  std::vector<std::shared_ptr<Node>> roots_;
+  std::unordered_map<Node*, std::vector<Tensor>> buffers_;
+  std::unordered_map<Node*, int> deps_;
+  std::unordered_set<Node*> seen_;
+  std::priority_queue<Node*, std::vector<Node*>, ReadyOrder> ready_;
+  size_t executed_ = 0;
+  std::vector<std::function<void()>> callbacks_;
+  std::unordered_map<Node*, std::vector<size_t>> emitted_;  // edges whose gradient left early
+  std::mutex* lock_ = nullptr;
+};
 
 }  // namespace cohort::autograd

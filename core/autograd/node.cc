@@ -3,6 +3,7 @@
 #include <atomic>
 #include <utility>
 
+#include <cohort/core/autograd/engine.h>
 #include <cohort/core/autograd/grad_mode.h>
 #include <cohort/core/ops/ops.h>
 
@@ -82,6 +83,19 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   for (auto& h : meta.hooks)
     if (auto r = h.fn(g); r && r->defined()) g = *r;
   if (g.dtype() != leaf.dtype()) g = g.to(leaf.dtype());
+  if (GradStore* store = currentGradStore()) {
+    // A distributed autograd context's gradients: never .grad, never a gradient target.
+    Tensor old = store->get(*leaf_);
+    if (!old.defined()) {
+      bool exclusive =
+          g.implPtr().use_count() == 1 && g.storage().use_count() == 1 && g.isContiguous() && g.sizes() == leaf.sizes();
+      store->set(leaf_, exclusive ? g : g.expand(leaf.sizes()).clone());
+    } else {
+      store->set(leaf_, add(old, g));  // out of place: a gradient handed out earlier stays as it was
+    }
+    for (auto& h : meta.postAccumulateHooks) h.fn(leaf);
+    return {};
+  }
   if (!meta.grad.defined() && meta.gradTarget.defined() && meta.gradTarget.sizes() == leaf.sizes() &&
       meta.gradTarget.dtype() == leaf.dtype()) {
     meta.gradTarget.copy_(g);  // broadcasts a gradient of a broadcast shape

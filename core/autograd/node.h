@@ -68,6 +68,11 @@ class Node : public std::enable_shared_from_this<Node> {
   virtual std::string name() const = 0;
   // Frees saved tensors after backward when the graph is not retained.
   virtual void releaseSaved() {}
+  // True for a node that only hands its gradient on, cheaply and without touching the graph
+  // (distributed autograd's receive function, which sends it to another worker): the engine may
+  // run it the moment its last gradient arrives, inside the backward that emitted it
+  // (Ctx::emit), so the gradient leaves while that backward goes on.
+  virtual bool runsInline() const { return false; }
 
   uint64_t sequenceNr() const { return seq_; }
   std::vector<Edge>& nextEdges() { return next_; }
