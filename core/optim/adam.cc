@@ -127,8 +127,9 @@ void Adam::stepGroup(ParamGroup& group) {
   const double eps = group.option("eps"), wd = group.option("weight_decay");
   const bool amsgrad = group.option("amsgrad") != 0.0, maximize = group.option("maximize") != 0.0;
   for (Tensor& param : group.params) {
-    if (!param.grad().defined()) continue;
-    Tensor g = updateGrad(param, op);
+    Tensor grad = gradFor(param);
+    if (!grad.defined()) continue;
+    Tensor g = updateGrad(param, std::move(grad), op);
     Tensor p = param.isContiguous() ? param : param.contiguous();
     ParamState& st = stateFor(param);
     Tensor& m = stateTensor(st, "exp_avg", param, op);

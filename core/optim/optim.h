@@ -3,6 +3,7 @@
 
 #include <cohort/core/optim/adam.h>
 #include <cohort/core/optim/clip_grad.h>
+#include <cohort/core/optim/factory.h>
 #include <cohort/core/optim/lr_scheduler.h>
 #include <cohort/core/optim/optimizer.h>
 #include <cohort/core/optim/sgd.h>

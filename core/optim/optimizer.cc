@@ -87,6 +87,18 @@ void Optimizer::step() {
   for (ParamGroup& g : groups_) stepGroup(g);
 }
 
+void Optimizer::step(const GradientLookup& gradOf) {
+  if (!gradOf) throw ValueError(fmt::format("{}.step: the gradient lookup is empty", type_));
+  gradOf_ = &gradOf;
+  try {
+    step();
+  } catch (...) {
+    gradOf_ = nullptr;
+    throw;
+  }
+  gradOf_ = nullptr;
+}
+
 void Optimizer::zeroGrad(bool setToNone) {
   autograd::NoGradGuard ng;
   for (ParamGroup& g : groups_) {
@@ -106,8 +118,8 @@ void Optimizer::zeroGrad(bool setToNone) {
   }
 }
 
-Tensor updateGrad(const Tensor& param, const char* op) {
-  Tensor g = param.grad();
+Tensor updateGrad(const Tensor& param, Tensor grad, const char* op) {
+  Tensor g = std::move(grad);
   if (g.sizes() != param.sizes())
     throw ValueError(fmt::format("{}: gradient of shape {} for a parameter of shape {}", op, shapeStr(g.sizes()),
                                  shapeStr(param.sizes())));

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <unordered_map>
@@ -79,6 +80,10 @@ class Optimizer {
 
   // One update of every parameter that has a gradient, without autograd.
   void step();
+  // The same update with the gradients `gradOf` gives (undefined: the parameter has none this
+  // step) instead of .grad: a distributed autograd context's gradients (rpc/autograd.h).
+  using GradientLookup = std::function<Tensor(const Tensor& param)>;
+  void step(const GradientLookup& gradOf);
   // Clears (setToNone) or zeroes the gradients of every parameter in every group.
   void zeroGrad(bool setToNone = true);
 
@@ -107,16 +112,19 @@ class Optimizer {
   // Updates the parameters of one group (grad mode is off).
   virtual void stepGroup(ParamGroup& group) = 0;
   ParamState& stateFor(const Tensor& param) { return state_[param.impl()]; }
+  // The gradient this step applies to `param`: .grad, or the lookup's step(gradOf) was given.
+  Tensor gradFor(const Tensor& param) const { return gradOf_ != nullptr ? (*gradOf_)(param) : param.grad(); }
 
  private:
   std::string type_;
   GroupOptions defaults_;
   std::vector<ParamGroup> groups_;
   std::unordered_map<const TensorImpl*, ParamState> state_;
+  const GradientLookup* gradOf_ = nullptr;  // set while step(gradOf) runs
 };
 
-// The gradient of `param` for an update: contiguous, with param's dtype, detached. ValueError
-// naming `op` when its shape differs from the parameter's.
-Tensor updateGrad(const Tensor& param, const char* op);
+// `grad` (param's gradient) made ready for an update: contiguous, with param's dtype, detached.
+// ValueError naming `op` when its shape differs from the parameter's.
+Tensor updateGrad(const Tensor& param, Tensor grad, const char* op);
 
 }  // namespace cohort::optim

@@ -69,8 +69,9 @@ void SGD::stepGroup(ParamGroup& group) {
   const double wd = group.option("weight_decay");
   const bool nesterov = group.option("nesterov") != 0.0, maximize = group.option("maximize") != 0.0;
   for (Tensor& param : group.params) {
-    if (!param.grad().defined()) continue;
-    Tensor g = updateGrad(param, "SGD.step");
+    Tensor grad = gradFor(param);
+    if (!grad.defined()) continue;
+    Tensor g = updateGrad(param, std::move(grad), "SGD.step");
     Tensor p = param.isContiguous() ? param : param.contiguous();
     ParamState& st = stateFor(param);
     Tensor buf;
