@@ -224,7 +224,12 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
                      Tensor x = ctx.saved(0), w = ctx.saved(1);
                      Tensor g2 = g[0].reshape({-1, g[0].size(-1)});
                      GradList r(3);
-                     if (ctx.needsInputGrad(0)) r[0] = mm(g2, w).view(inShape);
+                     // The input's gradient first, handed on at once: when it goes to another
+                     // worker it travels while the weight's gradient is computed.
+                     if (ctx.needsInputGrad(0)) {
+                       r[0] = mm(g2, w).view(inShape);
+                       if (ctx.emit(0, r[0])) r[0] = Tensor();
+                     }
                      if (ctx.needsInputGrad(1)) {
                        Tensor x2 = x.reshape({-1, x.size(-1)});
                        // The weight's gradient straight into its .grad (or DDP's bucket) when
