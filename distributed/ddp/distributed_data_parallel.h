@@ -23,6 +23,13 @@
  * hot path; zeroGrad(false) keeps the view, zeroGrad(true) drops it and the next backward copies
  * the gradient back into the bucket once.
  *
+ * With RPC (rpc/autograd.h): a DDP module may be one part of a model whose other parts live on
+ * other workers. Run its forward inside an rpc::autograd::Context and call ctx.backward({loss}):
+ * the distributed backward drives the same bucketed all-reduce, but gradients go to the context
+ * instead of .grad (the reducer reads and writes them through autograd::gradOf/setGradOf), and
+ * when backward returns the context holds the averaged gradients; .grad is left alone. Step with
+ * an rpc::DistributedOptimizer (or Optimizer::step(gradOf) with the context's gradients).
+ *
  * Threads: one thread drives forward and backward (as with any module); every rank must run the
  * same sequence of synchronised iterations. Uneven data: see join.h.
  */

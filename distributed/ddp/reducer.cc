@@ -272,11 +272,14 @@ void Reducer::markReady(size_t index) {
   auto [b, s] = where_[index];
   Bucket& bucket = buckets_[b];
   Tensor& p = params_[index];
-  Tensor g = p.grad();
+  // In a distributed autograd context the gradient is the context's (engine.h's GradStore), never
+  // .grad: it is copied into the bucket, and the average copied back into the context.
+  const bool inContext = autograd::currentGradStore() != nullptr;
+  Tensor g = autograd::gradOf(p);
   Tensor view = bucket.views[s];
   if (!g.defined()) {
     view.zero_();
-  } else if (!opts_.gradientAsBucketView) {
+  } else if (!opts_.gradientAsBucketView || inContext) {
     autograd::NoGradGuard noGrad;
     view.copy_(g);
   } else if (!isViewOf(g, view)) {
@@ -337,8 +340,16 @@ void Reducer::waitBuckets() {
 // bucket view and only the locally unused ones (this rank's zeros went into the average) need it.
 void Reducer::copyReducedIntoGrads(const int32_t* globallyUsed) {
   autograd::NoGradGuard noGrad;
+  const bool inContext = autograd::currentGradStore() != nullptr;
   for (size_t i = 0; i < params_.size(); ++i) {
     const bool usedHere = locallyUsed_[i] != 0;
+    if (inContext) {
+      if (usedHere || globallyUsed == nullptr || globallyUsed[i] != 0) {
+        auto [b, s] = where_[i];
+        autograd::setGradOf(params_[i], buckets_[b].views[s].clone());
+      }
+      continue;
+    }
     if (usedHere && opts_.gradientAsBucketView) continue;
     if (!usedHere && globallyUsed != nullptr && globallyUsed[i] == 0) continue;
     auto [b, s] = where_[i];

@@ -22,6 +22,11 @@
  * A parameter that got no gradient without findUnusedParameters is reported by name at the end of
  * that backward (after the remaining buckets were reduced with zeros, so peers don't hang).
  *
+ * Inside a distributed autograd context (rpc/autograd.h) gradients go to the context, not to
+ * .grad: the hooks read each gradient with autograd::gradOf() and copy it into its bucket, and
+ * finalize writes each averaged gradient back into the context (a copy of its bucket slice, so
+ * the next iteration's backward cannot change a context's gradients). .grad is never touched.
+ *
  * Threads: everything runs on the thread that calls forward and backward.
  */
 #pragma once
