@@ -1,6 +1,7 @@
 #include <cohort/rpc/agent.h>
 
 #include <cohort/core/util/logging.h>
+#include <cohort/rpc/detail/dist_autograd.h>
 #include <cohort/rpc/detail/rref_protocol.h>
 #include <cohort/rpc/detail/thread_pool.h>
 #include <cohort/rpc/rref.h>
@@ -99,7 +100,11 @@ RpcAgent::RpcAgent(WorkerInfo self, int worldSize, RpcOptions options)
   rrefs_ = std::make_unique<RRefProtocol>(
       *this, RRefProtocol::Hooks{
                  .runOnPool = [this](std::function<void()> task) { return pool_->run(std::move(task)); },
-                 .dispatch = [this](const std::string& fn, Value args) { return dispatchCall(fn, std::move(args)); },
+                 .dispatch =
+                     [this](const std::string& fn, Value args, const ContextTag& tag) {
+                       detail::ContextScope scope(detail::contextOf(tag));
+                       return dispatchCall(fn, std::move(args));
+                     },
                  .respond =
                      [this](int to, const Frame& request, Future<Value> result, RRefProtocol::Respond respond) {
                        respondWith(to, request, std::move(result), std::move(respond));
@@ -107,6 +112,9 @@ RpcAgent::RpcAgent(WorkerInfo self, int worldSize, RpcOptions options)
                  .errorFrame = [this](uint64_t id, const std::string& fn,
                                       const std::string& message) { return errorFrame(id, fn, message); },
              });
+  autograd_ = std::make_unique<DistAutograd>(*this, [this](std::function<void()> task) {
+    return pool_ != nullptr && pool_->run(std::move(task));
+  });
 }
 
 RpcAgent::~RpcAgent() {
@@ -176,11 +184,15 @@ Future<Value> RpcAgent::send(int rank, Op op, const std::string& fn, Value body,
   if (state_.load() != State::Running) {
     return Future<Value>::failed(std::make_exception_ptr(RpcError(what + " failed: the agent has shut down")));
   }
+  // In a distributed autograd context, requests carry it, and their tensors that require grad
+  // record sends (detail/dist_autograd.h). Calls to oneself share tensors, and so the graph.
+  const autograd::ContextId context = detail::currentContext();
   if (rank == self_.rank) {
     // A call to oneself runs on the pool without encoding: arguments are shared, not copied.
     COHORT_CHECK(op == Op::Call, "the RRef protocol never sends {} to itself", opName(op));
     Future<Value> out;
-    if (!pool_->run([this, out, fn, body = std::move(body)]() mutable {
+    if (!pool_->run([this, out, fn, context, body = std::move(body)]() mutable {
+          detail::ContextScope scope(context);
           Future<Value> r = dispatchCall(fn, std::move(body));
           r.addCallback([out, fn, this](Future<Value> d) mutable {
             if (auto e = d.exception()) {
@@ -195,6 +207,14 @@ Future<Value> RpcAgent::send(int rank, Op op, const std::string& fn, Value body,
       out.setError(std::make_exception_ptr(RpcError(what + " failed: the agent has shut down")));
     }
     return out;
+  }
+  ContextTag tag;
+  if (context.valid() && op != Op::Autograd && op != Op::RRefAddRef && op != Op::RRefDecRef) {
+    try {
+      autograd_->tagOutgoing(context, rank, body, tag);
+    } catch (...) {
+      return Future<Value>::failed(std::current_exception());
+    }
   }
   auto [id, fut] = registerPending(rank, what, timeout);
   if (id == 0) return fut;  // the peer is known dead
@@ -228,6 +248,7 @@ Future<Value> RpcAgent::send(int rank, Op op, const std::string& fn, Value body,
   f.id = id;
   f.function = fn;
   f.body = std::move(body);
+  f.context = std::move(tag);
   auto finish = [this, rank, slot, id, f = std::move(f)](std::exception_ptr e) {
     std::optional<EncodedFrame> enc;
     if (!e) {
@@ -345,6 +366,14 @@ void RpcAgent::onResponse(int from, Frame frame) {
     return;
   }
   if (frame.kind == FrameKind::Response) {
+    try {
+      autograd_->attachIncoming(from, frame);
+    } catch (...) {
+      failOnPool(p->future,
+                 std::make_exception_ptr(RpcError(fmt::format("{}: its result could not join its autograd context: {}",
+                                                              p->what, describeException(std::current_exception())))));
+      return;
+    }
     completeOnPool(p->future, std::move(frame.body));
   } else {
     failOnPool(p->future, std::make_exception_ptr(RpcError(frame.message)));
@@ -373,6 +402,7 @@ void RpcAgent::failPeer(int rank, const std::string& why) {
   for (auto& p : failed) {
     failOnPool(p.future, std::make_exception_ptr(RpcError(fmt::format("{} failed: {}", p.what, why))));
   }
+  if (state_.load() == State::Running) autograd_->onPeerFailed(rank, why);
 }
 
 void RpcAgent::timerLoop() {
@@ -430,7 +460,8 @@ void RpcAgent::respondWith(int to, const Frame& request, Future<Value> result, R
   std::string fn = request.op == Op::Call
                        ? request.function
                        : (request.function.empty() ? std::string(opName(request.op)) : request.function);
-  result.addCallback([this, to, id, fn, respond = std::move(respond)](Future<Value> done) {
+  const autograd::ContextId context = detail::contextOf(request.context);
+  result.addCallback([this, to, id, fn, context, respond = std::move(respond)](Future<Value> done) {
     Frame r;
     r.id = id;
     r.function = fn;
@@ -442,6 +473,17 @@ void RpcAgent::respondWith(int to, const Frame& request, Future<Value> result, R
     } else {
       r.kind = FrameKind::Response;
       r.body = done.value();
+      if (context.valid()) {
+        try {
+          autograd_->tagOutgoing(context, to, r.body, r.context);
+        } catch (...) {
+          r.kind = FrameKind::Error;
+          r.body = Value();
+          r.context = {};
+          r.message =
+              fmt::format("rpc '{}' on worker '{}': {}", fn, self_.name, describeException(std::current_exception()));
+        }
+      }
     }
     encodeFor(to, std::move(r), options_.rpcTimeout, [this, id, fn, respond](std::exception_ptr e, EncodedFrame enc) {
       if (e) {
@@ -462,11 +504,13 @@ void RpcAgent::onRequest(int from, Frame frame, Respond respond) {
     return;
   }
   try {
+    if (frame.op != Op::Autograd) autograd_->attachIncoming(from, frame);
     switch (frame.op) {
       case Op::Call: {
         uint64_t id = frame.id;
         std::string fn = frame.function;
         auto task = [this, from, frame = std::move(frame), respond]() mutable {
+          detail::ContextScope scope(detail::contextOf(frame.context));
           Future<Value> r = dispatchCall(frame.function, std::move(frame.body));
           respondWith(from, frame, r, respond);
         };
@@ -478,6 +522,21 @@ void RpcAgent::onRequest(int from, Frame frame, Respond respond) {
       case Op::RRefCall:
       case Op::RRefAddRef:
       case Op::RRefDecRef: rrefs_->serve(from, frame, respond); return;
+      case Op::Autograd: {
+        uint64_t id = frame.id;
+        std::string fn = frame.function;
+        auto task = [this, from, frame = std::move(frame), respond]() mutable {
+          Future<Value> r;
+          try {
+            r = autograd_->serve(from, frame.function, frame.body);
+          } catch (...) {
+            r = Future<Value>::failed(std::current_exception());
+          }
+          respondWith(from, frame, r, respond);
+        };
+        if (!pool_->run(task)) respond(errorFrame(id, fn, "the agent has shut down"));
+        return;
+      }
       case Op::Barrier: throw RpcError("unexpected barrier request");
     }
   } catch (...) {
@@ -490,6 +549,9 @@ void RpcAgent::onRequest(int from, Frame frame, Respond respond) {
 std::shared_ptr<RRefHandle> RpcAgent::createRemote(const std::string& to, const std::string& fn, List args,
                                                    std::string typeName, Millis timeout) {
   return rrefs_->createRemote(to, fn, std::move(args), std::move(typeName), timeout);
+}
+std::shared_ptr<RRefHandle> RpcAgent::createLocalRRef(Value value, std::string typeName) {
+  return rrefs_->createLocal(std::move(value), std::move(typeName));
 }
 Future<Value> RpcAgent::fetchRRef(const std::shared_ptr<RRefHandle>& h, Millis timeout) {
   return rrefs_->fetch(h, timeout);
@@ -526,6 +588,7 @@ void RpcAgent::shutdown(bool graceful) {
       pendingCv_.wait_until(lock, std::min(deadline, Clock::now() + Millis(2000)), [&] { return pending_.empty(); });
     }
     state_.store(State::Stopped);
+    autograd_->shutdown();
     std::vector<Pending> left;
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -96,7 +96,8 @@ struct Timeout {
 
 class RRefHandle;
 class RRefProtocol;
-class ThreadPool;  // detail/thread_pool.h
+class DistAutograd;  // detail/dist_autograd.h
+class ThreadPool;    // detail/thread_pool.h
 struct RRefId {
   int32_t creator = -1;
   uint64_t local = 0;
@@ -139,9 +140,13 @@ class RpcAgent : public std::enable_shared_from_this<RpcAgent> {
   // ---- the RRef protocol (rref.h is the typed face; see it for the rules) ----
   std::shared_ptr<RRefHandle> createRemote(const std::string& to, const std::string& fn, List args,
                                            std::string typeName, Millis timeout);
+  std::shared_ptr<RRefHandle> createLocalRRef(Value value, std::string typeName);
   Future<Value> fetchRRef(const std::shared_ptr<RRefHandle>& h, Millis timeout);
   Future<Value> callOnRRef(const std::shared_ptr<RRefHandle>& h, const std::string& fn, List args, Millis timeout);
   void releaseRRef(const RRefHandle& h) noexcept;
+
+  // ---- distributed autograd (autograd.h is the face; detail/dist_autograd.h the protocol) ----
+  DistAutograd& distAutograd() { return *autograd_; }
 
  protected:
   // ---- what a transport implements ----
@@ -223,6 +228,8 @@ class RpcAgent : public std::enable_shared_from_this<RpcAgent> {
   std::unique_ptr<RRefProtocol> rrefs_;
 
   std::unique_ptr<ThreadPool> pool_;
+  // Distributed autograd contexts this worker holds (rpc/detail/dist_autograd.h).
+  std::unique_ptr<DistAutograd> autograd_;
   std::once_flag shutdownOnce_;
 };
 

@@ -81,4 +81,12 @@ RRef<T> remote(const std::string& to, const std::string& fn, Args&&... args) {
       currentAgent()->createRemote(to, fn, List{toValue(std::forward<Args>(args))...}, typeName<T>(), Millis(0)));
 }
 
+// A reference owned by this worker to `value` (for example a parameter of a module held here, to
+// hand to a DistributedOptimizer): on this worker toHere() returns `value` itself (a tensor is
+// the same tensor, not a copy); other workers fetch copies or call functions on it.
+template <typename T>
+RRef<T> makeRRef(T value) {
+  return RRef<T>(currentAgent()->createLocalRRef(toValue(std::move(value)), typeName<T>()));
+}
+
 }  // namespace cohort::rpc

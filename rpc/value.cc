@@ -69,6 +69,26 @@ bool operator==(const Value& a, const Value& b) {
   return false;
 }
 
+namespace {
+void walkTensors(Value& v, const std::function<void(Tensor&, uint32_t)>& fn, uint32_t& next) {
+  switch (v.kind()) {
+    case Kind::Tensor: fn(v.toTensor(), next++); break;
+    case Kind::List:
+      for (auto& x : v.toList()) walkTensors(x, fn, next);
+      break;
+    case Kind::Dict:
+      for (auto& [k, x] : v.toDict()) walkTensors(x, fn, next);
+      break;
+    default: break;
+  }
+}
+}  // namespace
+
+void forEachTensor(Value& v, const std::function<void(Tensor&, uint32_t)>& fn) {
+  uint32_t next = 0;
+  walkTensors(v, fn, next);
+}
+
 namespace detail {
 void throwConvert(const std::string& where, const std::string& expected, const Value& got) {
   throw RpcError(fmt::format("{}: expected {}, got {}", where, expected, got.describe()));

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -67,6 +68,7 @@ class Value {
   double toDouble() const { return get<double>(Kind::Double); }
   const std::string& toStr() const { return get<std::string>(Kind::String); }
   const Tensor& toTensor() const { return get<Tensor>(Kind::Tensor); }
+  Tensor& toTensor() { return getMut<Tensor>(Kind::Tensor); }
   const List& toList() const { return get<List>(Kind::List); }
   List& toList() { return getMut<List>(Kind::List); }
   const Dict& toDict() const { return get<Dict>(Kind::Dict); }
@@ -94,6 +96,10 @@ class Value {
 
 // Deep equality (tensors compare dtype, shape and bytes; rrefs compare identity).
 bool operator==(const Value& a, const Value& b);
+
+// Calls fn on every tensor in `v`, in the order the wire encodes them (lists in order, dicts in
+// key order), with its position among them.
+void forEachTensor(Value& v, const std::function<void(Tensor&, uint32_t)>& fn);
 
 // ---- C++ type <-> Value ------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ const char* opName(Op op) {
     case Op::RRefAddRef: return "rref addref";
     case Op::RRefDecRef: return "rref decref";
     case Op::Barrier: return "barrier";
+    case Op::Autograd: return "autograd";
   }
   return "unknown op";
 }
@@ -140,7 +141,7 @@ class Reader {
       case Kind::Int: return Value(pod<int64_t>("an int64"));
       case Kind::Double: return Value(pod<double>("a double"));
       case Kind::String: return Value(str("a string"));
-      case Kind::Tensor: return Value(tensor());
+      case Kind::Tensor: ++tensorValues_; return Value(tensor());
       case Kind::List: {
         uint32_t n = pod<uint32_t>("a list length");
         // Every element takes at least its tag byte: a count beyond what is left is a lie, and
@@ -191,6 +192,9 @@ class Reader {
     throw RpcError(fmt::format("malformed RPC frame at byte {}: {}", pos_, why));
   }
 
+  size_t remainingBytes() const { return remaining(); }
+  uint32_t tensorValues() const { return tensorValues_; }
+
  private:
   size_t remaining() const { return in_.size() - pos_; }
   void need(size_t n, const char* what) {
@@ -235,6 +239,7 @@ class Reader {
 
   std::string_view in_;
   size_t pos_ = 0;
+  uint32_t tensorValues_ = 0;
   const std::vector<std::shared_ptr<Storage>>& tensors_;
   std::vector<bool> used_;
   const WireLimits& limits_;
@@ -254,6 +259,14 @@ EncodedFrame encodeFrame(const Frame& frame, const RRefEncoder& rrefs, const Wir
   w.str(frame.function);
   w.str(frame.worker);
   w.str(frame.message);
+  w.pod<int32_t>(frame.context.owner);
+  w.pod<uint64_t>(frame.context.local);
+  if (frame.context.sends.size() > std::numeric_limits<uint32_t>::max()) throw RpcError("too many autograd sends");
+  w.pod<uint32_t>(static_cast<uint32_t>(frame.context.sends.size()));
+  for (const auto& [pos, id] : frame.context.sends) {
+    w.pod<uint32_t>(pos);
+    w.pod<uint64_t>(id);
+  }
   w.value(frame.body, 0);
   if (out.payload.size() > limits.maxPayloadBytes) {
     throw RpcError(fmt::format("the encoded message ({} bytes) exceeds the payload limit of {} bytes",
@@ -306,13 +319,32 @@ Frame decodeFrame(std::string_view payload, const std::vector<std::shared_ptr<St
   if (kind < 1 || kind > 4) r.fail(fmt::format("unknown frame kind {}", kind));
   f.kind = static_cast<FrameKind>(kind);
   uint8_t op = r.pod<uint8_t>("the op");
-  if (op > static_cast<uint8_t>(Op::Barrier)) r.fail(fmt::format("unknown op {}", op));
+  if (op > static_cast<uint8_t>(Op::Autograd)) r.fail(fmt::format("unknown op {}", op));
   f.op = static_cast<Op>(op);
   f.id = r.pod<uint64_t>("the call id");
   f.function = r.str("the function name");
   f.worker = r.str("the worker name");
   f.message = r.str("the message");
+  f.context.owner = r.pod<int32_t>("the autograd context owner");
+  f.context.local = r.pod<uint64_t>("the autograd context number");
+  if (f.context.owner < -1) r.fail(fmt::format("autograd context owner {} is negative", f.context.owner));
+  uint32_t sends = r.pod<uint32_t>("the autograd send count");
+  if (sends > 0 && f.context.owner < 0) r.fail("autograd sends without a context");
+  // Each send takes 12 bytes: a count beyond what is left is a lie.
+  if (sends > r.remainingBytes() / 12)
+    r.fail(fmt::format("{} autograd sends claimed but only {} bytes are left", sends, r.remainingBytes()));
+  f.context.sends.reserve(sends);
+  for (uint32_t i = 0; i < sends; ++i) {
+    uint32_t pos = r.pod<uint32_t>("an autograd send position");
+    uint64_t id = r.pod<uint64_t>("an autograd send id");
+    if (!f.context.sends.empty() && pos <= f.context.sends.back().first)
+      r.fail(fmt::format("autograd send position {} is out of order or repeated", pos));
+    f.context.sends.emplace_back(pos, id);
+  }
   f.body = r.value(0);
+  if (!f.context.sends.empty() && f.context.sends.back().first >= r.tensorValues())
+    r.fail(fmt::format("autograd send position {} but the body has {} tensors", f.context.sends.back().first,
+                       r.tensorValues()));
   r.finish();
   return f;
 }

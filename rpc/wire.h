@@ -6,7 +6,9 @@
  * storage of the tensor it will become.
  *
  * Payload layout (little-endian): "CRPC" magic, version u8, kind u8, op u8, id u64, then the
- * strings function, worker, message (u32 length + bytes each), then the body value tree:
+ * strings function, worker, message (u32 length + bytes each), the context tag (owner i32,
+ * number u64, send count u32, then per send: tensor position u32, send id u64), then the body
+ * value tree:
  *   tag u8 = Kind; bool u8 (0/1); int i64; double f64; string u32 len + bytes;
  *   tensor: dtype u8, ndim u8, sizes i64 x ndim, tensor index u32 (0xffffffff: no bytes, numel 0);
  *   list: u32 count + items; dict: u32 count + (u32 len + key, value) in strictly increasing key order;
@@ -14,7 +16,8 @@
  *
  * Decoding trusts nothing: every length is checked against what is left and against WireLimits,
  * every tag, dtype and bool byte is checked, each tensor of the message is referenced exactly
- * once with a byte length equal to numel x element size, nesting is bounded, and trailing bytes
+ * once with a byte length equal to numel x element size, nesting is bounded, the context tag's
+ * positions are increasing and name tensors of the body (none without a context), and trailing bytes
  * are an error. Malformed input of any kind throws RpcError saying what was wrong and where; it
  * never reads out of bounds or allocates more than the limits allow.
  *
@@ -35,13 +38,22 @@
 
 namespace cohort::rpc {
 
-inline constexpr uint8_t kWireVersion = 1;
+inline constexpr uint8_t kWireVersion = 2;
 inline constexpr uint32_t kNoTensorBytes = 0xffffffffu;
 
 enum class FrameKind : uint8_t { Hello = 1, Request = 2, Response = 3, Error = 4 };
 // What a request asks for: a registered function, or one of the agent's own RRef operations.
-enum class Op : uint8_t { Call = 0, RRefCreate, RRefFetch, RRefCall, RRefAddRef, RRefDecRef, Barrier };
+enum class Op : uint8_t { Call = 0, RRefCreate, RRefFetch, RRefCall, RRefAddRef, RRefDecRef, Barrier, Autograd };
 const char* opName(Op op);
+
+// Distributed autograd's part of a request or response (rpc/autograd.h): the context it was sent
+// in (owner -1: none) and, for each tensor of the body that requires grad, its position among the
+// body's tensors (in encoding order, counting every tensor) and the id of the send recorded for it.
+struct ContextTag {
+  int32_t owner = -1;
+  uint64_t local = 0;
+  std::vector<std::pair<uint32_t, uint64_t>> sends;  // strictly increasing positions
+};
 
 struct Frame {
   FrameKind kind = FrameKind::Request;
@@ -51,6 +63,7 @@ struct Frame {
   std::string worker;    // Hello: the sender's name; Error: the worker that raised
   std::string message;   // Error: what went wrong; Hello: proof of the shared secret (hello_auth.h)
   Value body;            // Request: the arguments (a list); Response: the result
+  ContextTag context;    // Request, Response: distributed autograd's context and sends
 };
 
 // Limits a receiver enforces before it allocates anything.

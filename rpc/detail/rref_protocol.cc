@@ -5,6 +5,7 @@
 
 #include <cohort/core/util/check.h>
 #include <cohort/core/util/logging.h>
+#include <cohort/rpc/detail/dist_autograd.h>
 #include <cohort/rpc/rref.h>
 
 namespace cohort::rpc {
@@ -87,7 +88,7 @@ void RRefProtocol::serve(int from, Frame& frame, const Respond& respond) {
       std::string fn = frame.function;
       auto task = [this, from, frame = std::move(frame), respond, value]() mutable {
         Value args = std::move(frame.body.toList()[3]);
-        Future<Value> r = hooks_.dispatch(frame.function, std::move(args));
+        Future<Value> r = hooks_.dispatch(frame.function, std::move(args), frame.context);
         r.addCallback([value](Future<Value> d) mutable {
           if (auto e = d.exception()) value.setError(e);
           else value.setValue(d.value());
@@ -110,7 +111,7 @@ void RRefProtocol::serve(int from, Frame& frame, const Respond& respond) {
       if (l.size() != 3) throw RpcError("malformed rref call request");
       Future<Value> value = ownedValue(idFrom(frame.body));
       Future<Value> result;
-      value.addCallback([this, result, fn = frame.function, args = l[2]](Future<Value> v) mutable {
+      value.addCallback([this, result, fn = frame.function, args = l[2], tag = frame.context](Future<Value> v) mutable {
         if (auto e = v.exception()) {
           result.setError(e);
           return;
@@ -122,8 +123,8 @@ void RRefProtocol::serve(int from, Frame& frame, const Respond& respond) {
         List full;
         full.push_back(v.value());
         for (auto& a : args.toList()) full.push_back(std::move(a));
-        if (!hooks_.runOnPool([this, result, fn, full = std::move(full)]() mutable {
-              Future<Value> r = hooks_.dispatch(fn, Value(std::move(full)));
+        if (!hooks_.runOnPool([this, result, fn, tag, full = std::move(full)]() mutable {
+              Future<Value> r = hooks_.dispatch(fn, Value(std::move(full)), tag);
               r.addCallback([result](Future<Value> d) mutable {
                 if (auto e = d.exception()) result.setError(e);
                 else result.setValue(d.value());
@@ -146,7 +147,8 @@ void RRefProtocol::serve(int from, Frame& frame, const Respond& respond) {
       return;
     }
     case Op::Call:
-    case Op::Barrier: break;
+    case Op::Barrier:
+    case Op::Autograd: break;
   }
   COHORT_CHECK(false, "{} is not an RRef request", opName(frame.op));
 }
@@ -247,8 +249,11 @@ std::shared_ptr<RRefHandle> RRefProtocol::createRemote(const std::string& to, co
       d.wait();
       return Value();
     });
-    if (!hooks_.runOnPool([this, fn, args = std::move(args), value]() mutable {
-          Future<Value> r = hooks_.dispatch(fn, Value(std::move(args)));
+    ContextTag tag;  // the creating function runs in the caller's distributed autograd context
+    tag.owner = detail::currentContext().owner;
+    tag.local = detail::currentContext().local;
+    if (!hooks_.runOnPool([this, fn, args = std::move(args), value, tag]() mutable {
+          Future<Value> r = hooks_.dispatch(fn, Value(std::move(args)), tag);
           r.addCallback([value](Future<Value> d) mutable {
             if (auto e = d.exception()) value.setError(e);
             else value.setValue(d.value());
@@ -261,6 +266,18 @@ std::shared_ptr<RRefHandle> RRefProtocol::createRemote(const std::string& to, co
   auto h = makeHandle(owner, id, typeName);
   List body{Value(int64_t{id.creator}), Value(static_cast<int64_t>(id.local)), Value(typeName), Value(std::move(args))};
   h->created = agent_.send(owner, Op::RRefCreate, fn, Value(std::move(body)), timeout);
+  return h;
+}
+
+std::shared_ptr<RRefHandle> RRefProtocol::createLocal(Value value, std::string typeName) {
+  const int self = agent_.self().rank;
+  RRefId id{self, nextLocal_.fetch_add(1)};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    owned_[id] = Owned{1, Future<Value>::ready(std::move(value)), typeName};
+  }
+  auto h = makeHandle(self, id, std::move(typeName));
+  h->created = Future<Value>::ready(Value());
   return h;
 }
 

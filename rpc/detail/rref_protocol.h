@@ -69,8 +69,9 @@ class RRefProtocol {
   struct Hooks {
     // Runs `task` on the agent's worker pool; false (the task dropped) once the pool has stopped.
     std::function<bool(std::function<void()> task)> runOnPool;
-    // Calls registered function `fn` with `args` (a List); its failures come in the future.
-    std::function<Future<Value>(const std::string& fn, Value args)> dispatch;
+    // Calls registered function `fn` with `args` (a List), in the distributed autograd context
+    // `tag` names (none when its owner is -1); its failures come in the future.
+    std::function<Future<Value>(const std::string& fn, Value args, const ContextTag& tag)> dispatch;
     // Responds to `request` from `to` with `result` once it completes (as any response: encoded
     // for `to`, forks counted first; an error result becomes "rpc 'f' on worker 'w' raised ...").
     std::function<void(int to, const Frame& request, Future<Value> result, Respond respond)> respond;
@@ -86,6 +87,8 @@ class RRefProtocol {
   // ---- the user's side: RpcAgent's createRemote, fetchRRef, callOnRRef and releaseRRef ----
   std::shared_ptr<RRefHandle> createRemote(const std::string& to, const std::string& fn, List args,
                                            std::string typeName, Millis timeout);
+  // A reference owned here to `value` (rpc::makeRRef).
+  std::shared_ptr<RRefHandle> createLocal(Value value, std::string typeName);
   Future<Value> fetch(const std::shared_ptr<RRefHandle>& h, Millis timeout);
   Future<Value> callOn(const std::shared_ptr<RRefHandle>& h, const std::string& fn, List args, Millis timeout);
   void release(const RRefHandle& h) noexcept;

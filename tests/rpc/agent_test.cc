@@ -228,7 +228,8 @@ TEST(RpcAgent, MalformedFramesAreRefusedAndTheAgentServesOthers) {
     }
     auto agent = std::dynamic_pointer_cast<TensorPipeAgent>(currentAgent());
     auto first = rpcAsync<int64_t>(Timeout{Millis(20'000)}, "w1", "sleep_ms", 500);  // opens the pipe
-    agent->transmitRawForTesting(1, std::string("CRPC\x01\x02", 6));                 // cut after the frame kind
+    agent->transmitRawForTesting(1, std::string("CRPC") + static_cast<char>(kWireVersion) +
+                                        "\x02");  // cut after the frame kind
     std::string e = errorOf([&] { first.wait(std::chrono::seconds(15)); });
     currentAgent()->options().store->set("garbage-sent", std::string("1"));
     return e;

@@ -181,6 +181,46 @@ TEST(RpcWire, LiesAboutTensorsAreRejected) {
             std::string::npos);
 }
 
+// Distributed autograd's tag: the context and, per tensor that requires grad, its position among
+// the body's tensors and its send id.
+TEST(RpcWire, AutogradContextTagRoundTripsAndLiesAreRejected) {
+  Frame f;
+  f.body =
+      Value(List{Value(sample(DType::Float32, {2})), Value(int64_t{3}),
+                 Value(Dict{{"a", Value(sample(DType::Float32, {0}))}, {"b", Value(sample(DType::Float64, {3}))}})});
+  f.context.owner = 2;
+  f.context.local = 0x123456789ull;
+  f.context.sends = {{0, 7}, {2, 0xffffffffffull}};
+  Frame g = roundTrip(f);
+  EXPECT_EQ(g.context.owner, 2);
+  EXPECT_EQ(g.context.local, 0x123456789ull);
+  EXPECT_EQ(g.context.sends, f.context.sends);
+  EXPECT_EQ(g.body, f.body);
+  EXPECT_EQ(roundTrip(Frame{}).context.owner, -1);  // none by default
+
+  auto errorOf = [](Frame bad) {
+    try {
+      roundTrip(bad);
+    } catch (const RpcError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  Frame outOfRange = f;
+  outOfRange.context.sends = {{3, 1}};  // the body has 3 tensors: positions 0..2
+  EXPECT_NE(errorOf(outOfRange).find("autograd send position 3 but the body has 3 tensors"), std::string::npos);
+  Frame unordered = f;
+  unordered.context.sends = {{2, 1}, {0, 2}};
+  EXPECT_NE(errorOf(unordered).find("out of order or repeated"), std::string::npos);
+  Frame orphan = f;
+  orphan.context.owner = -1;
+  EXPECT_NE(errorOf(orphan).find("autograd sends without a context"), std::string::npos);
+  Frame negative = f;
+  negative.context.owner = -5;
+  negative.context.sends.clear();
+  EXPECT_NE(errorOf(negative).find("is negative"), std::string::npos);
+}
+
 TEST(RpcWire, ForgedCountsAndTagsAreRejected) {
   Frame f;
   f.body = Value(List{Value(int64_t{1})});
