@@ -1,5 +1,7 @@
 #include <cohort/rpc/agent.h>
 
+#include <tuple>
+
 #include <cohort/core/util/logging.h>
 #include <cohort/rpc/detail/dist_autograd.h>
 #include <cohort/rpc/detail/rref_protocol.h>
@@ -226,6 +228,7 @@ Future<Value> RpcAgent::send(int rank, Op op, const std::string& fn, Value body,
   // can each wait on an addref queued behind the other.
   std::vector<std::shared_ptr<RRefHandle>> forks = rrefs_->forks(body, rank);
   std::vector<Future<Value>> acks;
+  std::vector<std::tuple<int, uint64_t, EncodedFrame>> addrefs;
   uint64_t slot;
   {
     std::lock_guard<std::mutex> lock(outMu_);
@@ -238,10 +241,11 @@ Future<Value> RpcAgent::send(int rank, Op op, const std::string& fn, Value body,
       a.op = Op::RRefAddRef;
       a.id = aid;
       a.body = RRefProtocol::idValue(h->id());
-      markReadyLocked(owner, out_[owner].next++, encodeFrame(a));
+      addrefs.emplace_back(owner, out_[owner].next++, encodeFrame(a));
     }
     slot = out_[rank].next++;
   }
+  for (auto& [owner, aslot, frame] : addrefs) markReady(owner, aslot, std::move(frame));
   Frame f;
   f.kind = FrameKind::Request;
   f.op = op;
@@ -264,8 +268,7 @@ Future<Value> RpcAgent::send(int rank, Op op, const std::string& fn, Value body,
                    std::make_exception_ptr(RpcError(fmt::format("{} failed: {}", p->what, describeException(e)))));
       }
     }
-    std::lock_guard<std::mutex> lock(outMu_);
-    markReadyLocked(rank, slot, std::move(enc));  // an empty slot only lets the queue move on
+    markReady(rank, slot, std::move(enc));  // an empty slot only lets the queue move on
   };
   if (acks.empty()) {
     finish(nullptr);
@@ -297,14 +300,26 @@ std::pair<uint64_t, Future<Value>> RpcAgent::registerPending(int rank, const std
   return {id, fut};
 }
 
-void RpcAgent::markReadyLocked(int rank, uint64_t slot, std::optional<EncodedFrame> frame) {
+// Transmits outside outMu_: a transport may run its own callbacks inside transmit() (TensorPipe
+// runs its event loop on the calling thread when it is idle), and those may send (a response that
+// joins a distributed autograd context does). A send made meanwhile for the same peer, from
+// that callback or another thread, only queues its frame: the thread draining the queue
+// transmits it, in order, when the transmit in progress returns.
+void RpcAgent::markReady(int rank, uint64_t slot, std::optional<EncodedFrame> frame) {
+  std::unique_lock<std::mutex> lock(outMu_);
   OutQueue& q = out_[rank];
   q.ready.emplace(slot, std::move(frame));
+  if (q.draining) return;
+  q.draining = true;
   while (!q.ready.empty() && q.ready.begin()->first == q.head) {
     auto node = q.ready.extract(q.ready.begin());
     ++q.head;
-    if (node.mapped()) transmit(rank, std::move(*node.mapped()));
+    if (!node.mapped()) continue;
+    lock.unlock();
+    transmit(rank, std::move(*node.mapped()));
+    lock.lock();
   }
+  q.draining = false;
 }
 
 void RpcAgent::encodeFor(int to, Frame frame, Millis timeout,

@@ -202,8 +202,11 @@ class RpcAgent : public std::enable_shared_from_this<RpcAgent> {
     uint64_t next = 0;  // the next place to hand out
     uint64_t head = 0;  // the next place to transmit
     std::map<uint64_t, std::optional<EncodedFrame>> ready;
+    bool draining = false;  // a thread is transmitting this queue's ready frames
   };
-  void markReadyLocked(int rank, uint64_t slot, std::optional<EncodedFrame> frame);
+  // Puts `frame` (empty: nothing to send) in place `slot` of the queue to `rank` and transmits
+  // what is next in order; takes outMu_ itself.
+  void markReady(int rank, uint64_t slot, std::optional<EncodedFrame> frame);
   void timerLoop();
   std::string describeCall(int rank, Op op, const std::string& fn) const;
 
