@@ -25,7 +25,7 @@
 #include <cohort/core/nn/layers.h>
 #include <cohort/core/ops/functional.h>
 #include <cohort/core/ops/ops.h>
-#include <cohort/core/optim/sgd.h>
+#include <cohort/core/optim/adam.h>
 #include <cohort/distributed/init.h>
 #include <cohort/distributed/store/file_store.h>
 #include <cohort/rpc/autograd.h>
@@ -38,7 +38,7 @@ using namespace cohort;
 namespace {
 
 constexpr int64_t kRows = 16;  // per micro-batch
-constexpr double kLr = 0.1;
+constexpr double kLr = 0.01;
 
 // Both halves are built from fixed seeds, so every process (and the single-process check) has the
 // same initial weights.
@@ -104,7 +104,7 @@ int drive(int steps, int microBatches) {
   auto params = rpc::rpcSync<std::vector<rpc::RRef<Tensor>>>("stage0", "stage0_params");
   auto more = rpc::rpcSync<std::vector<rpc::RRef<Tensor>>>("stage1", "stage1_params");
   params.insert(params.end(), more.begin(), more.end());
-  rpc::DistributedOptimizer opt("SGD", params, {{"lr", kLr}});
+  rpc::DistributedOptimizer opt("Adam", params, {{"lr", kLr}});
 
   examples::Progress progress(steps, "samples");
   std::vector<double> losses;
@@ -131,7 +131,7 @@ int drive(int steps, int microBatches) {
   Stage s0 = makeStage0(), s1 = makeStage1();
   std::vector<Tensor> local = s0.params();
   for (const Tensor& p : s1.params()) local.push_back(p);
-  optim::SGD ref(local, {.lr = kLr});
+  optim::Adam ref(local, {.lr = kLr});
   double worst = 0;
   for (int step = 1; step <= steps; ++step) {
     Batch b = batchFor(step, microBatches);
