@@ -16,6 +16,8 @@
 #include <cohort/core/data/sampler.h>
 #include <cohort/distributed.h>
 #include <cohort/fsdp/fully_sharded_data_parallel.h>
+#include <cohort/rpc/autograd.h>
+#include <cohort/rpc/distributed_optimizer.h>
 #include <cohort/rpc/rpc.h>
 
 #include <bit>
@@ -157,10 +159,24 @@ int main() {
 
     // RPC: each rank asks the other for its checksum.
     rpc::registerFunction("checksum", [sum]() { return sum; });
+    rpc::registerFunction("square", [](Tensor t) { return t.mul(t); });
 #if COHORT_USE_TENSORPIPE
     rpc::init("rank" + std::to_string(rank), rank, world);
     const std::string peer = "rank" + std::to_string((rank + 1) % world);
     if (rpc::rpcSync<int64_t>(peer, "checksum") != sum) fail("RPC: " + peer + "'s checksum differs");
+    {
+      // Distributed autograd: a gradient computed on the peer, stepped by a distributed optimizer.
+      Tensor w = full({3}, 1.5);
+      w.setRequiresGrad(true);
+      rpc::DistributedOptimizer opt("SGD", {rpc::makeRRef(w)}, {{"lr", 0.5}});
+      rpc::autograd::Context ctx;
+      ctx.backward({rpc::rpcSync<Tensor>(peer, "square", w).sum()});
+      Tensor g = ctx.gradients().get(w);
+      if (!g.defined() || g.sub(full({3}, 3.0)).abs().max().itemDouble() != 0.0)
+        fail("distributed autograd: the gradient of sum(w * w) is not 2w");
+      opt.step(ctx);
+      if (w.sub(full({3}, 0.0)).abs().max().itemDouble() != 0.0) fail("DistributedOptimizer: w - 0.5 * 2w is not 0");
+    }
     rpc::shutdown();
 #else
     // No agent in this build: the function still runs through the registry's wire format.
