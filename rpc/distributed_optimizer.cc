@@ -14,6 +14,7 @@ struct Local {
   std::mutex mu;  // one step at a time
   std::unique_ptr<optim::Optimizer> opt;
   std::vector<RRef<Tensor>> params;  // keep the values owned here alive
+  std::weak_ptr<RpcAgent> agent;     // the agent it was made under
 };
 struct Table {
   std::mutex mu;
@@ -55,7 +56,17 @@ const bool kRegistered = [] {
       pgs.push_back(std::move(pg));
     }
     local->opt = optim::makeOptimizer(type, std::move(pgs));
+    local->agent = currentAgent();
+    std::vector<std::shared_ptr<Local>> stale;  // made under an agent that has shut down since
     std::lock_guard<std::mutex> lock(table().mu);
+    for (auto it = table().locals.begin(); it != table().locals.end();) {
+      if (it->second->agent.lock() != local->agent.lock()) {
+        stale.push_back(std::move(it->second));
+        it = table().locals.erase(it);
+      } else {
+        ++it;
+      }
+    }
     int64_t id = table().next++;
     table().locals.emplace(id, std::move(local));
     return id;

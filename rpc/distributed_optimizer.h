@@ -16,7 +16,9 @@
  * (asynchronous RPCs) to apply the context's gradients on that worker (Optimizer::step with the
  * context's gradients; a parameter that got none is left alone) and returns when all are done.
  * Each owner's optimizer takes a lock for its step, so trainers sharing a parameter server may
- * step it concurrently. Destroying the DistributedOptimizer destroys the remote optimizers.
+ * step it concurrently. Destroying the DistributedOptimizer destroys the remote optimizers; those
+ * of a creator that died without destroying them stay on their owners until the owner's agent
+ * shuts down.
  *
  * Errors: parameters that are not tensors requiring grad, an unknown type or option, and a failed
  * step (for example a context that never reached the owner) raise RpcError naming the worker;
