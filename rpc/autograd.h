@@ -26,6 +26,9 @@
  *     RPC result never used) is never waited for: its gradient is zero and nothing is computed
  *     for it, as local autograd treats an unused output (PyTorch's FAST mode would wait for it
  *     until the RPC timeout).
+ *     Then the owner plans pass-throughs: a tensor it received and sent on unchanged, for
+ *     nothing else, only hands its gradient back; that gradient goes straight from the worker
+ *     that computes it to the worker that sent the tensor, one transfer instead of two.
  *  2. Execution: the owner runs its part on the calling thread; a receive function sends its
  *     gradient to the worker that sent the tensor as soon as it runs, and that worker runs the
  *     nodes it unblocks on its RPC threads. Each worker tells the owner when its part is done and

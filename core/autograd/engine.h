@@ -102,6 +102,19 @@ class GraphTask {
   // (called from inside runNode) takes it.
   void setLock(std::mutex* lock) { lock_ = lock; }
   bool hasReady() const { return !ready_.empty(); }
+  // How many gradients `node` still waits for (from edges and deliveries), and whether one is
+  // already buffered for it (a root's, or a delivered one).
+  int pendingInputs(Node* node) const {
+    auto it = deps_.find(node);
+    return it == deps_.end() ? 0 : it->second;
+  }
+  bool hasInput(Node* node) const { return buffers_.contains(node); }
+  // Takes `node` (seen, not run) out of this task: it never runs and counts as done. Distributed
+  // autograd skips a gradient's pass through this worker when it sends it straight on.
+  void skip(Node* node) {
+    deps_[node] = -1;
+    ++executed_;
+  }
   // Every node seen has run.
   bool finished() const { return executed_ == seen_.size(); }
   size_t seenCount() const { return seen_.size(); }

@@ -2,6 +2,7 @@
 
 #include <condition_variable>
 #include <set>
+#include <tuple>
 #include <unordered_map>
 
 #include <cohort/core/autograd/engine.h>
@@ -94,6 +95,9 @@ struct DistAutograd::Round {
   bool retain = false;
   std::unique_ptr<ag::GraphTask> task;
   std::set<uint64_t> expected;  // sends discovered in this round
+  // Gradients of receive functions that go straight to another sender: (the sender's rank, its
+  // send id) -> the send they go to instead (the owner's pass-through plan, see backward()).
+  std::map<std::pair<int, uint64_t>, std::pair<int, uint64_t>> redirects;
   bool executing = false;
   bool finished = false;   // every node ran and the callbacks too
   bool reported = false;   // (not the owner) done or abort sent
@@ -389,9 +393,37 @@ void DistAutograd::backward(ContextId id, const std::vector<Tensor>& roots, cons
   const Millis timeout = agent_.options().rpcTimeout;
   uint64_t seen = 0;
   auto deadline = Clock::now() + timeout;
+  // Pass-throughs: a send here whose tensor was a received one, unchanged and used for nothing
+  // else, only hands its gradient on. Its gradient goes straight from the worker that computes it
+  // to the worker that sent the tensor here, one transfer instead of two. Decided once discovery
+  // is over everywhere (only then are the dependency counts final).
+  std::vector<std::pair<int, Future<Value>>> plans;
   {
     std::lock_guard<std::mutex> lock(ctx->mu);
     round->participants.insert(reached.begin(), reached.end());
+    for (auto it = round->expected.begin(); it != round->expected.end();) {
+      const std::shared_ptr<SendNode>& send = ctx->sends.at(*it);
+      const auto& edges = send->nextEdges();
+      auto* recv = edges.size() == 1 ? dynamic_cast<RecvNode*>(edges[0].fn.get()) : nullptr;
+      if (recv == nullptr || recv->from() == send->to() || round->task->pendingInputs(recv) != 1 ||
+          round->task->hasInput(recv) || round->task->hasInput(send.get())) {
+        ++it;
+        continue;
+      }
+      plans.emplace_back(send->to(),
+                         agent_.send(send->to(), Op::Autograd, "redirect",
+                                     List{toValue(id), Value(static_cast<int64_t>(round->number)),
+                                          Value(static_cast<int64_t>(send->id())), Value(int64_t{recv->from()}),
+                                          Value(static_cast<int64_t>(recv->sendId()))}));
+      round->task->skip(send.get());
+      round->task->skip(recv);
+      it = round->expected.erase(it);
+    }
+  }
+  for (auto& [rank, f] : plans) {
+    if (auto e = (f.wait(), f.exception()))
+      throw RpcError(
+          fmt::format("{} failed while planning with worker {}: {}", what, workerName(rank), describeException(e)));
   }
   for (;;) {
     drain(ctx, round);
@@ -476,6 +508,7 @@ void DistAutograd::sendGradient(int to, uint64_t sendId, Tensor grad) {
   auto round = tRound->round;
   {
     std::lock_guard<std::mutex> lock(ctx->mu);
+    if (auto r = round->redirects.find({to, sendId}); r != round->redirects.end()) std::tie(to, sendId) = r->second;
     ++round->outstanding;
   }
   agent_
@@ -548,6 +581,27 @@ Future<Value> DistAutograd::serve(int from, const std::string& what, const Value
     return Future<Value>::ready(Value());
   }
   if (what == "discover") return serveDiscover(from, l);
+  if (what == "redirect") {
+    // [id, round, send id on the owner, target rank, target send id], from the owner.
+    const List& b = listOf(body, 5, "redirect");
+    ContextId id = idFrom(b, "redirect");
+    uint64_t number = fromValue<uint64_t>(b[1], "round");
+    uint64_t sid = fromValue<uint64_t>(b[2], "send id");
+    int target = fromValue<int>(b[3], "target rank");
+    uint64_t targetSend = fromValue<uint64_t>(b[4], "target send id");
+    if (id.owner != from) throw RpcError(fmt::format("rank {} planned for context {} it does not own", from, id.str()));
+    if (target < 0 || target >= agent_.worldSize() || target == self_)
+      throw RpcError(fmt::format("malformed autograd redirect to rank {}", target));
+    auto ctx = find(id);
+    if (!ctx) throw RpcError(fmt::format("worker '{}' does not hold context {}", agent_.self().name, id.str()));
+    std::lock_guard<std::mutex> lock(ctx->mu);
+    if (!ctx->round || ctx->round->number != number)
+      throw RpcError(
+          fmt::format("worker '{}' runs no backward round {} of context {}", agent_.self().name, number, id.str()));
+    ctx->round->redirects[{from, sid}] = {target, targetSend};
+    ctx->peers.insert(target);
+    return Future<Value>::ready(Value());
+  }
   if (what == "grads") return serveGrads(from, l);
   if (what == "done" || what == "abort") {
     const List& b = listOf(body, what == "done" ? 2 : 3, what.c_str());

@@ -15,6 +15,10 @@
  *               of this round's loss -> the worker that recorded the sends. It walks on from
  *               them, forwards discover for the receive functions it reaches, and answers with
  *               every rank its walk reached once all forwarded walks answered.
+ *   redirect    [id, round, send id, target rank, target send id] owner -> the worker holding
+ *               the receive function of one of the owner's sends that only passes a received
+ *               tensor's gradient on: that receive function sends to the target instead (the
+ *               owner's pass-through plan, made once discovery is over).
  *   grads       [id, round, send id, gradient] a receive function ran -> the sender, which
  *               answers once the gradient is queued and then runs what it unblocked.
  *   done        [id, round] a worker ran every node of its part and its gradients were

@@ -81,6 +81,16 @@ Tensor& psWeight() {
   }();
   return w;
 }
+// A parameter of its own on each worker of the pass-through test: w1's is p, w2's is c.
+Tensor& ptParam() {
+  static Tensor p = [] {
+    Tensor t = currentAgent()->self().rank == 1 ? fromVector<float>({1.5f, -2.0f, 0.5f, 3.0f})
+                                                : fromVector<float>({2.0f, 3.0f, -1.0f, 0.5f});
+    t.setRequiresGrad(true);
+    return t;
+  }();
+  return p;
+}
 nn::Embedding& psTable() {
   static Generator g(5);
   static nn::Embedding e(12, 4, &g);
@@ -129,6 +139,9 @@ const bool kRegistered = [] {
     y.registerHook([](const Tensor&) -> std::optional<Tensor> { std::_Exit(7); });
     return y;
   });
+  registerFunction("pt_scale", [](Tensor x) { return x.mul(ptParam()); });
+  registerFunction("pt_times", [](Tensor h) { return h.mul(ptParam()); });
+  registerFunction("pt_grad", [](ContextId ctx) { return autograd::gradientsOf(ctx).get(ptParam()); });
   registerFunction("emb_lookup", [](Tensor ids) { return psTable().forward(ids); });
   registerFunction("emb_rref", [] { return makeRRef(psTable().weight()); });
   registerFunction("emb_weight", [] { return psTable().weight().detach().clone(); });
@@ -261,6 +274,30 @@ TEST(DistAutograd, ConcurrentTrainersReachTheSequentialResult) {
     }
     currentAgent()->options().store->set(fmt::format("trained/{}", rank), std::string("1"));
     return "ok";
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(reports[r], "ok") << "rank " << r;
+}
+
+// The trainer receives h from w1 and sends it on to w2 unchanged and for nothing else: h's
+// gradient goes from w2 straight to w1 (the owner's pass-through plan). The gradients must be
+// those of local autograd, in this backward and in a retained second one.
+TEST(DistAutograd, APassThroughGradientGoesStraightToItsSender) {
+  auto reports = runWorkers(3, [](int rank) -> std::string {
+    if (rank != 0) return "ok";
+    Tensor x = fromVector<float>({1.0f, 2.0f, 3.0f, 4.0f});
+    Tensor p = fromVector<float>({1.5f, -2.0f, 0.5f, 3.0f}), c = fromVector<float>({2.0f, 3.0f, -1.0f, 0.5f});
+    Context ctx;
+    Tensor h = rpcSync<Tensor>("w1", "pt_scale", x);
+    Tensor y = rpcSync<Tensor>("w2", "pt_times", h);
+    ctx.backward({y.sum()}, true);
+    Tensor gp = rpcSync<Tensor>("w1", "pt_grad", ctx.id()), gc = rpcSync<Tensor>("w2", "pt_grad", ctx.id());
+    std::string report;
+    if (relDiff(gp, x.mul(c)) != 0) report += "w1's gradient is not x * c; ";
+    if (relDiff(gc, x.mul(p)) != 0) report += "w2's gradient is not x * p; ";
+    ctx.backward({y.sum()});
+    gp = rpcSync<Tensor>("w1", "pt_grad", ctx.id());
+    if (relDiff(gp, x.mul(c).mul(full({}, 2.0))) != 0) report += "a second backward did not add the same again; ";
+    return report.empty() ? "ok" : report;
   });
   for (int r = 0; r < 3; ++r) EXPECT_EQ(reports[r], "ok") << "rank " << r;
 }
