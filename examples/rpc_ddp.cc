@@ -14,12 +14,8 @@
 // the table's learning rate is lr / trainers (its updates add up to one step on the average).
 // The trainers meet at a barrier after each step, so that every lookup of the next step sees both
 // updates, as one process would.
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 
 #include <CLI/CLI.hpp>
 
@@ -29,11 +25,11 @@
 #include <cohort/core/optim/sgd.h>
 #include <cohort/distributed/ddp/distributed_data_parallel.h>
 #include <cohort/distributed/init.h>
-#include <cohort/distributed/store/file_store.h>
 #include <cohort/distributed/store/prefix_store.h>
 #include <cohort/rpc/autograd.h>
 #include <cohort/rpc/distributed_optimizer.h>
 
+#include "common/forked_workers.h"
 #include "common/progress.h"
 
 using namespace cohort;
@@ -68,10 +64,6 @@ void registerServer() {
   rpc::registerFunction("lookup", [](Tensor ids) { return table().forward(ids); });
   rpc::registerFunction("table_rref", [] { return rpc::makeRRef(table().weight()); });
   rpc::registerFunction("table_weight", [] { return table().weight().detach().clone(); });
-}
-
-double relDiff(const Tensor& a, const Tensor& b) {
-  return a.sub(b).abs().max().itemDouble() / std::max(b.abs().max().itemDouble(), 1e-30);
 }
 
 int train(int trainer, int trainers, int steps, const dist::ProcessGroupPtr& pg) {
@@ -113,9 +105,10 @@ int train(int trainer, int trainers, int steps, const dist::ProcessGroupPtr& pg)
     nn::functional::mseLoss(refDense->forward(refTable.forward(ids)), target).backward();
     ref.step();
   }
-  double worst = std::max({relDiff(rpc::rpcSync<Tensor>("ps", "table_weight"), refTable.weight().detach()),
-                           relDiff(dense->weight().detach(), refDense->weight().detach()),
-                           relDiff(dense->bias().detach(), refDense->bias().detach())});
+  double worst =
+      std::max({examples::relativeDifference(rpc::rpcSync<Tensor>("ps", "table_weight"), refTable.weight().detach()),
+                examples::relativeDifference(dense->weight().detach(), refDense->weight().detach()),
+                examples::relativeDifference(dense->bias().detach(), refDense->bias().detach())});
   std::printf("%d trainers, %d steps: max difference from one process: %.3g\n", trainers, steps, worst);
   return worst <= 1e-5 ? 0 : 1;
 }
@@ -153,39 +146,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--trainers must divide the batch of %lld\n", static_cast<long long>(kBatch));
     return 2;
   }
-  char tmpl[] = "/tmp/cohort_rpc_ddp_XXXXXX";
-  std::string dir = mkdtemp(tmpl);
-  auto store = [&] { return std::make_shared<dist::FileStore>(dir + "/store"); };
-  auto run = [&](int rank) {
-    rpc::RpcOptions o;
-    o.store = store();
-    rpc::init(rank == 0 ? "ps" : fmt::format("trainer{}", rank - 1), rank, trainers + 1, o);
+  return examples::runForkedWorkers(trainers + 1, [&](int rank, rpc::RpcOptions o) {
+    dist::StorePtr store = o.store;
+    rpc::init(rank == 0 ? "ps" : fmt::format("trainer{}", rank - 1), rank, trainers + 1, std::move(o));
     int code = 0;
     if (rank != 0) {
-      auto pg =
-          dist::ProcessGroup::create(std::make_shared<dist::PrefixStore>("trainers", store()), rank - 1, trainers);
+      auto pg = dist::ProcessGroup::create(std::make_shared<dist::PrefixStore>("trainers", store), rank - 1, trainers);
       code = train(rank - 1, trainers, steps, pg);
     }
     rpc::shutdown();
     return code;
-  };
-  std::vector<pid_t> pids;
-  for (int rank = 1; rank <= trainers; ++rank) {
-    std::fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-      int code = run(rank);
-      std::fflush(stdout);
-      std::_Exit(code);
-    }
-    pids.push_back(pid);
-  }
-  int code = run(0);
-  for (pid_t p : pids) {
-    int status = 0;
-    waitpid(p, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) code = 1;
-  }
-  std::filesystem::remove_all(dir);
-  return code;
+  });
 }

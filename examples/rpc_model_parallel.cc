@@ -13,12 +13,8 @@
 //
 // With --launched the processes come from a launcher (RANK, WORLD_SIZE, MASTER_ADDR/PORT): rank 0
 // drives, ranks 1 and 2 are the stages, meeting through the job's store.
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 
 #include <CLI/CLI.hpp>
 
@@ -27,10 +23,10 @@
 #include <cohort/core/ops/ops.h>
 #include <cohort/core/optim/adam.h>
 #include <cohort/distributed/init.h>
-#include <cohort/distributed/store/file_store.h>
 #include <cohort/rpc/autograd.h>
 #include <cohort/rpc/distributed_optimizer.h>
 
+#include "common/forked_workers.h"
 #include "common/progress.h"
 
 using namespace cohort;
@@ -96,10 +92,6 @@ Batch batchFor(int step, int microBatches) {
   return {x, x.matmul(teacher)};
 }
 
-double relDiff(const Tensor& a, const Tensor& b) {
-  return a.sub(b).abs().max().itemDouble() / std::max(b.abs().max().itemDouble(), 1e-30);
-}
-
 int drive(int steps, int microBatches) {
   auto params = rpc::rpcSync<std::vector<rpc::RRef<Tensor>>>("stage0", "stage0_params");
   auto more = rpc::rpcSync<std::vector<rpc::RRef<Tensor>>>("stage1", "stage1_params");
@@ -144,7 +136,8 @@ int drive(int steps, int microBatches) {
   auto trained = rpc::rpcSync<std::vector<Tensor>>("stage0", "stage0_weights");
   auto trained1 = rpc::rpcSync<std::vector<Tensor>>("stage1", "stage1_weights");
   trained.insert(trained.end(), trained1.begin(), trained1.end());
-  for (size_t i = 0; i < trained.size(); ++i) worst = std::max(worst, relDiff(trained[i], local[i].detach()));
+  for (size_t i = 0; i < trained.size(); ++i)
+    worst = std::max(worst, examples::relativeDifference(trained[i], local[i].detach()));
   std::printf("%d steps of %d micro-batches through stage0 -> stage1: loss %.4f -> %.4f\n", steps, microBatches,
               losses.front(), losses.back());
   std::printf("max difference from one process: %.3g\n", worst);
@@ -180,30 +173,7 @@ int main(int argc, char** argv) {
     }
     return runRole(pg->rank(), steps, microBatches, {});  // the process group's store
   }
-  char tmpl[] = "/tmp/cohort_rpc_mp_XXXXXX";
-  std::string dir = mkdtemp(tmpl);
-  auto options = [&] {
-    rpc::RpcOptions o;
-    o.store = std::make_shared<dist::FileStore>(dir + "/store");
-    return o;
-  };
-  std::vector<pid_t> pids;
-  for (int rank = 1; rank < 3; ++rank) {
-    std::fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-      int code = runRole(rank, steps, microBatches, options());
-      std::fflush(stdout);
-      std::_Exit(code);
-    }
-    pids.push_back(pid);
-  }
-  int code = runRole(0, steps, microBatches, options());
-  for (pid_t p : pids) {
-    int status = 0;
-    waitpid(p, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) code = 1;
-  }
-  std::filesystem::remove_all(dir);
-  return code;
+  return examples::runForkedWorkers(3, [&](int rank, rpc::RpcOptions o) {
+    return runRole(rank, steps, microBatches, std::move(o));
+  });
 }

@@ -9,19 +9,16 @@
 //
 // With --launched the processes come from a launcher (RANK, WORLD_SIZE, MASTER_ADDR/PORT): rank 0
 // is the server, the others trainers, meeting through the job's store.
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <cstdio>
-#include <filesystem>
 #include <mutex>
 
 #include <CLI/CLI.hpp>
 
 #include <cohort/core/ops/ops.h>
 #include <cohort/distributed/init.h>
-#include <cohort/distributed/store/file_store.h>
 #include <cohort/rpc/rpc.h>
+
+#include "common/forked_workers.h"
 
 using namespace cohort;
 
@@ -122,29 +119,7 @@ int main(int argc, char** argv) {
     return runRole(pg->rank(), pg->size(), steps, o);
   }
   registerServer(trainers);
-  char tmpl[] = "/tmp/cohort_rpc_ps_XXXXXX";
-  std::string dir = mkdtemp(tmpl);
-  int world = trainers + 1;
-  std::vector<pid_t> pids;
-  for (int rank = 1; rank < world; ++rank) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      rpc::RpcOptions o;
-      o.store = std::make_shared<dist::FileStore>(dir + "/store");
-      int code = runRole(rank, world, steps, o);
-      std::fflush(stdout);
-      std::_Exit(code);
-    }
-    pids.push_back(pid);
-  }
-  rpc::RpcOptions o;
-  o.store = std::make_shared<dist::FileStore>(dir + "/store");
-  int code = runRole(0, world, steps, o);
-  for (pid_t p : pids) {
-    int status = 0;
-    waitpid(p, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) code = 1;
-  }
-  std::filesystem::remove_all(dir);
-  return code;
+  return examples::runForkedWorkers(trainers + 1, [&](int rank, rpc::RpcOptions o) {
+    return runRole(rank, trainers + 1, steps, std::move(o));
+  });
 }
