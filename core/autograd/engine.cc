@@ -238,29 +238,33 @@ GraphTask::ExecScope::~ExecScope() {
 
 // ---- the local engine ------------------------------------------------------------------------
 
+std::pair<Edge, Tensor> checkedRoot(const Tensor& r, const Tensor& grad, size_t i, const char* op) {
+  if (!r.defined()) throw ValueError(fmt::format("{}: root {} is undefined", op, i));
+  Edge e = gradientEdge(r);
+  if (!e.valid())
+    throw ValueError(
+        fmt::format("{}: tensor {} of shape {} does not require grad and has no gradFn", op, i, shapeStr(r.sizes())));
+  Tensor g = grad;
+  if (!g.defined()) {
+    if (r.numel() != 1)
+      throw ValueError(fmt::format("{}: a gradient can be created implicitly only for one-element outputs; "
+                                   "output {} has shape {}: pass a gradient of that shape",
+                                   op, i, shapeStr(r.sizes())));
+    g = onesLike(r);
+  } else if (g.sizes() != r.sizes()) {
+    throw ValueError(fmt::format("{}: gradient of shape {} does not match the shape {} of output {}", op,
+                                 shapeStr(g.sizes()), shapeStr(r.sizes()), i));
+  }
+  return {e, g.detach()};
+}
+
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retainGraph) {
   COHORT_CHECK_EQ(roots.size(), grads.size(), "backward: one gradient per root");
   // Inside a distributed backward's hook, a nested local backward keeps going to the same store.
   GraphTask task(retainGraph, tStore);
   for (size_t i = 0; i < roots.size(); ++i) {
-    const Tensor& r = roots[i];
-    if (!r.defined()) throw ValueError("backward: a root tensor is undefined");
-    Edge e = gradientEdge(r);
-    if (!e.valid())
-      throw ValueError(fmt::format("backward: tensor {} of shape {} does not require grad and has no gradFn", i,
-                                   shapeStr(r.sizes())));
-    Tensor g = grads[i];
-    if (!g.defined()) {
-      if (r.numel() != 1)
-        throw ValueError(fmt::format("backward: a gradient can be created implicitly only for one-element outputs; "
-                                     "this output has shape {}: pass a gradient of that shape",
-                                     shapeStr(r.sizes())));
-      g = onesLike(r);
-    } else if (g.sizes() != r.sizes()) {
-      throw ValueError(fmt::format("backward: gradient of shape {} does not match the output's shape {}",
-                                   shapeStr(g.sizes()), shapeStr(r.sizes())));
-    }
-    task.addRoot(e, g.detach());
+    auto [e, g] = checkedRoot(roots[i], grads[i], i, "backward");
+    task.addRoot(e, std::move(g));
   }
   task.discover();
   GraphTask::ExecScope scope(task);

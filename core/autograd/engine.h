@@ -69,6 +69,11 @@ GradSink gradSinkFor(const Edge& e);
 bool emitGradient(Node& from, size_t i, Tensor grad);
 }  // namespace detail
 
+// Root `i` of a backward named `op`: its gradient edge, and the gradient it starts with (`grad`
+// detached, or ones for a one-element root when `grad` is undefined). ValueError naming `op` for
+// an undefined root, one without history, or a gradient that does not fit.
+std::pair<Edge, Tensor> checkedRoot(const Tensor& root, const Tensor& grad, size_t i, const char* op);
+
 class GraphTask {
  public:
   explicit GraphTask(bool retainGraph, GradStore* store = nullptr);

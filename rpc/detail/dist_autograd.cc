@@ -337,24 +337,8 @@ void DistAutograd::backward(ContextId id, const std::vector<Tensor>& roots, cons
     round->task = std::make_unique<ag::GraphTask>(retainGraph, ctx.get());
     round->task->setLock(&ctx->mu);
     for (size_t i = 0; i < roots.size(); ++i) {
-      const Tensor& r = roots[i];
-      if (!r.defined()) throw ValueError(fmt::format("Context::backward: root {} is undefined", i));
-      ag::Edge e = ag::gradientEdge(r);
-      if (!e.valid())
-        throw ValueError(fmt::format("Context::backward: root {} (shape {}) does not require grad and has no gradFn", i,
-                                     shapeStr(r.sizes())));
-      Tensor g = grads[i];
-      if (!g.defined()) {
-        if (r.numel() != 1)
-          throw ValueError(fmt::format("Context::backward: a gradient can be created implicitly only for "
-                                       "one-element roots; root {} has shape {}",
-                                       i, shapeStr(r.sizes())));
-        g = onesLike(r);
-      } else if (g.sizes() != r.sizes()) {
-        throw ValueError(fmt::format("Context::backward: gradient of shape {} for root {} of shape {}",
-                                     shapeStr(g.sizes()), i, shapeStr(r.sizes())));
-      }
-      round->task->addRoot(e, g.detach());
+      auto [e, g] = ag::checkedRoot(roots[i], grads[i], i, "Context::backward");
+      round->task->addRoot(e, std::move(g));
     }
     discover = recvsByWorker(round->task->discover());
     ctx->rounds = round->number;
