@@ -83,13 +83,13 @@ struct Batch {
   Tensor x, y;
 };
 Batch batchFor(int step, int microBatches) {
-  static const Tensor teacher = [] {
+  static const Tensor kTeacher = [] {
     Generator gen(99);
     return randn({32, 10}, {}, &gen).mul(full({}, 0.2));
   }();
   Generator gen(1000 + static_cast<uint64_t>(step));
   Tensor x = randn({kRows * microBatches, 32}, {}, &gen);
-  return {x, x.matmul(teacher)};
+  return {x, x.matmul(kTeacher)};
 }
 
 int drive(int steps, int microBatches) {
