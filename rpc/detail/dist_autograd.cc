@@ -564,7 +564,7 @@ Future<Value> DistAutograd::serve(int from, const std::string& what, const Value
     drop(id);
     return Future<Value>::ready(Value());
   }
-  if (what == "discover") return serveDiscover(from, l);
+  if (what == "discover") return serveDiscover(l);
   if (what == "redirect") {
     // [id, round, send id on the owner, target rank, target send id], from the owner.
     const List& b = listOf(body, 5, "redirect");
@@ -619,7 +619,7 @@ Future<Value> DistAutograd::serve(int from, const std::string& what, const Value
   throw RpcError(fmt::format("unknown autograd request '{}'", what));
 }
 
-Future<Value> DistAutograd::serveDiscover(int from, const List& body) {
+Future<Value> DistAutograd::serveDiscover(const List& body) {
   const List& b = body;
   if (b.size() != 4) throw RpcError("malformed autograd discover request");
   ContextId id = idFrom(b, "discover");

@@ -100,7 +100,7 @@ class DistAutograd {
   void sendGradient(int to, uint64_t sendId, Tensor grad);
   void maybeReportDone(const std::shared_ptr<Context>& ctx, const std::shared_ptr<Round>& round);
   void reportFailure(const std::shared_ptr<Context>& ctx, const std::shared_ptr<Round>& round, std::string message);
-  Future<Value> serveDiscover(int from, const List& body);
+  Future<Value> serveDiscover(const List& body);
   Future<Value> serveGrads(int from, const List& body);
   std::string workerName(int rank) const;
 
