@@ -167,20 +167,17 @@ Node* GraphTask::popReady(std::vector<Tensor>& inputs) {
 }
 
 bool GraphTask::emit(Node* node, size_t i, Tensor grad) {
+  // Only a gradient that completes a node that runs inline gains from leaving early; any other
+  // is handed on by propagate() as usual, with no bookkeeping here.
   const Edge& e = node->nextEdges()[i];
+  Node* target = e.fn.get();
+  if (!target->runsInline()) return false;
   std::unique_lock<std::mutex> lock;
   if (lock_ != nullptr) lock = std::unique_lock<std::mutex>(*lock_);
-  if (!seen_.contains(node)) return false;
-  std::vector<size_t>& done = emitted_[node];
-  if (std::find(done.begin(), done.end(), i) != done.end()) return false;  // emitted already
-  done.push_back(i);
-  Node* target = e.fn.get();
+  if (!seen_.contains(node) || pendingInputs(target) != 1 || hasInput(target)) return false;
+  emitted_[node].push_back(i);
+  deps_[target] = 0;
   accumulateInto(buffers_[target], e.inputNr, std::move(grad));
-  if (--deps_[target] != 0) return true;
-  if (!target->runsInline()) {
-    ready_.push(target);
-    return true;
-  }
   std::vector<Tensor> in = takeInputs(target);
   if (lock.owns_lock()) lock.unlock();
   std::vector<Tensor> out = runNode(target, std::move(in));
@@ -199,9 +196,11 @@ std::vector<Tensor> GraphTask::runNode(Node* node, std::vector<Tensor> inputs) {
 void GraphTask::propagate(Node* node, std::vector<Tensor> out) {
   ++executed_;
   std::vector<size_t> early;
-  if (auto it = emitted_.find(node); it != emitted_.end()) {
-    early = std::move(it->second);
-    emitted_.erase(it);
+  if (!emitted_.empty()) {
+    if (auto it = emitted_.find(node); it != emitted_.end()) {
+      early = std::move(it->second);
+      emitted_.erase(it);
+    }
   }
   auto& next = node->nextEdges();
   for (size_t i = 0; i < next.size(); ++i) {

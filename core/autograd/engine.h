@@ -100,8 +100,9 @@ class GraphTask {
   std::vector<Tensor> runNode(Node* node, std::vector<Tensor> inputs);
   // Hands `node`'s outputs to the nodes its edges lead to (but those it emitted already).
   void propagate(Node* node, std::vector<Tensor> outputs);
-  // A gradient `node` emits for input i while it runs (Ctx::emit): accumulated now, and a node it
-  // completes that runsInline() runs at once on this thread. Takes the task's lock, when it has one.
+  // A gradient `node` emits for input i while it runs (Ctx::emit): when it is the last one a node
+  // that runsInline() waits for, that node runs at once on this thread with it (true); otherwise
+  // nothing happens (false) and the gradient goes the usual way. Takes the task's lock, if any.
   bool emit(Node* node, size_t i, Tensor grad);
   // The lock whoever shares this task holds around its calls, released while runNode runs: emit
   // (called from inside runNode) takes it.

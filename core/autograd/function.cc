@@ -48,7 +48,8 @@ Tensor Ctx::saved(size_t i) const {
 
 bool Ctx::emit(size_t i, Tensor grad) const {
   if (i >= node_.nextEdges().size() || !node_.nextEdges()[i].valid() || !grad.defined()) return false;
-  Node& node = const_cast<Node&>(node_);  // the engine's bookkeeping changes, not the node
+  if (!node_.nextEdges()[i].fn->runsInline()) return false;  // nothing to gain: return it as usual
+  Node& node = const_cast<Node&>(node_);                     // the engine's bookkeeping changes, not the node
   const TensorMeta& m = node.inputMeta()[i];
   if (grad.sizes() != m.sizes) grad = sumToShape(grad, m.sizes);  // as the node does with what it returns
   if (grad.dtype() != m.dtype) grad = grad.to(m.dtype);

@@ -43,11 +43,11 @@ class Ctx {
   // overwrite it) and return sink.target itself as input i's gradient; nothing else may return
   // it. Undefined target: compute the gradient as usual.
   GradSink gradSink(size_t i) const;
-  // Hands input i's gradient to the engine before this backward returns, so that the node it
-  // completes may start at once (a receive function sends it to its worker while this backward
-  // computes the rest: linear emits its input's gradient before computing its weight's). Returns
-  // true when the engine took it: the backward must then return an undefined gradient for input
-  // i. False outside an engine run or for an input that needs no gradient.
+  // Offers input i's gradient to the engine before this backward returns, so that a node that
+  // only passes it on (a receive function, which sends it to its worker) may run at once while
+  // this backward computes the rest: linear offers its input's gradient before computing its
+  // weight's. True when the engine took it: the backward must then return an undefined gradient
+  // for input i. False (return it as usual) in every other case.
   bool emit(size_t i, Tensor grad) const;
 
  private:

@@ -6,6 +6,7 @@
 #include <map>
 
 #include <cohort/core/autograd/engine.h>
+#include <cohort/core/autograd/function.h>
 #include <cohort/core/autograd/node.h>
 #include <cohort/core/ops/ops.h>
 
@@ -83,6 +84,40 @@ TEST(GraphTask, ANodeWaitingForAnExternalGradientRunsOnlyWhenItArrives) {
   runAll(task);
   EXPECT_TRUE(task.finished());
   EXPECT_TRUE(allAre(store.get(*w.impl()), 3.0));  // 0.5 * 2w
+}
+
+// Stands in for distributed autograd's receive function: it only takes its gradient.
+class InlineSink final : public Node {
+ public:
+  explicit InlineSink(const Tensor& t) { outputMeta_.push_back({t.sizes(), t.dtype()}); }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    got = g.at(0);
+    return {};
+  }
+  std::string name() const override { return "InlineSink"; }
+  bool runsInline() const override { return true; }
+  Tensor got;
+};
+
+TEST(GraphTask, AnEmittedGradientRunsAnInlineNodeBeforeItsProducerReturns) {
+  Tensor x = full({3}, 2.0);
+  auto sink = std::make_shared<InlineSink>(x);
+  AutogradMeta& m = autogradMeta(x);
+  m.gradFn = sink;
+  m.requiresGrad = true;
+  bool took = false, ranEarly = false;
+  Tensor y = full({3}, 0.0);
+  record("emitter", {x}, {y}, {}, [&](Ctx& ctx, const std::vector<Tensor>& g) -> std::vector<Tensor> {
+    Tensor gx = g[0].mul(full({}, 3.0));
+    took = ctx.emit(0, gx);
+    ranEarly = sink->got.defined();  // before this backward returns
+    return {took ? Tensor() : gx};
+  });
+  y.sum().backward();
+  EXPECT_TRUE(took);
+  EXPECT_TRUE(ranEarly);
+  ASSERT_TRUE(sink->got.defined());
+  EXPECT_TRUE(allAre(sink->got, 3.0));
 }
 
 TEST(GraphTask, PlainBackwardStillWritesGrad) {
