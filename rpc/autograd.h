@@ -58,6 +58,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -79,6 +80,7 @@ struct ContextId {
 // A context's gradients on one worker: leaf tensor -> its accumulated gradient (a snapshot).
 class Gradients {
  public:
+  explicit Gradients(std::vector<std::pair<Tensor, Tensor>> items = {});
   // The gradient of `t` (undefined when t got none in this context on this worker).
   Tensor get(const Tensor& t) const;
   bool contains(const Tensor& t) const { return get(t).defined(); }
@@ -86,9 +88,8 @@ class Gradients {
   const std::vector<std::pair<Tensor, Tensor>>& items() const { return items_; }
 
  private:
-  friend class Context;
-  friend Gradients gradientsOf(ContextId id);
   std::vector<std::pair<Tensor, Tensor>> items_;  // (leaf, gradient)
+  std::unordered_map<const TensorImpl*, size_t> index_;
 };
 
 class Context {

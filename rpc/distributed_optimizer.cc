@@ -2,7 +2,6 @@
 
 #include <map>
 #include <mutex>
-#include <unordered_map>
 
 #include <cohort/core/optim/factory.h>
 
@@ -74,13 +73,8 @@ const bool kRegistered = [] {
   registerFunction("cohort.dist_optim.step", [](int64_t id, autograd::ContextId ctx) {
     auto local = findLocal(id);
     autograd::Gradients grads = autograd::gradientsOf(ctx);
-    std::unordered_map<const TensorImpl*, Tensor> byParam;
-    for (const auto& [leaf, g] : grads.items()) byParam.emplace(leaf.impl(), g);
     std::lock_guard<std::mutex> lock(local->mu);
-    local->opt->step([&](const Tensor& p) {
-      auto it = byParam.find(p.impl());
-      return it == byParam.end() ? Tensor() : it->second;
-    });
+    local->opt->step([&](const Tensor& p) { return grads.get(p); });
   });
   registerFunction("cohort.dist_optim.destroy", [](int64_t id) {
     std::shared_ptr<Local> dying;

@@ -8,9 +8,7 @@
 #include <cohort/core/autograd/engine.h>
 #include <cohort/core/autograd/node.h>
 #include <cohort/core/ops/ops.h>
-#include <cohort/core/util/logging.h>
 #include <cohort/rpc/agent.h>
-#include <cohort/rpc/rpc.h>
 
 namespace cohort::rpc {
 
@@ -19,8 +17,6 @@ using autograd::ContextId;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-thread_local ContextId tCurrent;
 
 ContextId idFrom(const List& body, const char* what) {
   if (body.empty()) throw RpcError(fmt::format("malformed autograd {} request: no context id", what));
@@ -34,12 +30,6 @@ const List& listOf(const Value& body, size_t n, const char* what) {
 }
 
 }  // namespace
-
-namespace detail {
-ContextId currentContext() { return tCurrent; }
-ContextScope::ContextScope(ContextId id) : outer_(tCurrent) { tCurrent = id; }
-ContextScope::~ContextScope() { tCurrent = outer_; }
-}  // namespace detail
 
 // ---- the graph's ends on each worker ----------------------------------------------------------
 
@@ -80,7 +70,6 @@ class RecvNode final : public ag::Node {
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override;
   std::string name() const override { return "RecvRpcBackward"; }
   bool runsInline() const override { return true; }  // it only starts a send
-  ContextId context() const { return ctx_; }
   int from() const { return from_; }
   uint64_t sendId() const { return sendId_; }
 
@@ -92,7 +81,6 @@ class RecvNode final : public ag::Node {
 
 struct DistAutograd::Round {
   uint64_t number = 0;
-  bool retain = false;
   std::unique_ptr<ag::GraphTask> task;
   std::set<uint64_t> expected;  // sends discovered in this round
   // Gradients of receive functions that go straight to another sender: (the sender's rank, its
@@ -333,7 +321,6 @@ void DistAutograd::backward(ContextId id, const std::vector<Tensor>& roots, cons
                                    "freed its graph; pass retainGraph=true to the first backward to run another",
                                    id.str()));
     round->number = ctx->rounds + 1;
-    round->retain = retainGraph;
     round->task = std::make_unique<ag::GraphTask>(retainGraph, ctx.get());
     round->task->setLock(&ctx->mu);
     for (size_t i = 0; i < roots.size(); ++i) {
@@ -637,7 +624,6 @@ Future<Value> DistAutograd::serveDiscover(const List& body) {
       if (ctx->round && ctx->round->number > number) throw RpcError("a discover for an old round arrived");
       auto round = std::make_shared<Round>();
       round->number = number;
-      round->retain = retain;
       round->task = std::make_unique<ag::GraphTask>(retain, ctx.get());
       round->task->setLock(&ctx->mu);
       ctx->round = round;
@@ -751,61 +737,5 @@ void DistAutograd::shutdown() {
     }
   }
 }
-
-// ---- the public face (rpc/autograd.h) ----------------------------------------------------------
-
-namespace autograd {
-
-std::string ContextId::str() const { return fmt::format("{}:{}", owner, local); }
-
-Tensor Gradients::get(const Tensor& t) const {
-  for (const auto& [leaf, g] : items_)
-    if (leaf.impl() == t.impl()) return g;
-  return Tensor();
-}
-
-Context::Context() : id_(currentAgent()->distAutograd().create()), outer_(tCurrent) { tCurrent = id_; }
-
-Context::~Context() {
-  try {
-    end();
-  } catch (const std::exception& e) {
-    COHORT_LOG(Warning, "rpc::autograd::Context {}: releasing it failed: {}", id_.str(), e.what());
-  }
-}
-
-void Context::end() {
-  if (ended_) return;
-  ended_ = true;
-  if (tCurrent == id_) tCurrent = outer_;
-  if (!isInitialized()) return;  // the agent is gone, and every context with it
-  currentAgent()->distAutograd().end(id_);
-}
-
-void Context::backward(const std::vector<Tensor>& roots, bool retainGraph) {
-  backward(roots, std::vector<Tensor>(roots.size()), retainGraph);
-}
-
-void Context::backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retainGraph) {
-  if (ended_) throw ValueError(fmt::format("Context::backward: distributed autograd context {} has ended", id_.str()));
-  currentAgent()->distAutograd().backward(id_, roots, grads, retainGraph);
-}
-
-Gradients Context::gradients() const {
-  if (ended_) throw ValueError(fmt::format("Context::gradients: distributed autograd context {} has ended", id_.str()));
-  return gradientsOf(id_);
-}
-
-ContextId currentContextId() { return tCurrent; }
-
-Gradients gradientsOf(ContextId id) {
-  Gradients g;
-  g.items_ = currentAgent()->distAutograd().gradients(id);
-  return g;
-}
-
-size_t liveContexts() { return isInitialized() ? currentAgent()->distAutograd().live() : 0; }
-
-}  // namespace autograd
 
 }  // namespace cohort::rpc
