@@ -171,7 +171,7 @@ bool GraphTask::emit(Node* node, size_t i, Tensor grad) {
   // is handed on by propagate() as usual, with no bookkeeping here.
   const Edge& e = node->nextEdges()[i];
   Node* target = e.fn.get();
-  if (!target->runsInline()) return false;
+  if (!target->runsInline() || noInline_) return false;
   std::unique_lock<std::mutex> lock;
   if (lock_ != nullptr) lock = std::unique_lock<std::mutex>(*lock_);
   if (!seen_.contains(node) || pendingInputs(target) != 1 || hasInput(target)) return false;
@@ -193,8 +193,8 @@ std::vector<Tensor> GraphTask::runNode(Node* node, std::vector<Tensor> inputs) {
   return out;
 }
 
-void GraphTask::propagate(Node* node, std::vector<Tensor> out) {
-  ++executed_;
+template <typename Keep>
+void GraphTask::handOn(Node* node, std::vector<Tensor>& out, Keep keep) {
   std::vector<size_t> early;
   if (!emitted_.empty()) {
     if (auto it = emitted_.find(node); it != emitted_.end()) {
@@ -205,10 +205,19 @@ void GraphTask::propagate(Node* node, std::vector<Tensor> out) {
   auto& next = node->nextEdges();
   for (size_t i = 0; i < next.size(); ++i) {
     const Edge& e = next[i];
-    if (!e.valid() || std::find(early.begin(), early.end(), i) != early.end()) continue;
+    if (!e.valid() || !keep(i) || std::find(early.begin(), early.end(), i) != early.end()) continue;
     if (i < out.size() && out[i].defined()) accumulateInto(buffers_[e.fn.get()], e.inputNr, std::move(out[i]));
     if (--deps_[e.fn.get()] == 0) ready_.push(e.fn.get());
   }
+}
+
+void GraphTask::propagate(Node* node, std::vector<Tensor> out) {
+  ++executed_;
+  handOn(node, out, [](size_t) { return true; });
+}
+
+void GraphTask::propagateMasked(Node* node, std::vector<Tensor> out, const std::vector<bool>& mask) {
+  handOn(node, out, [&mask](size_t i) { return static_cast<bool>(mask[i]); });
 }
 
 void GraphTask::runCallbacks() {
@@ -218,6 +227,17 @@ void GraphTask::runCallbacks() {
     fn();
   }
   callbacks_.clear();
+}
+
+void GraphTask::finishCallbacks() {
+  if (callbacks_.empty()) return;
+  if (tCallbacks != nullptr) {
+    for (auto& fn : callbacks_) tCallbacks->push_back(std::move(fn));
+    callbacks_.clear();
+    return;
+  }
+  ExecScope scope(*this);  // a callback may queue another
+  runCallbacks();
 }
 
 GraphTask::ExecScope::ExecScope(GraphTask& task)

@@ -11,6 +11,8 @@
  * as other workers name roots (discover), and leaf gradients go to a GradStore (the context's)
  * instead of .grad. A GraphTask is not thread-safe: whoever shares one serialises its calls;
  * only runNode() (the node's own work) may run outside that lock.
+ * Split backward (split_backward.h) runs one GraphTask in two halves; checkpoint (checkpoint.h)
+ * runs one inside a node's backward.
  */
 #pragma once
 
@@ -67,6 +69,7 @@ namespace detail {
 GradSink gradSinkFor(const Edge& e);
 // Ctx::emit: input i's gradient of `from` (running on this thread), handed on early.
 bool emitGradient(Node& from, size_t i, Tensor grad);
+class SplitTask;  // split_backward.cc: one split backward's two halves over one GraphTask
 }  // namespace detail
 
 // Root `i` of a backward named `op`: its gradient edge, and the gradient it starts with (`grad`
@@ -126,6 +129,12 @@ class GraphTask {
   size_t seenCount() const { return seen_.size(); }
   // Runs the callbacks hooks queued (queueCallback), in order, on this thread.
   void runCallbacks();
+  // For a task run inside a node's backward (checkpoint's recomputation) or standing for part of
+  // a backward (split backward's halves), after its ExecScope closed: inside another backward on
+  // this thread, the callbacks hooks queued while it ran are handed to that backward, to run when
+  // it ends (DDP's finalize must wait for the gradients the rest of it produces); otherwise they
+  // run now, as at the end of backward().
+  void finishCallbacks();
 
   // While alive, this thread executes nodes of `task`: grad mode off, queueCallback and
   // inBackward() refer to it, leaf gradients go to its store.
@@ -148,7 +157,13 @@ class GraphTask {
     bool operator()(const Node* a, const Node* b) const { return a->sequenceNr() < b->sequenceNr(); }
   };
   friend GradSink detail::gradSinkFor(const Edge& e);
+  friend class detail::SplitTask;
   std::vector<Tensor> takeInputs(Node* node);
+  // propagate() for the edges i with mask[i] only (split backward), without counting the node
+  // as run.
+  void propagateMasked(Node* node, std::vector<Tensor> outputs, const std::vector<bool>& mask);
+  template <typename Keep>
+  void handOn(Node* node, std::vector<Tensor>& outputs, Keep keep);
 
   bool retainGraph_;
   GradStore* store_;
@@ -161,6 +176,7 @@ class GraphTask {
   std::vector<std::function<void()>> callbacks_;
   std::unordered_map<Node*, std::vector<size_t>> emitted_;  // edges whose gradient left early
   std::mutex* lock_ = nullptr;
+  bool noInline_ = false;  // split backward's input half: emit() never runs a node inline
 };
 
 }  // namespace cohort::autograd

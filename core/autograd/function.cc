@@ -17,7 +17,7 @@ class LambdaNode final : public Node {
     COHORT_CHECK_LE(out.size(), next_.size(), "backward of {} returned {} gradients for {} inputs", name_, out.size(),
                     next_.size());
     for (size_t i = 0; i < out.size(); ++i) {
-      if (!out[i].defined() || !next_[i].valid()) {
+      if (!out[i].defined() || !computesEdge(i)) {  // (a gradient for an edge left to another half)
         out[i] = Tensor();
         continue;
       }
@@ -47,7 +47,7 @@ Tensor Ctx::saved(size_t i) const {
 }
 
 bool Ctx::emit(size_t i, Tensor grad) const {
-  if (i >= node_.nextEdges().size() || !node_.nextEdges()[i].valid() || !grad.defined()) return false;
+  if (!node_.computesEdge(i) || !grad.defined()) return false;
   if (!node_.nextEdges()[i].fn->runsInline()) return false;  // nothing to gain: return it as usual
   Node& node = const_cast<Node&>(node_);                     // the engine's bookkeeping changes, not the node
   const TensorMeta& m = node.inputMeta()[i];
@@ -56,12 +56,12 @@ bool Ctx::emit(size_t i, Tensor grad) const {
   return detail::emitGradient(node, i, std::move(grad));
 }
 
-bool Ctx::needsInputGrad(size_t i) const { return i < node_.nextEdges().size() && node_.nextEdges()[i].valid(); }
+bool Ctx::needsInputGrad(size_t i) const { return node_.computesEdge(i); }
 
 GradSink Ctx::gradSink(size_t i) const {
   // An edge into a leaf's AccumulateGrad means the input was the leaf itself (a view of it has a
   // gradFn of its own), so a sink always has the input's shape.
-  return i < node_.nextEdges().size() ? detail::gradSinkFor(node_.nextEdges()[i]) : GradSink{};
+  return node_.computesEdge(i) ? detail::gradSinkFor(node_.nextEdges()[i]) : GradSink{};
 }
 
 bool needsGrad(std::initializer_list<const Tensor*> inputs) {

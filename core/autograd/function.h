@@ -35,7 +35,10 @@ class Ctx {
   Ctx(const Node& node, const std::vector<SavedTensor>& saved) : node_(node), saved_(saved) {}
   // The i-th saved tensor (checked against in-place modification since it was saved).
   Tensor saved(size_t i) const;
-  // Whether input i needs a gradient (lets backward skip work).
+  // Whether input i needs a gradient from this call (lets backward skip work): false for an input
+  // without history, and for the edges a split backward leaves to its other half
+  // (split_backward.h: the input half computes only the gradients on a path to its inputs, the
+  // weight half only the others). A gradient returned for such an input is dropped.
   bool needsInputGrad(size_t i) const;
   // Where input i's gradient may be written directly: a leaf's .grad or gradient target, when
   // this gradient is the only one the leaf still gets and it has no gradient hooks (engine.cc).

@@ -75,6 +75,23 @@ class Node : public std::enable_shared_from_this<Node> {
   virtual bool runsInline() const { return false; }
 
   uint64_t sequenceNr() const { return seq_; }
+  // Whether this application of the node computes the gradient of input i (Ctx::needsInputGrad):
+  // edge i is valid and, while a split backward (split_backward.h) restricts the node to some of
+  // its edges, one of them.
+  bool computesEdge(size_t i) const {
+    return i < next_.size() && next_[i].valid() && (edgeMask_ == nullptr || (*edgeMask_)[i]);
+  }
+  // Split backward only: the edges the next apply() computes (null, always outside split
+  // backward: every valid edge). The engine sets it around apply().
+  const std::vector<bool>* edgeMask() const { return edgeMask_; }
+  void setEdgeMask(const std::vector<bool>* mask) { edgeMask_ = mask; }
+  // Split backward only. A node whose backward does work beyond its own edges (checkpoint: the
+  // weight gradients of the graph it recomputes) may keep that work after an input-half apply
+  // (edgeMask() set) and answer true here; the weight half then applies it a second time, with
+  // the complementary mask, even when none of its edges were left for that half. When the weight
+  // half never runs, discardWeightWork() is called instead.
+  virtual bool keepsWeightWork() const { return false; }
+  virtual void discardWeightWork() {}
   std::vector<Edge>& nextEdges() { return next_; }
   const std::vector<Edge>& nextEdges() const { return next_; }
   std::vector<TensorMeta>& outputMeta() { return outputMeta_; }
@@ -99,6 +116,7 @@ class Node : public std::enable_shared_from_this<Node> {
   };
   std::vector<PreHook> preHooks_;
   std::vector<std::pair<uint32_t, std::weak_ptr<TensorImpl>>> retainGrad_;
+  const std::vector<bool>* edgeMask_ = nullptr;
 };
 
 // Where a backward may write the gradient of one of its inputs directly (Ctx::gradSink): the

@@ -2,9 +2,11 @@
 #pragma once
 
 #include <cohort/config.h>
+#include <cohort/core/autograd/checkpoint.h>
 #include <cohort/core/autograd/engine.h>
 #include <cohort/core/autograd/function.h>
 #include <cohort/core/autograd/grad_mode.h>
+#include <cohort/core/autograd/split_backward.h>
 #include <cohort/core/blas/blas.h>
 #include <cohort/core/nn/nn.h>
 #include <cohort/core/ops/functional.h>
