@@ -118,10 +118,6 @@ GlooBackend::GlooBackend(const StorePtr& store, int rank, int size, const Backen
                                 opts.groupName, size - 1, store->describe(), e.what()));
   }
   context_ = std::move(context);
-  p2pThread_ = std::thread([this] {
-    blockSigpipeInThisThread();
-    p2pLoop();
-  });
 }
 
 GlooBackend::~GlooBackend() {
@@ -131,7 +127,7 @@ GlooBackend::~GlooBackend() {
     p2pStop_ = true;
   }
   p2pCv_.notify_all();
-  p2pThread_.join();
+  for (auto& t : p2pThreads_) t.join();
 }
 
 void GlooBackend::enqueue(const WorkPtr& work, std::function<std::vector<Tensor>()> body) {
@@ -246,13 +242,24 @@ void GlooBackend::postP2P(const WorkPtr& work, const Tensor& tensor, int peer, i
   }
   std::lock_guard<std::mutex> lock(p2pMu_);
   p2pQueue_.push_back(std::move(p));
-  p2pCv_.notify_one();
+  if (p2pQueue_.size() > p2pIdle_) {
+    p2pThreads_.emplace_back([this] {
+      blockSigpipeInThisThread();
+      p2pLoop();
+    });
+  } else {
+    p2pCv_.notify_one();
+  }
 }
 
 void GlooBackend::p2pLoop() {
   std::unique_lock<std::mutex> lock(p2pMu_);
   while (true) {
-    p2pCv_.wait(lock, [&] { return p2pStop_ || !p2pQueue_.empty(); });
+    if (p2pQueue_.empty() && !p2pStop_) {
+      ++p2pIdle_;
+      p2pCv_.wait(lock, [&] { return p2pStop_ || !p2pQueue_.empty(); });
+      --p2pIdle_;
+    }
     if (p2pQueue_.empty()) return;
     PendingP2P p = std::move(p2pQueue_.front());
     p2pQueue_.pop_front();

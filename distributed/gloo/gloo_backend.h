@@ -117,11 +117,16 @@ class GlooBackend : public Backend {
     int peer;
     bool isSend;
   };
+  // Point-to-point ops complete independently: each in-flight op is waited for by a thread of its
+  // own (threads are kept and reused; one more starts when every one is busy), so a receive never
+  // waits behind a send whose receiver has not posted yet, which could deadlock two ranks that
+  // exchange in both directions.
   std::mutex p2pMu_;
   std::condition_variable p2pCv_;
   std::deque<PendingP2P> p2pQueue_;
+  size_t p2pIdle_ = 0;  // waiters blocked on p2pCv_
   bool p2pStop_ = false;
-  std::thread p2pThread_;
+  std::vector<std::thread> p2pThreads_;
 };
 
 }  // namespace cohort::dist::gloo_backend
