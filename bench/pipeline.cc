@@ -1,0 +1,319 @@
+// Pipeline-parallel training of a GPT split in halves over two processes, every schedule, against
+// one process training the same model on the same batches (measured first, in this run).
+//
+// Each pipeline rank and the single process compute on one thread (two ranks on this 2-core
+// machine: one core each), so samples_s / single_samples_s is what the pipeline buys, bounded by
+// its bubble (1F1B with m = 8, p = 2: 8/9 of 2x = 1.78x). The interleaved schedule splits the
+// GPT into four stages (two per rank).
+//
+// Per schedule one JSON line:
+//   {"schedule", "samples_s", "single_samples_s", "speedup", "bubble_measured", "bubble_simulated",
+//    "step_ms", "step_ms_predicted", "peak_activation_mib": [per rank], "peak_activation_mib_simulated", ...}
+// bubble_measured = 1 - (time ranks spent in F/B/I/W) / (ranks x step time); the simulator is fed
+// this run's measured per-action times and the measured one-way transfer time of an activation,
+// and predicts the step time, the bubble and each rank's peak of live activations (times the
+// measured bytes of one micro-batch's activations on that rank). Peaks are the allocator's
+// high-water mark during a step above what was live before it.
+//
+//   build/bench/pipeline [--steps 5] [--warmup 2] [--microbatches 8] [--schedules gpipe,1f1b,interleaved,zb]
+//                        [--transport pg|rpc] [--layers 4] [--embd 192] [--block 64] [--batch 32]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cohort/core/blas/blas.h>
+#include <cohort/core/nn/transformer.h>
+#include <cohort/core/ops/functional.h>
+#include <cohort/core/ops/ops.h>
+#include <cohort/core/optim/adam.h>
+#include <cohort/core/tensor/allocator.h>
+#include <cohort/distributed/store/file_store.h>
+#include <cohort/pipeline/pipeline.h>
+#include <cohort/pipeline/split.h>
+#include <cohort/rpc/rpc.h>
+
+#include "harness/ranks.h"
+
+using namespace cohort;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Args {
+  int steps = 5, warmup = 2, microbatches = 8;
+  int64_t layers = 4, embd = 192, heads = 4, block = 64, batch = 32;
+  std::string transport = "pg";
+};
+
+nn::GPTConfig config(const Args& a) {
+  nn::GPTConfig c;
+  c.vocabSize = 65;
+  c.blockSize = a.block;
+  c.nLayer = a.layers;
+  c.nHead = a.heads;
+  c.nEmbd = a.embd;
+  c.dropout = 0.0;
+  return c;
+}
+
+std::pair<Tensor, Tensor> batchFor(const Args& a, int step) {
+  Generator g(1000 + static_cast<uint64_t>(step));
+  Tensor x = randint(0, 65, {a.batch, a.block}, {.dtype = DType::Int64}, &g);
+  Tensor y = randint(0, 65, {a.batch, a.block}, {.dtype = DType::Int64}, &g);
+  return {x, y};
+}
+
+Tensor gptLoss(const Tensor& logits, const Tensor& target) {
+  return nn::functional::crossEntropy(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}));
+}
+
+double single(const Args& a) {
+  manualSeed(0);
+  auto gpt = std::make_shared<nn::GPT>(config(a));
+  optim::AdamW opt(gpt->parameters(), {.lr = 1e-4});
+  double total = 0;
+  for (int s = 0; s < a.warmup + a.steps; ++s) {
+    auto [x, y] = batchFor(a, s);
+    const auto t0 = Clock::now();
+    opt.zeroGrad();
+    gptLoss((*gpt)(x), y).backward();
+    opt.step();
+    if (s >= a.warmup) total += std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  return total / a.steps;
+}
+
+double mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
+// One pipeline rank: trains, and reports "key value..." lines.
+int runRank(const Args& a, const std::string& schedule, const std::string& dir, int rank, std::ostream& report) {
+  blas::setNumThreads(1);
+  const int p = 2;
+  auto store = std::make_shared<dist::FileStore>(dir + "/store", std::chrono::milliseconds(60'000));
+  pipeline::TransportPtr transport;
+  dist::ProcessGroupPtr pg;
+  if (a.transport == "rpc") {
+    rpc::RpcOptions o;
+    o.store = store;
+    rpc::init(fmt::format("stage{}", rank), rank, p, o);
+    transport = pipeline::rpcTransport({"stage0", "stage1"});
+  } else {
+    pg = dist::ProcessGroup::create(store, rank, p, {});
+    transport = pipeline::processGroupTransport(pg);
+  }
+  const int chunks = schedule == "interleaved" ? 2 : 1;
+  pipeline::Schedule sched = pipeline::makeSchedule(schedule, p, a.microbatches, schedule == "interleaved" ? 2 : 0);
+  manualSeed(0);
+  auto gpt = std::make_shared<nn::GPT>(config(a));
+  pipeline::StageSplit split = pipeline::splitGPT(gpt, p * chunks);
+  std::vector<nn::ModulePtr> mine;
+  for (int s : sched.stagesOf(rank)) mine.push_back(split.stages[static_cast<size_t>(s)]);
+  pipeline::Pipeline pipe(mine, transport, gptLoss, sched, {.tied = split.tied});
+  optim::AdamW opt(pipe.parameters(), {.lr = 1e-4});
+
+  // One-way time of an activation-sized transfer (ping-pong), and the bytes one micro-batch's
+  // forward keeps alive on each of this rank's stages.
+  const int64_t mb = (a.batch + a.microbatches - 1) / a.microbatches;
+  Tensor act = randn({mb, a.block, a.embd});
+  double oneWay = 0;
+  for (int i = 0; i < 12; ++i) {
+    const auto t0 = Clock::now();
+    if (rank == 0) {
+      transport->send(act, 1, 16300 + i);
+      (void)transport->recv(1, 16300 + i, std::chrono::milliseconds(30'000));
+    } else {
+      (void)transport->recv(0, 16300 + i, std::chrono::milliseconds(30'000));
+      transport->send(act, 0, 16300 + i);
+    }
+    transport->flush(std::chrono::milliseconds(30'000));
+    if (i >= 2) oneWay += std::chrono::duration<double>(Clock::now() - t0).count() / 2 / 10;
+  }
+  std::map<int, double> actBytes;
+  {
+    auto [x, y] = batchFor(a, 0);
+    Tensor h = x.slice(0, 0, mb);
+    for (int s = 0; s < sched.stages; ++s) {
+      const int64_t before = memoryStats().bytesLive;
+      Tensor out = (*split.stages[static_cast<size_t>(s)])(h);
+      if (sched.rankOf(s) == rank) actBytes[s] = static_cast<double>(memoryStats().bytesLive - before);
+      h = out.detach();
+    }
+  }
+
+  double stepTotal = 0, busyTotal = 0;
+  int64_t peak = 0;
+  std::map<std::pair<int, int>, std::pair<double, int>> kindTimes;  // (kind, stage) -> (sum, count)
+  for (int s = 0; s < a.warmup + a.steps; ++s) {
+    auto [x, y] = batchFor(a, s);
+    opt.zeroGrad();
+    const int64_t live = memoryStats().bytesLive;
+    resetPeakMemory();
+    const auto t0 = Clock::now();
+    (void)pipe.step(x, y);
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    peak = std::max(peak, memoryStats().peakBytes - live);
+    opt.step();
+    if (s < a.warmup) continue;
+    stepTotal += dt;
+    busyTotal += pipe.lastStepTiming().busy;
+    for (const auto& t : pipe.lastStepTiming().actions) {
+      if (!pipeline::isCompute(t.action.kind)) continue;
+      auto& e = kindTimes[{static_cast<int>(t.action.kind), t.action.stage}];
+      e.first += t.end - t.start;
+      ++e.second;
+    }
+  }
+  report << fmt::format("step {}\nbusy {}\npeak {}\noneway {}\n", stepTotal / a.steps, busyTotal / a.steps, peak,
+                        oneWay);
+  for (const auto& [k, v] : kindTimes) report << fmt::format("cost {} {} {}\n", k.first, k.second, v.first / v.second);
+  for (const auto& [s, b] : actBytes) report << fmt::format("actbytes {} {}\n", s, b);
+  for (const auto& t : pipe.lastStepTiming().actions)  // the last step, as it ran
+    report << fmt::format("ran {} {} {} {} {}\n", static_cast<int>(t.action.kind), t.action.stage, t.action.microbatch,
+                          t.start, t.end);
+  report << fmt::format("transport {}\n", transport->name());
+  transport.reset();
+  if (a.transport == "rpc") rpc::shutdown();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Pipeline-parallel GPT training, every schedule, against one process"};
+  Args a;
+  std::string schedules = "gpipe,1f1b,interleaved,zb";
+  bool showTimeline = false;
+  app.add_flag("--timeline", showTimeline, "print each schedule's measured and simulated timelines (stderr)");
+  app.add_option("--steps", a.steps)->check(CLI::PositiveNumber);
+  app.add_option("--warmup", a.warmup)->check(CLI::NonNegativeNumber);
+  app.add_option("--microbatches", a.microbatches)->check(CLI::PositiveNumber);
+  app.add_option("--schedules", schedules);
+  app.add_option("--transport", a.transport)->check(CLI::IsMember({"pg", "rpc"}));
+  app.add_option("--layers", a.layers)->check(CLI::PositiveNumber);
+  app.add_option("--embd", a.embd)->check(CLI::PositiveNumber);
+  app.add_option("--heads", a.heads)->check(CLI::PositiveNumber);
+  app.add_option("--block", a.block)->check(CLI::PositiveNumber);
+  app.add_option("--batch", a.batch)->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+  blas::setNumThreads(1);
+  const double singleStep = single(a);
+  const double singleSamples = static_cast<double>(a.batch) / singleStep;
+  std::stringstream list(schedules);
+  for (std::string name; std::getline(list, name, ',');) {
+    char tmpl[] = "/tmp/cohort_bench_pipeline_XXXXXX";
+    if (!mkdtemp(tmpl)) return 1;
+    const std::string dir = tmpl;
+    testing::RankOptions o;
+    o.limit = std::chrono::seconds(600);
+    o.reportDir = dir;
+    o.stopOnFailure = true;
+    auto results = testing::runRanks(2, [&](int r, std::ostream& rep) { return runRank(a, name, dir, r, rep); }, o);
+    std::filesystem::remove_all(dir);
+    for (const auto& r : results)
+      if (!r.ok()) {
+        fmt::print(stderr, "pipeline bench: schedule {} failed: {} {}\n", name, r.describe(), r.report);
+        return 1;
+      }
+    // Gather what the ranks measured.
+    double step = 0, busy = 0, oneWay = 0;
+    std::vector<double> peakMib, actMib(8, 0.0);
+    pipeline::ActionCosts costs;
+    const int chunks = name == "interleaved" ? 2 : 1;
+    const int S = 2 * chunks;
+    costs.forward.assign(S, 0.0);
+    costs.backward.assign(S, 0.0);
+    costs.backwardInput.assign(S, 0.0);
+    costs.backwardWeight.assign(S, 0.0);
+    std::vector<double> actBytes(S, 0.0);
+    std::string transportName;
+    pipeline::Simulation measured;  // the last step as it ran, drawn as a simulation is
+    measured.timeline.resize(2);
+    for (size_t rank = 0; rank < results.size(); ++rank) {
+      std::istringstream in(results[rank].report);
+      for (std::string key; in >> key;) {
+        if (key == "ran") {
+          int kind, stage, mbi;
+          double t0, t1;
+          in >> kind >> stage >> mbi >> t0 >> t1;
+          measured.timeline[rank].push_back({{static_cast<pipeline::ActionKind>(kind), stage, mbi}, t0, t1});
+          measured.makespan = std::max(measured.makespan, t1);
+          continue;
+        }
+        if (key == "step") {
+          double v;
+          in >> v;
+          step = std::max(step, v);
+        } else if (key == "busy") {
+          double v;
+          in >> v;
+          busy += v;
+        } else if (key == "peak") {
+          double v;
+          in >> v;
+          peakMib.push_back(mib(static_cast<int64_t>(v)));
+        } else if (key == "oneway") {
+          double v;
+          in >> v;
+          oneWay = std::max(oneWay, v);
+        } else if (key == "cost") {
+          int kind, stage;
+          double v;
+          in >> kind >> stage >> v;
+          auto k = static_cast<pipeline::ActionKind>(kind);
+          auto& vec = k == pipeline::ActionKind::Forward         ? costs.forward
+                      : k == pipeline::ActionKind::Backward      ? costs.backward
+                      : k == pipeline::ActionKind::BackwardInput ? costs.backwardInput
+                                                                 : costs.backwardWeight;
+          vec[static_cast<size_t>(stage)] = v;
+        } else if (key == "actbytes") {
+          int stage;
+          double v;
+          in >> stage >> v;
+          actBytes[static_cast<size_t>(stage)] = v;
+        } else if (key == "transport") {
+          std::getline(in, transportName);
+          transportName.erase(0, transportName.find_first_not_of(' '));
+        }
+      }
+    }
+    costs.latency = oneWay;
+    pipeline::Schedule sched = pipeline::makeSchedule(name, 2, a.microbatches, chunks > 1 ? chunks : 0);
+    pipeline::Simulation sim = pipeline::simulate(sched, costs);
+    // Simulated peak bytes per rank: live micro-batches of each stage x that stage's bytes.
+    std::vector<double> simPeak(2, 0.0);
+    for (int r = 0; r < 2; ++r) {
+      double liveBytes = 0, best = 0;
+      for (const auto& t : sim.timeline[static_cast<size_t>(r)]) {
+        const double b = actBytes[static_cast<size_t>(t.action.stage)];
+        if (t.action.kind == pipeline::ActionKind::Forward) liveBytes += b;
+        if (t.action.kind == pipeline::ActionKind::Backward || t.action.kind == pipeline::ActionKind::BackwardWeight)
+          liveBytes -= b;
+        best = std::max(best, liveBytes);
+      }
+      simPeak[static_cast<size_t>(r)] = mib(static_cast<int64_t>(best));
+    }
+    const double samples = static_cast<double>(a.batch) / step;
+    if (showTimeline) {
+      const double unit = sim.makespan / 120;
+      fmt::print(stderr, "{} measured (last step):\n{}{} simulated:\n{}", name,
+                 pipeline::formatTimeline(measured, unit), name, pipeline::formatTimeline(sim, unit));
+    }
+    fmt::print(
+        "{{\"schedule\": \"{}\", \"samples_s\": {:.2f}, \"single_samples_s\": {:.2f}, \"speedup\": {:.3f}, "
+        "\"bubble_measured\": {:.4f}, \"bubble_simulated\": {:.4f}, \"step_ms\": {:.2f}, \"step_ms_predicted\": {:.2f}, "
+        "\"peak_activation_mib\": [{:.2f}], \"peak_activation_mib_simulated\": [{:.2f}], \"microbatches\": {}, "
+        "\"stages\": {}, \"transport\": \"{}\"}}\n",
+        name, samples, singleSamples, samples / singleSamples, 1.0 - busy / (2.0 * step), sim.bubble, step * 1e3,
+        sim.makespan * 1e3, fmt::join(peakMib, ", "), fmt::join(simPeak, ", "), a.microbatches, S, transportName);
+    std::fflush(stdout);
+  }
+  return 0;
+}

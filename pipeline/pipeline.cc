@@ -1,0 +1,307 @@
+#include <cohort/pipeline/pipeline.h>
+
+#include <algorithm>
+#include <chrono>
+#include <unordered_set>
+
+#include <fmt/format.h>
+
+#include <cohort/core/autograd/engine.h>
+#include <cohort/core/autograd/grad_mode.h>
+#include <cohort/core/autograd/split_backward.h>
+#include <cohort/core/ops/ops.h>
+
+namespace cohort::pipeline {
+
+// What one stage keeps of one micro-batch between its actions.
+struct Pipeline::MicroState {
+  Tensor input;      // the stage's input (a leaf requiring grad when it is floating point and not stage 0's)
+  Tensor output;     // forward's result (the last stage: its weighted loss)
+  Tensor gradOut;    // the gradient of `output`, received or handed over
+  Tensor gradIn;     // the gradient of `input`, to send or hand over
+  autograd::WeightBackward rest;  // the postponed weight half of a split backward
+  void clear() {
+    input = output = gradOut = gradIn = Tensor();
+    rest = autograd::WeightBackward();
+  }
+};
+
+namespace {
+
+int localIndex(const std::vector<int>& ids, int stage) {
+  auto it = std::lower_bound(ids.begin(), ids.end(), stage);
+  return static_cast<int>(it - ids.begin());
+}
+
+// Rethrows the current exception with `where` in front of its message, keeping its type.
+[[noreturn]] void rethrowAt(const std::string& where) {
+  try {
+    throw;
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(where + e.what());
+  } catch (const RpcTimeoutError& e) {
+    throw RpcTimeoutError(where + e.what());
+  } catch (const PeerError& e) {
+    throw PeerError(where + e.what());
+  } catch (const DistError& e) {
+    throw DistError(where + e.what());
+  } catch (const RpcError& e) {
+    throw RpcError(where + e.what());
+  } catch (const ValueError& e) {
+    throw ValueError(where + e.what());
+  } catch (const std::exception& e) {
+    throw Error(where + e.what());
+  }
+}
+
+}  // namespace
+
+Pipeline::Pipeline(std::vector<std::shared_ptr<nn::Module>> stages, TransportPtr transport, LossFn loss,
+                   PipelineOptions options)
+    : Pipeline(std::move(stages), transport, std::move(loss),
+               makeSchedule(options.schedule, transport ? transport->size() : 1, options.microbatches, options.chunks),
+               options) {}
+
+Pipeline::Pipeline(std::vector<std::shared_ptr<nn::Module>> stages, TransportPtr transport, LossFn loss,
+                   Schedule schedule, PipelineOptions options)
+    : stages_(std::move(stages)), transport_(std::move(transport)), loss_(std::move(loss)), options_(options) {
+  if (!transport_) throw ValueError("Pipeline: the transport is null");
+  if (!loss_) throw ValueError("Pipeline: no loss function");
+  if (schedule.ranks != transport_->size())
+    throw ScheduleError(fmt::format("Pipeline: schedule '{}' is for {} ranks, the transport ({}) has {}",
+                                    schedule.name, schedule.ranks, transport_->name(), transport_->size()));
+  check(schedule);  // ScheduleError before anything runs
+  schedule_ = withCommunication(schedule);
+  options_.microbatches = schedule_.microbatches;
+  stageIds_ = schedule_.stagesOf(transport_->rank());
+  if (stages_.size() != stageIds_.size())
+    throw ValueError(fmt::format("Pipeline: schedule '{}' places {} stage(s) on rank {} ({}), {} module(s) given",
+                                 schedule_.name, stageIds_.size(), transport_->rank(), fmt::join(stageIds_, ", "),
+                                 stages_.size()));
+  for (size_t i = 0; i < stages_.size(); ++i)
+    if (!stages_[i]) throw ValueError(fmt::format("Pipeline: the module of stage {} is null", stageIds_[i]));
+  for (const TiedParameter& t : options_.tied) {
+    Tie tie;
+    for (const auto& [stage, name] : t.copies) {
+      if (stage < 0 || stage >= schedule_.stages)
+        throw ValueError(fmt::format("Pipeline: tied parameter '{}' names stage {}, outside 0..{}", name, stage,
+                                     schedule_.stages - 1));
+      const int r = schedule_.rankOf(stage);
+      if (std::find(tie.ranks.begin(), tie.ranks.end(), r) == tie.ranks.end()) tie.ranks.push_back(r);
+      if (r != transport_->rank()) continue;
+      auto params = stages_[static_cast<size_t>(localIndex(stageIds_, stage))]->namedParameters();
+      if (!params.contains(name))
+        throw ValueError(fmt::format("Pipeline: tied parameter '{}' is not a parameter of stage {}", name, stage));
+      Tensor p = params[name];
+      bool seen = false;
+      for (const Tensor& q : tie.local) seen |= q.impl() == p.impl();
+      if (!seen) tie.local.push_back(p);
+    }
+    std::sort(tie.ranks.begin(), tie.ranks.end());
+    if (tie.ranks.size() > 1 && !tie.local.empty()) ties_.push_back(std::move(tie));
+  }
+  const int64_t tags =
+      2LL * schedule_.stages * schedule_.microbatches + schedule_.ranks + static_cast<int64_t>(options_.tied.size());
+  if (tags - 1 > transport_->maxTag())
+    throw ValueError(fmt::format("Pipeline: {} stages x {} micro-batches need {} tags; the {} transport carries {}",
+                                 schedule_.stages, schedule_.microbatches, tags, transport_->name(),
+                                 transport_->maxTag() + 1));
+  states_.resize(stageIds_.size() * static_cast<size_t>(schedule_.microbatches));
+}
+
+Pipeline::~Pipeline() = default;
+
+bool Pipeline::holdsFirstStage() const { return !stageIds_.empty() && stageIds_.front() == 0; }
+bool Pipeline::holdsLastStage() const { return !stageIds_.empty() && stageIds_.back() == schedule_.stages - 1; }
+
+std::vector<Tensor> Pipeline::parameters() const {
+  std::vector<Tensor> out;
+  std::unordered_set<const void*> seen;
+  for (const auto& m : stages_)
+    for (Tensor& p : m->parameters())
+      if (seen.insert(p.impl()).second) out.push_back(p);
+  return out;
+}
+
+int64_t Pipeline::tag(bool gradient, int stage, int microbatch) const {
+  return (static_cast<int64_t>(microbatch) * schedule_.stages + stage) * 2 + (gradient ? 1 : 0);
+}
+
+Pipeline::MicroState& Pipeline::state(int stage, int microbatch) {
+  return states_[static_cast<size_t>(localIndex(stageIds_, stage)) * static_cast<size_t>(schedule_.microbatches) +
+                 static_cast<size_t>(microbatch)];
+}
+
+Tensor Pipeline::step(const Tensor& input, const Tensor& target) {
+  const int m = schedule_.microbatches;
+  std::vector<Tensor> inputs, targets;
+  lossScale_.assign(static_cast<size_t>(m), 1.0);
+  auto cut = [&](const Tensor& batch, const char* what) {
+    if (!batch.defined())
+      throw ValueError(fmt::format("Pipeline::step: rank {} holds the {} stage but got no {}", rank(),
+                                   std::string(what) == "input" ? "first" : "last", what));
+    if (batch.dim() == 0 || batch.size(0) < m)
+      throw ValueError(fmt::format("Pipeline::step: the {} has {} rows along dim 0, fewer than the {} micro-batches",
+                                   what, batch.dim() == 0 ? 0 : batch.size(0), m));
+    const int64_t n = batch.size(0), base = n / m, extra = n % m;
+    Shape sizes;
+    for (int i = 0; i < m; ++i) sizes.push_back(base + (i < extra ? 1 : 0));
+    return std::pair{batch.split(sizes, 0), n};
+  };
+  if (holdsFirstStage()) inputs = cut(input, "input").first;
+  if (holdsLastStage()) {
+    auto [parts, n] = cut(target, "target");
+    targets = std::move(parts);
+    if (options_.lossReduction == LossReduction::Mean)
+      for (int i = 0; i < m; ++i) lossScale_[i] = static_cast<double>(targets[i].size(0)) / static_cast<double>(n);
+  }
+  lossSum_ = 0;
+  timing_ = StepTiming{};
+  for (Tie& t : ties_) {
+    t.before.clear();
+    for (const Tensor& p : t.local) t.before.push_back(p.grad().defined() ? p.grad().clone() : Tensor());
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  auto secondsSince = [&](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(t - t0).count();
+  };
+  const auto& mine = schedule_.actions[static_cast<size_t>(rank())];
+  for (const Action& a : mine) {
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      run(a, inputs, targets);
+    } catch (...) {
+      for (auto& s : states_) s.clear();
+      rethrowAt(fmt::format("pipeline '{}' {} (stage {}): {} failed: ", schedule_.name,
+                            transport_->describe(rank()), a.stage, a.str()));
+    }
+    const auto end = std::chrono::steady_clock::now();
+    timing_.actions.push_back({a, secondsSince(start), secondsSince(end)});
+    if (isCompute(a.kind)) timing_.busy += secondsSince(end) - secondsSince(start);
+  }
+  // The batch's loss to every rank, from the last stage's.
+  const int lastRank = schedule_.rankOf(schedule_.stages - 1);
+  const int64_t lossTag = 2LL * schedule_.stages * m;
+  Tensor loss;
+  try {
+    syncTied();
+    if (rank() == lastRank) {
+      loss = scalarTensor(lossSum_, {.dtype = DType::Float64});
+      for (int r = 0; r < transport_->size(); ++r)
+        if (r != rank()) transport_->send(loss, r, lossTag + r);
+    } else {
+      loss = transport_->recv(lastRank, lossTag + rank(), options_.timeout);
+    }
+    transport_->flush(options_.timeout);
+  } catch (...) {
+    rethrowAt(fmt::format("pipeline '{}' {}: the end of the step failed: ", schedule_.name,
+                          transport_->describe(rank())));
+  }
+  timing_.seconds = secondsSince(std::chrono::steady_clock::now());
+  for (auto& s : states_) s.clear();
+  return loss;
+}
+
+void Pipeline::syncTied() {
+  const int64_t base = 2LL * schedule_.stages * schedule_.microbatches + schedule_.ranks;
+  for (size_t k = 0; k < ties_.size(); ++k) {
+    Tie& t = ties_[k];
+    // This step's gradient of this rank's copies (a copy the step did not reach adds nothing).
+    Tensor mine = zerosLike(t.local[0]);
+    for (size_t j = 0; j < t.local.size(); ++j) {
+      Tensor g = t.local[j].grad();
+      if (!g.defined()) continue;
+      mine = t.before[j].defined() ? mine + (g - t.before[j]) : mine + g;
+    }
+    for (int r : t.ranks)
+      if (r != rank()) transport_->send(mine, r, base + static_cast<int64_t>(k));
+    // Every rank adds the contributions in rank order, so every copy gets the same bits.
+    Tensor total;
+    for (int r : t.ranks) {
+      Tensor part = r == rank() ? mine : transport_->recv(r, base + static_cast<int64_t>(k), options_.timeout);
+      total = total.defined() ? total + part : part;
+    }
+    for (size_t j = 0; j < t.local.size(); ++j) {
+      Tensor g = t.before[j].defined() ? t.before[j] + total : total.clone();
+      autograd::NoGradGuard ng;
+      if (t.local[j].grad().defined()) t.local[j].grad().copy_(g);
+      else t.local[j].setGrad(g);
+    }
+  }
+}
+
+void Pipeline::run(const Action& a, const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets) {
+  const int s = a.stage, i = a.microbatch, last = schedule_.stages - 1;
+  MicroState& st = state(s, i);
+  auto asLeaf = [](const Tensor& t) {
+    Tensor leaf = t.detach();
+    if (isFloating(leaf.dtype())) leaf.setRequiresGrad(true);
+    return leaf;
+  };
+  auto local = [&](int stage) { return schedule_.rankOf(stage) == rank(); };
+  auto roots = [&](std::vector<Tensor>& r, std::vector<Tensor>& g) {
+    r = {st.output};
+    g = {s == last ? Tensor() : st.gradOut};
+    if (s != last && !st.gradOut.defined())
+      throw Error(fmt::format("no gradient for the output of stage {} micro-batch {}", s, i));
+  };
+  auto handOverGradient = [&] {
+    if (s > 0 && st.input.defined() && st.input.requiresGrad() && !st.gradIn.defined())
+      st.gradIn = zerosLike(st.input);  // the input did not reach the loss
+    if (s > 0 && local(s - 1)) state(s - 1, i).gradOut = st.gradIn;
+  };
+  switch (a.kind) {
+    case ActionKind::RecvActivation:
+      st.input = asLeaf(transport_->recv(schedule_.rankOf(s - 1), tag(false, s, i), options_.timeout));
+      break;
+    case ActionKind::RecvGradient:
+      st.gradOut = transport_->recv(schedule_.rankOf(s + 1), tag(true, s, i), options_.timeout);
+      break;
+    case ActionKind::SendActivation:
+      transport_->send(st.output, schedule_.rankOf(s + 1), tag(false, s + 1, i));
+      break;
+    case ActionKind::SendGradient:
+      transport_->send(st.gradIn, schedule_.rankOf(s - 1), tag(true, s - 1, i));
+      break;
+    case ActionKind::Forward: {
+      if (s == 0) st.input = inputs.at(static_cast<size_t>(i));
+      else if (local(s - 1)) st.input = asLeaf(state(s - 1, i).output);
+      autograd::EnableGradGuard grad;
+      Tensor out = (*stages_[static_cast<size_t>(localIndex(stageIds_, s))])(st.input);
+      if (s == last) {
+        Tensor l = loss_(out, targets.at(static_cast<size_t>(i)));
+        if (!l.defined() || l.numel() != 1)
+          throw ValueError("the loss function must return a one-element tensor");
+        if (lossScale_[i] != 1.0) l = l * lossScale_[i];
+        lossSum_ += l.detach().itemDouble();
+        st.output = l;
+      } else {
+        st.output = out;
+      }
+      break;
+    }
+    case ActionKind::Backward: {
+      std::vector<Tensor> r, g;
+      roots(r, g);
+      autograd::backward(r, g);
+      if (s > 0 && st.input.requiresGrad()) st.gradIn = st.input.grad();
+      handOverGradient();
+      st.output = st.gradOut = Tensor();
+      break;
+    }
+    case ActionKind::BackwardInput: {
+      std::vector<Tensor> r, g;
+      roots(r, g);
+      std::vector<Tensor> in;
+      if (s > 0 && st.input.requiresGrad()) in.push_back(st.input);
+      auto grads = autograd::backwardInput(r, g, in, st.rest);
+      if (!in.empty()) st.gradIn = grads[0];
+      handOverGradient();
+      st.output = st.gradOut = Tensor();
+      break;
+    }
+    case ActionKind::BackwardWeight: st.rest.run(); break;
+  }
+}
+
+}  // namespace cohort::pipeline

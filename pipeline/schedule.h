@@ -1,0 +1,153 @@
+/*
+ * Pipeline schedules as data. A model is cut into `stages` consecutive (virtual) stages, placed
+ * on `ranks` pipeline ranks (stage s on rank placement[s]); a batch is cut into `microbatches`.
+ * A schedule is, for every rank, the list of actions it runs in order:
+ *
+ *   F  forward of micro-batch i on stage s
+ *   B  full backward (input and weight gradients)
+ *   I  backward for the input only (the gradient the previous stage waits for)
+ *   W  backward for the weights (postponed; zero-bubble schedules fill idle time with it)
+ *   SF / RF  send / receive stage s's activation (SF(s, i) sends to stage s + 1; RF(s, i)
+ *            receives stage s's input from stage s - 1)
+ *   SB / RB  send / receive a gradient (SB(s, i) sends stage s's input gradient to stage s - 1;
+ *            RB(s, i) receives stage s's output gradient from stage s + 1)
+ *
+ * Built-in schedules produce compute actions only; withCommunication() inserts each send right
+ * after the action that produced the tensor and each receive right before the action that needs
+ * it (stages on one rank hand tensors over in memory, without actions). A hand-written schedule
+ * may give its own sends and receives; it is then checked as written.
+ *
+ * simulate() runs a schedule on a model of the machine: every rank executes its list in order; a
+ * compute action starts when its rank is free and its inputs are there; a send costs its rank
+ * `send` and arrives `latency` later; a receive waits for the matching send. It returns each
+ * action's start and end, the bubble fraction (idle share of ranks x step time) and the peak of
+ * live activations per rank (a micro-batch's activations are live from its forward until its
+ * backward, or its weight backward when the backward is split). The same run is the checker:
+ * check() refuses, with a ScheduleError naming the first action that cannot proceed, a schedule
+ * that is incomplete (a missing or duplicated action, an action on the wrong rank, a send with no
+ * receive) or that deadlocks (every unfinished rank waits, for an action that comes later on its
+ * own rank or on a rank that waits in turn).
+ */
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <cohort/core/util/error.h>
+
+namespace cohort::pipeline {
+
+class ScheduleError : public ValueError {
+  using ValueError::ValueError;
+};
+
+enum class ActionKind : uint8_t {
+  Forward,
+  Backward,
+  BackwardInput,
+  BackwardWeight,
+  SendActivation,
+  RecvActivation,
+  SendGradient,
+  RecvGradient,
+};
+// "F", "B", "I", "W", "SF", "RF", "SB", "RB".
+const char* shortName(ActionKind kind);
+bool isCompute(ActionKind kind);
+
+struct Action {
+  ActionKind kind = ActionKind::Forward;
+  int stage = 0;
+  int microbatch = 0;
+  bool operator==(const Action&) const = default;
+  // "F(stage 1, micro-batch 3)".
+  std::string str() const;
+  // "F3" (with the stage: "F3s1").
+  std::string shortStr(bool withStage = false) const;
+};
+
+struct Schedule {
+  std::string name;  // "gpipe", "1f1b", "interleaved", "zb", or a user's
+  int ranks = 1;
+  int stages = 1;
+  int microbatches = 1;
+  std::vector<int> placement;               // stage -> rank; size `stages`
+  std::vector<std::vector<Action>> actions;  // per rank, in execution order
+
+  int rankOf(int stage) const { return placement.at(static_cast<size_t>(stage)); }
+  // The stages on `rank`, ascending.
+  std::vector<int> stagesOf(int rank) const;
+  // Whether any action is a send or a receive.
+  bool hasCommunication() const;
+  // Whether backward is split into I and W.
+  bool splitsBackward() const;
+};
+
+// Stage s on rank s % ranks (one stage per rank when stages == ranks).
+std::vector<int> loopedPlacement(int ranks, int stages);
+
+// Fill-drain: every forward, then every backward (GPipe). Peak activations: m on every rank.
+Schedule gpipe(int ranks, int microbatches);
+// One forward, one backward (PipeDream-flush / Megatron): rank r runs ranks - r - 1 forwards
+// ahead, then alternates. Peak activations ranks - r.
+Schedule oneFOneB(int ranks, int microbatches);
+// Interleaved 1F1B (Megatron-LM): `chunks` stages per rank, stage s on rank s % ranks; micro-
+// batches move through the chunks in groups of `ranks`. Needs microbatches % ranks == 0.
+// Bubble (p - 1) / (v m + p - 1) with equal costs (p ranks, v chunks, m micro-batches).
+Schedule interleaved1F1B(int ranks, int chunks, int microbatches);
+// Zero bubble (ZB-H1 family): backward split into I and W; the in-flight forwards per rank are
+// bounded as in 1F1B (ranks - r between a forward and its input backward) and W runs whenever
+// no forward or input backward is ready, keeping at most ranks - 1 weight backwards postponed.
+// With unit F, I, W costs its bubble is (p - 1) / (3m + p - 1) for m >= p, a third of 1F1B's.
+Schedule zeroBubble(int ranks, int microbatches);
+// By name: "gpipe", "1f1b", "interleaved" (uses `chunks`, default 2), "zb". ValueError for
+// another name.
+Schedule makeSchedule(const std::string& name, int ranks, int microbatches, int chunks = 0);
+// The built-in names.
+std::vector<std::string> scheduleNames();
+
+// The schedule with sends and receives inserted (a copy; one that has them already is returned
+// unchanged).
+Schedule withCommunication(const Schedule& schedule);
+
+struct ActionCosts {
+  // Per stage (one value: every stage). Time of a forward, a full backward, and the two halves
+  // of a split backward.
+  std::vector<double> forward{1.0};
+  std::vector<double> backward{2.0};
+  std::vector<double> backwardInput{1.0};
+  std::vector<double> backwardWeight{1.0};
+  double send = 0.0;     // time a send keeps its rank busy
+  double recv = 0.0;     // time a receive keeps its rank busy once the data is there
+  double latency = 0.0;  // from the end of a send to the data being at the receiver
+  double of(const Action& a) const;
+};
+
+struct TimedAction {
+  Action action;
+  double start = 0;
+  double end = 0;
+};
+
+struct Simulation {
+  double makespan = 0;
+  std::vector<double> busy;                        // per rank: compute time (F, B, I, W)
+  double bubble = 0;                               // 1 - sum(busy) / (ranks * makespan)
+  std::vector<int> peakActivations;                // per rank: live micro-batch activations
+  std::vector<std::vector<TimedAction>> timeline;  // per rank, in execution order
+};
+
+// Checks `schedule` (lowered with withCommunication when it has no sends or receives) and times
+// it. Throws ScheduleError as check() does.
+Simulation simulate(const Schedule& schedule, const ActionCosts& costs = {});
+// simulate() with unit costs, for its checks alone.
+void check(const Schedule& schedule);
+
+// A text picture: a row per rank, a column per `unit` of time (default: the shortest compute
+// action), each compute action drawn as its short name padded to its length, idle time as dots.
+std::string formatTimeline(const Simulation& sim, double unit = 0);
+// The same as an SVG image (a coloured box per action, labelled).
+std::string timelineSvg(const Simulation& sim, const std::string& title = "");
+
+}  // namespace cohort::pipeline

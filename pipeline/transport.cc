@@ -1,0 +1,229 @@
+#include <cohort/pipeline/transport.h>
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include <cohort/core/ops/ops.h>
+#include <cohort/rpc/rpc.h>
+
+namespace cohort::pipeline {
+
+namespace {
+
+constexpr int kMaxDims = 8;
+constexpr int64_t kHeaderLen = 2 + kMaxDims;  // dtype, ndim, sizes
+
+// ---- process group --------------------------------------------------------------------------
+
+class ProcessGroupTransport final : public Transport {
+ public:
+  explicit ProcessGroupTransport(dist::ProcessGroupPtr pg) : pg_(std::move(pg)) {
+    if (!pg_) throw ValueError("processGroupTransport: the process group is null");
+  }
+  ~ProcessGroupTransport() override {
+    // Sends still in flight keep their tensors alive until they end (or fail).
+    for (auto& p : pending_) try {
+        p.work->wait(Millis(1000));
+      } catch (...) {
+      }
+  }
+  int rank() const override { return pg_->rank(); }
+  int size() const override { return pg_->size(); }
+  // Two process-group tags per tag, below MPI's guaranteed tag bound (32767).
+  int64_t maxTag() const override { return 16383; }
+  std::string describe(int r) const override { return fmt::format("rank {}", r); }
+  std::string name() const override {
+    return fmt::format("process group ({})", pg_->backend(DeviceType::CPU).name());
+  }
+
+  void send(const Tensor& tensor, int dst, int64_t tag) override {
+    checkTag(tag);
+    if (tensor.dim() > kMaxDims)
+      throw ValueError(fmt::format("pipeline transport: a {}-dimensional tensor; at most {} dimensions travel",
+                                   tensor.dim(), kMaxDims));
+    reap();
+    Tensor header = empty({kHeaderLen}, {.dtype = DType::Int64});
+    auto* h = header.data<int64_t>();
+    std::fill(h, h + kHeaderLen, 0);
+    h[0] = static_cast<int64_t>(tensor.dtype());
+    h[1] = tensor.dim();
+    for (int64_t d = 0; d < tensor.dim(); ++d) h[2 + d] = tensor.size(d);
+    post(pg_->send(header, dst, {.tag = static_cast<int>(2 * tag), .timeout = kSendTimeout}), header);
+    if (tensor.numel() > 0) {
+      Tensor data = tensor.detach().contiguous();
+      post(pg_->send(data, dst, {.tag = static_cast<int>(2 * tag + 1), .timeout = kSendTimeout}), data);
+    }
+  }
+
+  Tensor recv(int src, int64_t tag, Millis timeout) override {
+    checkTag(tag);
+    Tensor header = empty({kHeaderLen}, {.dtype = DType::Int64});
+    pg_->recv(header, src, {.tag = static_cast<int>(2 * tag), .timeout = timeout})->wait(timeout);
+    const auto* h = header.data<int64_t>();
+    if (h[0] < 0 || h[0] >= kNumDTypes || h[1] < 0 || h[1] > kMaxDims)
+      throw DistError(fmt::format("pipeline transport: a malformed header from rank {} (tag {})", src, tag));
+    Shape shape(h + 2, h + 2 + h[1]);
+    Tensor out = empty(shape, {.dtype = static_cast<DType>(h[0])});
+    if (out.numel() > 0)
+      pg_->recv(out, src, {.tag = static_cast<int>(2 * tag + 1), .timeout = timeout})->wait(timeout);
+    return out;
+  }
+
+  void flush(Millis timeout) override {
+    std::exception_ptr first;
+    for (auto& p : pending_) {
+      try {
+        p.work->wait(timeout);
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    pending_.clear();
+    if (first) std::rethrow_exception(first);
+  }
+
+ private:
+  // A send's own deadline: flush() waits with the pipeline's timeout; the op itself may wait for
+  // its receiver as long as a step may last.
+  static constexpr Millis kSendTimeout{Millis(24 * 3600 * 1000)};
+  struct Pending {
+    dist::WorkPtr work;
+    Tensor keep;
+  };
+  void checkTag(int64_t tag) const {
+    if (tag < 0 || tag > maxTag())
+      throw ValueError(fmt::format("pipeline transport: tag {} outside 0..{} (too many micro-batches x stages for "
+                                   "a process group's tags)",
+                                   tag, maxTag()));
+  }
+  void post(dist::WorkPtr work, Tensor keep) { pending_.push_back({std::move(work), std::move(keep)}); }
+  // Drops finished sends (failures stay for flush() to report).
+  void reap() {
+    std::erase_if(pending_, [](const Pending& p) { return p.work->isCompleted() && p.work->isSuccess(); });
+  }
+
+  dist::ProcessGroupPtr pg_;
+  std::vector<Pending> pending_;
+};
+
+// ---- rpc ------------------------------------------------------------------------------------
+
+// Tensors delivered to this process, by (source pipeline rank, tag), in arrival order.
+class Mailbox {
+ public:
+  static Mailbox& instance() {
+    static Mailbox box;
+    return box;
+  }
+  void put(int64_t src, int64_t tag, Tensor t) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      slots_[{src, tag}].push_back(std::move(t));
+    }
+    cv_.notify_all();
+  }
+  // Undefined after `timeout`.
+  Tensor take(int64_t src, int64_t tag, Millis timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    const auto key = std::make_pair(src, tag);
+    if (!cv_.wait_for(lock, timeout, [&] {
+          auto it = slots_.find(key);
+          return it != slots_.end() && !it->second.empty();
+        }))
+      return {};
+    auto it = slots_.find(key);
+    Tensor t = std::move(it->second.front());
+    it->second.pop_front();
+    if (it->second.empty()) slots_.erase(it);
+    return t;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::pair<int64_t, int64_t>, std::deque<Tensor>> slots_;
+};
+
+constexpr const char* kDeliver = "cohort.pipeline.deliver";
+
+void registerDeliver() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    rpc::registerFunction(kDeliver, [](int64_t src, int64_t tag, Tensor t) {
+      Mailbox::instance().put(src, tag, std::move(t));
+    });
+  });
+}
+
+class RpcTransport final : public Transport {
+ public:
+  explicit RpcTransport(std::vector<std::string> workers) : workers_(std::move(workers)) {
+    registerDeliver();
+    const std::string self = rpc::currentAgent()->self().name;
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      (void)rpc::currentAgent()->worker(workers_[i]);  // RpcError for an unknown one
+      if (workers_[i] == self) rank_ = static_cast<int>(i);
+    }
+    if (rank_ < 0)
+      throw ValueError(fmt::format("rpcTransport: this worker ('{}') is not among the pipeline's workers", self));
+  }
+  ~RpcTransport() override {
+    for (auto& f : pending_) (void)f.waitFor(Millis(1000));
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(workers_.size()); }
+  int64_t maxTag() const override { return INT64_MAX; }
+  std::string describe(int r) const override {
+    return fmt::format("rank {} (worker '{}')", r, workers_.at(static_cast<size_t>(r)));
+  }
+  std::string name() const override { return "rpc"; }
+
+  void send(const Tensor& tensor, int dst, int64_t tag) override {
+    std::erase_if(pending_, [](const Future<void>& f) { return f.isCompleted() && !f.hasError(); });
+    pending_.push_back(rpc::rpcAsync<void>(workers_.at(static_cast<size_t>(dst)), kDeliver,
+                                           static_cast<int64_t>(rank_), tag, tensor.detach()));
+  }
+
+  Tensor recv(int src, int64_t tag, Millis timeout) override {
+    Tensor t = Mailbox::instance().take(src, tag, timeout);
+    if (!t.defined())
+      throw TimeoutError(fmt::format("pipeline transport (rpc): nothing arrived from {} under tag {} within {} ms",
+                                     describe(src), tag, timeout.count()));
+    return t;
+  }
+
+  void flush(Millis timeout) override {
+    std::exception_ptr first;
+    for (auto& f : pending_) {
+      try {
+        f.wait(timeout);
+        if (f.hasError()) std::rethrow_exception(f.exception());
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    pending_.clear();
+    if (first) std::rethrow_exception(first);
+  }
+
+ private:
+  std::vector<std::string> workers_;
+  int rank_ = -1;
+  std::vector<Future<void>> pending_;
+};
+
+}  // namespace
+
+TransportPtr processGroupTransport(dist::ProcessGroupPtr pg) {
+  return std::make_shared<ProcessGroupTransport>(std::move(pg));
+}
+
+TransportPtr rpcTransport(std::vector<std::string> workers) {
+  return std::make_shared<RpcTransport>(std::move(workers));
+}
+
+}  // namespace cohort::pipeline

@@ -1,0 +1,58 @@
+/*
+ * How a pipeline's activations and gradients travel between its ranks: one seam, two
+ * implementations.
+ *
+ *  - processGroupTransport(pg): a process group's send/recv (shm, gloo or mpi). Each tensor goes
+ *    as two messages under one tag: a header (dtype and shape) and the data, so the receiver
+ *    needs no shape in advance. Pipeline rank = the group's rank.
+ *  - rpcTransport(workers): the RPC layer (TensorPipe). A send is an asynchronous call that
+ *    delivers the tensor into the receiving worker's mailbox; on one host TensorPipe's CMA channel
+ *    has the receiver read the tensor straight from the sender's memory. The served function only
+ *    files the tensor and returns, so RPC threads are never held. Pipeline rank i = workers[i];
+ *    rpc::init must have run.
+ *
+ * Sends never block; recv blocks until the tensor sent with that (source, tag) arrives, or throws
+ * TimeoutError after `timeout` naming the peer and tag. flush() waits for every send this
+ * transport started to be delivered, and rethrows the first failure (a dead peer). Tags are the
+ * pipeline's business (pipeline.h numbers them by micro-batch, stage and direction); within one
+ * (source, tag) pair tensors arrive in the order they were sent.
+ *
+ * A transport is used by one thread at a time (the pipeline's).
+ */
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <cohort/core/tensor/tensor.h>
+#include <cohort/distributed/process_group.h>
+
+namespace cohort::pipeline {
+
+using Millis = std::chrono::milliseconds;
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // The largest tag this transport carries (tags are 0..maxTag()).
+  virtual int64_t maxTag() const = 0;
+  virtual void send(const Tensor& tensor, int dst, int64_t tag) = 0;
+  virtual Tensor recv(int src, int64_t tag, Millis timeout) = 0;
+  virtual void flush(Millis timeout) = 0;
+  // How errors name pipeline rank `r` ("rank 1", "worker 'stage1'").
+  virtual std::string describe(int r) const = 0;
+  virtual std::string name() const = 0;  // "process group (gloo)", "rpc"
+};
+
+using TransportPtr = std::shared_ptr<Transport>;
+
+TransportPtr processGroupTransport(dist::ProcessGroupPtr pg);
+// workers[i]: the RPC worker name of pipeline rank i; this worker must be one of them.
+TransportPtr rpcTransport(std::vector<std::string> workers);
+
+}  // namespace cohort::pipeline

@@ -1,0 +1,203 @@
+// Schedules as data: the built-ins are complete and deadlock-free, the checker names the first
+// action of a broken schedule, and the simulator's bubbles and peaks match the formulas.
+#include <gtest/gtest.h>
+
+#include <cohort/pipeline/schedule.h>
+
+namespace cohort::pipeline {
+namespace {
+
+using K = ActionKind;
+
+std::string errorOf(const Schedule& s) {
+  try {
+    check(s);
+  } catch (const ScheduleError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Schedule, BuiltInsAreCompleteAndDeadlockFree) {
+  for (int p = 1; p <= 5; ++p)
+    for (int m = 1; m <= 12; ++m) {
+      for (const char* name : {"gpipe", "1f1b", "zb"}) {
+        Schedule s = makeSchedule(name, p, m);
+        EXPECT_NO_THROW(check(s)) << name << " p=" << p << " m=" << m;
+        EXPECT_EQ(s.splitsBackward(), std::string(name) == "zb");
+      }
+      if (m % p == 0)
+        for (int v = 1; v <= 3; ++v) {
+          Schedule s = interleaved1F1B(p, v, m);
+          EXPECT_EQ(s.stages, p * v);
+          EXPECT_NO_THROW(check(s)) << "interleaved p=" << p << " v=" << v << " m=" << m;
+        }
+    }
+}
+
+TEST(Schedule, InterleavedNeedsWholeGroupsOfMicrobatches) {
+  try {
+    interleaved1F1B(4, 2, 6);
+    FAIL() << "no error";
+  } catch (const ScheduleError& e) {
+    EXPECT_NE(std::string(e.what()).find("6 micro-batches do not divide into groups of 4"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(makeSchedule("pipedream", 2, 4), ScheduleError);
+  EXPECT_THROW(makeSchedule("1f1b", 2, 4, 2), ScheduleError);
+  EXPECT_THROW(gpipe(0, 4), ScheduleError);
+  EXPECT_THROW(oneFOneB(2, 0), ScheduleError);
+}
+
+TEST(Schedule, CommunicationIsInsertedAroundComputeOnly) {
+  Schedule s = withCommunication(oneFOneB(2, 2));
+  // Rank 0: F0 SF0 F1 SF1 RB0 B0 RB1 B1 (stage 0 sends no gradient: it has no previous stage).
+  std::vector<Action> r0{{K::Forward, 0, 0},      {K::SendActivation, 0, 0}, {K::Forward, 0, 1},
+                         {K::SendActivation, 0, 1}, {K::RecvGradient, 0, 0},  {K::Backward, 0, 0},
+                         {K::RecvGradient, 0, 1},  {K::Backward, 0, 1}};
+  EXPECT_EQ(s.actions[0], r0);
+  std::vector<Action> r1{{K::RecvActivation, 1, 0}, {K::Forward, 1, 0},      {K::Backward, 1, 0},
+                         {K::SendGradient, 1, 0},   {K::RecvActivation, 1, 1}, {K::Forward, 1, 1},
+                         {K::Backward, 1, 1},       {K::SendGradient, 1, 1}};
+  EXPECT_EQ(s.actions[1], r1);
+  // Stages on one rank hand over in memory: interleaved on one rank has no communication.
+  EXPECT_FALSE(withCommunication(interleaved1F1B(1, 3, 2)).hasCommunication());
+}
+
+TEST(Schedule, CheckerRejectsAMissingBackward) {
+  Schedule s = oneFOneB(2, 3);
+  auto& r1 = s.actions[1];
+  r1.erase(std::find(r1.begin(), r1.end(), Action{K::Backward, 1, 2}));
+  EXPECT_EQ(errorOf(s), "schedule '1f1b': rank 1 never runs the backward (B, or I and W) of micro-batch 2 on stage 1");
+  Schedule z = zeroBubble(2, 2);
+  auto& z0 = z.actions[0];
+  z0.erase(std::find(z0.begin(), z0.end(), Action{K::BackwardWeight, 0, 1}));
+  EXPECT_NE(errorOf(z).find("never runs the weight backward (W) after its I of micro-batch 1 on stage 0"),
+            std::string::npos)
+      << errorOf(z);
+}
+
+TEST(Schedule, CheckerRejectsASendWithoutItsReceive) {
+  Schedule s = withCommunication(gpipe(2, 2));
+  auto& r1 = s.actions[1];
+  r1.erase(std::find(r1.begin(), r1.end(), Action{K::RecvActivation, 1, 1}));
+  EXPECT_EQ(errorOf(s),
+            "schedule 'gpipe': SF(stage 0, micro-batch 1) on rank 0 has no matching RF(stage 1, micro-batch 1) on "
+            "rank 1");
+}
+
+TEST(Schedule, CheckerRejectsACycle) {
+  // Rank 0 waits for micro-batch 0's gradient before sending micro-batch 1's activation; rank 1
+  // takes micro-batch 1 before it gives micro-batch 0's gradient back: each waits for the other.
+  Schedule s;
+  s.name = "crossed";
+  s.ranks = 2;
+  s.stages = 2;
+  s.microbatches = 2;
+  s.placement = {0, 1};
+  s.actions = {{{K::Forward, 0, 0}, {K::Backward, 0, 0}, {K::Forward, 0, 1}, {K::Backward, 0, 1}},
+               {{K::Forward, 1, 1}, {K::Forward, 1, 0}, {K::Backward, 1, 0}, {K::Backward, 1, 1}}};
+  EXPECT_EQ(errorOf(s),
+            "schedule 'crossed' deadlocks: rank 0 waits at action 2 (RB(stage 0, micro-batch 0)) for "
+            "SB(stage 1, micro-batch 0) on rank 1; rank 1 waits at action 0 (RF(stage 1, micro-batch 1)) for "
+            "SF(stage 0, micro-batch 1) on rank 0, which waits in turn: a cycle");
+  // A backward before its own forward on one rank.
+  Schedule t = gpipe(1, 2);
+  std::swap(t.actions[0][0], t.actions[0][2]);
+  EXPECT_EQ(errorOf(t),
+            "schedule 'gpipe' deadlocks: rank 0 waits at action 0 (B(stage 0, micro-batch 0)) for F(stage 0, "
+            "micro-batch 0), which comes later on rank 0 (action 2)");
+}
+
+TEST(Schedule, CheckerRejectsMalformedActions) {
+  Schedule s = gpipe(2, 2);
+  s.actions[0].push_back({K::Forward, 1, 0});
+  EXPECT_NE(errorOf(s).find("rank 0 action 4 (F(stage 1, micro-batch 0)) is on the wrong rank: stage 1 is on rank 1"),
+            std::string::npos)
+      << errorOf(s);
+  Schedule d = gpipe(2, 2);
+  d.actions[1].push_back({K::Forward, 1, 1});
+  EXPECT_NE(errorOf(d).find("repeats the action at rank 1 position 1"), std::string::npos) << errorOf(d);
+  Schedule o = gpipe(2, 2);
+  o.actions[1].push_back({K::Forward, 1, 7});
+  EXPECT_NE(errorOf(o).find("names a micro-batch outside 0..1"), std::string::npos) << errorOf(o);
+  Schedule b = gpipe(2, 2);
+  b.actions[1].push_back({K::BackwardInput, 1, 0});
+  EXPECT_NE(errorOf(b).find("has both a full backward (B) and a split one (I/W)"), std::string::npos) << errorOf(b);
+  Schedule pl = gpipe(2, 2);
+  pl.placement = {0, 2};
+  EXPECT_NE(errorOf(pl).find("stage 1 is placed on rank 2, outside 0..1"), std::string::npos) << errorOf(pl);
+}
+
+TEST(Simulator, FillDrainAndOneFOneBBubbleIsTheTextbookFormula) {
+  for (int p = 1; p <= 5; ++p)
+    for (int m = 1; m <= 16; ++m)
+      for (double fb : {1.0, 2.0}) {
+        ActionCosts c;
+        c.forward = {1.0};
+        c.backward = {fb};
+        const double expected = static_cast<double>(p - 1) / (m + p - 1);
+        EXPECT_NEAR(simulate(gpipe(p, m), c).bubble, expected, 1e-12) << "gpipe p=" << p << " m=" << m;
+        EXPECT_NEAR(simulate(oneFOneB(p, m), c).bubble, expected, 1e-12) << "1f1b p=" << p << " m=" << m;
+      }
+}
+
+TEST(Simulator, InterleavedBubbleShrinksWithTheChunks) {
+  // Megatron-LM: the bubble is (p - 1) / v of a stage's per-micro-batch time, against m of them.
+  for (int p = 2; p <= 4; ++p)
+    for (int v = 1; v <= 3; ++v)
+      for (int m = p; m <= 4 * p; m += p) {
+        Simulation sim = simulate(interleaved1F1B(p, v, m));
+        EXPECT_NEAR(sim.bubble, static_cast<double>(p - 1) / (v * m + p - 1), 1e-12)
+            << "p=" << p << " v=" << v << " m=" << m;
+      }
+}
+
+TEST(Simulator, ZeroBubbleIsAThirdOfOneFOneBs) {
+  // Qi et al.: with T_F = T_B = T_W, ZB-H1's bubble is (p - 1)(T_F + T_B - T_W) against 1F1B's
+  // (p - 1)(T_F + T_B + T_W).
+  for (int p = 2; p <= 6; ++p)
+    for (int m = p; m <= 3 * p + 1; ++m) {
+      Simulation zb = simulate(zeroBubble(p, m));
+      EXPECT_DOUBLE_EQ(zb.makespan, 3.0 * m + (p - 1)) << "p=" << p << " m=" << m;
+      EXPECT_NEAR(zb.bubble, static_cast<double>(p - 1) / (3 * m + p - 1), 1e-12);
+      ActionCosts c;
+      c.backward = {2.0};
+      EXPECT_DOUBLE_EQ(simulate(oneFOneB(p, m), c).makespan, 3.0 * m + 3 * (p - 1));
+    }
+}
+
+TEST(Simulator, PeakActivations) {
+  const int p = 4, m = 8;
+  Simulation g = simulate(gpipe(p, m)), o = simulate(oneFOneB(p, m)), z = simulate(zeroBubble(p, m));
+  for (int r = 0; r < p; ++r) {
+    EXPECT_EQ(g.peakActivations[r], m);                 // GPipe grows with the micro-batches
+    EXPECT_EQ(o.peakActivations[r], p - r);             // 1F1B with the stages
+    EXPECT_LE(z.peakActivations[r], 2 * p - r - 1);     // zero bubble: + postponed weight backwards
+    EXPECT_GE(z.peakActivations[r], o.peakActivations[r]);
+  }
+}
+
+TEST(Simulator, CommunicationCostsDelayTheReceiver) {
+  ActionCosts c;
+  c.forward = {1.0};
+  c.backward = {2.0};
+  c.latency = 0.5;
+  Simulation sim = simulate(gpipe(2, 1), c);
+  // F0 on rank 0 [0,1], arrives 1.5, F0 on rank 1 [1.5,2.5], B [2.5,4.5], gradient at 5, B [5,7].
+  EXPECT_DOUBLE_EQ(sim.makespan, 7.0);
+  EXPECT_DOUBLE_EQ(sim.busy[0], 3.0);
+}
+
+TEST(Timeline, TextAndSvg) {
+  Simulation sim = simulate(oneFOneB(2, 2));  // F = 1, B = 2
+  EXPECT_EQ(formatTimeline(sim),
+            "rank  0 | F0 F1 .  .  B0    .  B1\n"
+            "rank  1 | .  F0 B0    F1 B1    .  .\n");
+  std::string svg = timelineSvg(sim, "1f1b");
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_NE(svg.find(">B1</text>"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace cohort::pipeline
