@@ -10,6 +10,7 @@
 #include <cohort/core/autograd/grad_mode.h>
 #include <cohort/core/autograd/split_backward.h>
 #include <cohort/core/ops/ops.h>
+#include <cohort/distributed/ddp/distributed_data_parallel.h>
 
 namespace cohort::pipeline {
 
@@ -107,6 +108,13 @@ Pipeline::Pipeline(std::vector<std::shared_ptr<nn::Module>> stages, TransportPtr
                                  schedule_.stages, schedule_.microbatches, tags, transport_->name(),
                                  transport_->maxTag() + 1));
   states_.resize(stageIds_.size() * static_cast<size_t>(schedule_.microbatches));
+  // Stages under DDP: the position of each one's last backward (B, or W when split), before which
+  // DDP's reducer is armed.
+  const auto& mine = schedule_.actions[static_cast<size_t>(transport_->rank())];
+  lastBackward_.assign(stageIds_.size(), -1);
+  for (size_t k = 0; k < mine.size(); ++k)
+    if (mine[k].kind == ActionKind::Backward || mine[k].kind == ActionKind::BackwardWeight)
+      lastBackward_[static_cast<size_t>(localIndex(stageIds_, mine[k].stage))] = static_cast<int>(k);
 }
 
 Pipeline::~Pipeline() = default;
@@ -166,9 +174,19 @@ Tensor Pipeline::step(const Tensor& input, const Tensor& target) {
     return std::chrono::duration<double>(t - t0).count();
   };
   const auto& mine = schedule_.actions[static_cast<size_t>(rank())];
-  for (const Action& a : mine) {
+  for (size_t k = 0; k < mine.size(); ++k) {
+    const Action& a = mine[k];
     const auto start = std::chrono::steady_clock::now();
     try {
+      const auto local = static_cast<size_t>(localIndex(stageIds_, a.stage));
+      if (static_cast<int>(k) == lastBackward_[local]) {
+        // DDP reduces the gradients the stage accumulated over every micro-batch once, during
+        // its last backward (every forward ran under noSync).
+        if (auto* ddp = dynamic_cast<dist::DistributedDataParallel*>(stages_[local].get())) {
+          const Tensor& out = state(a.stage, a.microbatch).output;
+          ddp->reducer().prepareForBackward(out.defined() ? std::vector<Tensor>{out} : std::vector<Tensor>{}, true);
+        }
+      }
       run(a, inputs, targets);
     } catch (...) {
       for (auto& s : states_) s.clear();
@@ -267,7 +285,14 @@ void Pipeline::run(const Action& a, const std::vector<Tensor>& inputs, const std
       if (s == 0) st.input = inputs.at(static_cast<size_t>(i));
       else if (local(s - 1)) st.input = asLeaf(state(s - 1, i).output);
       autograd::EnableGradGuard grad;
-      Tensor out = (*stages_[static_cast<size_t>(localIndex(stageIds_, s))])(st.input);
+      nn::Module& module = *stages_[static_cast<size_t>(localIndex(stageIds_, s))];
+      Tensor out;
+      if (auto* ddp = dynamic_cast<dist::DistributedDataParallel*>(&module)) {
+        auto noSync = ddp->noSync();
+        out = module(st.input);
+      } else {
+        out = module(st.input);
+      }
       if (s == last) {
         Tensor l = loss_(out, targets.at(static_cast<size_t>(i)));
         if (!l.defined() || l.numel() != 1)

@@ -29,6 +29,14 @@
  * Stages: `stages` are this rank's modules in ascending stage order (with the interleaved
  * schedule, stages r, r + p, r + 2p, ... of a p-rank pipeline). A stage's forward takes one
  * tensor and returns one; the last stage's output goes to the loss function with the target.
+ *
+ * Pipeline x data parallel: give a stage as a DistributedDataParallel over the group of the
+ * ranks holding the same stage in the other pipeline replicas (DeviceMesh, distributed/
+ * device_mesh.h, makes those groups). The pipeline runs every forward of the step under DDP's
+ * noSync and arms DDP's reducer right before the stage's last backward (B, or W), so the
+ * gradients accumulated over all micro-batches are averaged across replicas once per step, the
+ * all-reduce overlapping that last backward. Feed each replica its own share of the batch; the
+ * losses step() returns are per replica (average them across replicas for the whole batch's).
  */
 #pragma once
 
@@ -113,6 +121,7 @@ class Pipeline {
   PipelineOptions options_;
   std::vector<MicroState> states_;  // per (local stage, micro-batch)
   std::vector<Tie> ties_;
+  std::vector<int> lastBackward_;  // per local stage: index of its last B or W in this rank's list
   std::vector<double> lossScale_;
   double lossSum_ = 0;
   StepTiming timing_;

@@ -14,65 +14,15 @@
 #include <cohort/distributed/store/file_store.h>
 #include <cohort/distributed/store/hash_store.h>
 #include <cohort/pipeline/pipeline.h>
+#include <cohort/pipeline/split.h>
 #include <cohort/rpc/rpc.h>
 
 #include "distributed/fork_util.h"
+#include "pipeline/pipeline_test_util.h"
 
 namespace cohort::pipeline {
 namespace {
-
-constexpr int64_t kWidth = 8, kOut = 3;
-constexpr int kSteps = 10;
-constexpr double kLr = 0.1;
-
-// Stage k of an S-stage model: Linear + Tanh, the last one a Linear to kOut (same weights in
-// every process: one generator, stages made in order).
-std::vector<nn::ModulePtr> makeStages(int S) {
-  Generator g(1234);
-  std::vector<nn::ModulePtr> out;
-  for (int k = 0; k < S; ++k) {
-    if (k + 1 < S)
-      out.push_back(std::make_shared<nn::Sequential>(nn::Linear(kWidth, kWidth, true, &g), nn::Tanh()));
-    else
-      out.push_back(std::make_shared<nn::Linear>(kWidth, kOut, true, &g));
-  }
-  return out;
-}
-
-// Step k's batch: its size changes every step and is not a multiple of m.
-std::pair<Tensor, Tensor> batch(int k, int m) {
-  Generator g(100 + static_cast<uint64_t>(k));
-  const int64_t n = 2 * m + 1 + k % 3;
-  return {randn({n, kWidth}, {}, &g), randn({n, kOut}, {}, &g)};
-}
-
-Tensor mse(const Tensor& out, const Tensor& target) { return nn::functional::mseLoss(out, target); }
-
-struct Reference {
-  std::vector<double> losses;
-  std::vector<std::vector<Tensor>> params;  // per stage
-};
-
-Reference oneProcess(int S, int m) {
-  auto stages = makeStages(S);
-  std::vector<Tensor> params;
-  for (auto& s : stages)
-    for (auto& p : s->parameters()) params.push_back(p);
-  optim::SGD opt(params, {.lr = kLr});
-  Reference ref;
-  for (int k = 0; k < kSteps; ++k) {
-    auto [x, y] = batch(k, m);
-    opt.zeroGrad();
-    Tensor h = x;
-    for (auto& s : stages) h = (*s)(h);
-    Tensor loss = mse(h, y);
-    loss.backward();
-    ref.losses.push_back(loss.itemDouble());
-    opt.step();
-  }
-  for (auto& s : stages) ref.params.push_back(s->parameters());
-  return ref;
-}
+using namespace testing;
 
 struct Config {
   std::string schedule;
@@ -171,6 +121,96 @@ INSTANTIATE_TEST_SUITE_P(Pipeline, EqualsOneProcess,
                          });
 
 TEST(Pipeline, ShmBackendToo) { runAll(2, Via::Shm, configsFor(2)); }
+
+// A GPT split in stages (embeddings on the first, LM head on the last: the tied weight has a
+// copy on each) trains as the whole GPT in one process.
+TEST(Pipeline, SplitGPTWithTiedWeightsEqualsOneProcess) {
+  nn::GPTConfig cfg;
+  cfg.vocabSize = 11;
+  cfg.blockSize = 8;
+  cfg.nLayer = 3;
+  cfg.nHead = 2;
+  cfg.nEmbd = 16;
+  auto data = [&](int k) {
+    Generator g(50 + static_cast<uint64_t>(k));
+    return std::pair{randint(0, cfg.vocabSize, {7, cfg.blockSize}, {.dtype = DType::Int64}, &g),
+                     randint(0, cfg.vocabSize, {7, cfg.blockSize}, {.dtype = DType::Int64}, &g)};
+  };
+  auto ce = [&](const Tensor& logits, const Tensor& t) {
+    return nn::functional::crossEntropy(logits.reshape({-1, cfg.vocabSize}), t.reshape({-1}));
+  };
+  std::vector<double> losses;
+  Generator g0(7);
+  auto ref = std::make_shared<nn::GPT>(cfg, &g0);
+  {
+    optim::SGD opt(ref->parameters(), {.lr = 0.5});
+    for (int k = 0; k < kSteps; ++k) {
+      auto [x, y] = data(k);
+      opt.zeroGrad();
+      Tensor loss = ce((*ref)(x), y);
+      loss.backward();
+      losses.push_back(loss.itemDouble());
+      opt.step();
+    }
+  }
+  nn::StateDict want = ref->stateDict();
+  for (const char* sched : {"1f1b", "zb"}) {
+    dist::testing::TempDir dir;
+    auto results = dist::testing::runForked(3, std::chrono::seconds(120), dir.path().string(), [&](int rank) {
+      auto store = std::make_shared<dist::FileStore>(dir.file("store"), std::chrono::milliseconds(30'000));
+      auto pg = dist::ProcessGroup::create(store, rank, 3, {.backend = "gloo"});
+      Generator g(7);
+      auto gpt = std::make_shared<nn::GPT>(cfg, &g);
+      StageSplit split = splitGPT(gpt, 3);
+      if (split.tied.size() != 1) return std::string("the split names no tied weight");
+      Pipeline pipe({split.stages[static_cast<size_t>(rank)]}, processGroupTransport(pg), ce,
+                    {.schedule = sched, .microbatches = 3, .tied = split.tied});
+      optim::SGD opt(pipe.parameters(), {.lr = 0.5});
+      std::string err;
+      for (int k = 0; k < kSteps; ++k) {
+        auto [x, y] = data(k);
+        opt.zeroGrad();
+        const double loss = pipe.step(x, y).itemDouble();
+        if (std::abs(loss - losses[static_cast<size_t>(k)]) > 1e-5)
+          err += fmt::format("step {} loss {} vs {}; ", k, loss, losses[static_cast<size_t>(k)]);
+        opt.step();
+      }
+      // This rank's stage holds the GPT's own modules: its state dict is the GPT's, by name.
+      for (const auto& [name, t] : split.stages[static_cast<size_t>(rank)]->stateDict()) {
+        const double diff = (t - want[name]).abs().max().itemDouble();
+        if (diff > 2e-5) err += fmt::format("{} differs by {}; ", name, diff);
+      }
+      return err.empty() ? std::string("ok") : err;
+    });
+    for (int r = 0; r < 3; ++r) EXPECT_EQ(results[r].report, "ok") << sched << " rank " << r;
+  }
+}
+
+TEST(Pipeline, SplitSequential) {
+  auto seq = std::make_shared<nn::Sequential>(nn::Linear(2, 2), nn::Tanh(), nn::Linear(2, 2), nn::Tanh(),
+                                              nn::Linear(2, 1));
+  StageSplit even = splitSequential(seq, 2);
+  ASSERT_EQ(even.stages.size(), 2u);
+  EXPECT_EQ(std::dynamic_pointer_cast<nn::Sequential>(even.stages[0])->size(), 3u);
+  EXPECT_EQ(std::dynamic_pointer_cast<nn::Sequential>(even.stages[1])->size(), 2u);
+  StageSplit at = splitSequential(seq, 3, {1, 4});
+  EXPECT_EQ(std::dynamic_pointer_cast<nn::Sequential>(at.stages[1])->size(), 3u);
+  // The stages share the model's modules.
+  EXPECT_EQ((*std::dynamic_pointer_cast<nn::Sequential>(at.stages[2]))[0].get(), (*seq)[4].get());
+  Tensor x = randn({4, 2});
+  Tensor h = x;
+  for (auto& s : at.stages) h = (*s)(h);
+  EXPECT_EQ((h - (*seq)(x)).abs().max().itemDouble(), 0.0);
+  EXPECT_THROW(splitSequential(seq, 6), ValueError);
+  EXPECT_THROW(splitSequential(seq, 3, {2, 2}), ValueError);
+  nn::GPTConfig cfg;
+  cfg.vocabSize = 5;
+  cfg.blockSize = 4;
+  cfg.nLayer = 2;
+  cfg.nHead = 1;
+  cfg.nEmbd = 4;
+  EXPECT_THROW(splitGPT(std::make_shared<nn::GPT>(cfg), 3), ValueError);
+}
 
 // Runs body(transport) in one forked process over a one-rank gloo group (the test process
 // itself never starts gloo: children forked later would inherit its threads' state).
