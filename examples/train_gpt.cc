@@ -6,6 +6,8 @@
 //   build/examples/train_gpt --steps 600 --checkpoint run.ckpt --resume
 //   cohortrun --standalone --nproc-per-node 2 build/examples/train_gpt --ddp --checkpoint run.ckpt --resume
 //   cohortrun --standalone --nproc-per-node 2 build/examples/train_gpt --fsdp --checkpoint run.ckpt --resume
+//   cohortrun --standalone --nproc-per-node 2 build/examples/train_gpt --pipeline 2 --checkpoint run.ckpt --resume
+//   cohortrun --standalone --nproc-per-node 4 build/examples/train_gpt --pipeline 2 --schedule zb --micro-batches 8
 //
 // With --ddp every rank trains on its DistributedSampler shard (global batch = --batch-size ×
 // ranks) under DistributedDataParallel; rank 0 prints and writes the checkpoint, every rank
@@ -17,13 +19,26 @@
 // last commits them together, so a crash while saving leaves the previous checkpoint whole (any
 // number of ranks can resume from it); at the end rank 0 evaluates and samples from the gathered
 // full state dict.
+// With --pipeline N the GPT is cut into N stages (pipeline/split.h: blocks divided evenly,
+// embeddings on the first stage, LM head on the last, their tied weight kept in sync) trained by
+// a pipeline schedule (--schedule, --micro-batches; "interleaved" cuts 2N stages, two per rank).
+// A world larger than N holds world / N pipeline replicas, laid out by a DeviceMesh (data x
+// pipe), each stage a DistributedDataParallel over the same stage of the other replicas, each
+// replica on its DistributedSampler shard. Gradients are clipped by their norm over the whole
+// pipeline. --checkpoint names a folder: every pipeline rank of replica 0 writes its stages'
+// training state into step-<k>/, and rank 0 then commits it by rewriting `latest` (so a crash
+// while saving leaves the previous step whole); --resume continues from the committed step, with
+// the same --pipeline and --schedule. At the end rank 0 gathers the stages into the whole GPT to
+// evaluate and sample, and prints its parameter checksum.
 #include <CLI/CLI.hpp>
 
 #include <filesystem>
+#include <fstream>
 
 #include <cohort/cohort.h>
 #include <cohort/core/data/data_loader.h>
 #include <cohort/core/data/text.h>
+#include <cohort/core/io/atomic_file.h>
 #include <cohort/core/io/checkpoint.h>
 #include <cohort/core/nn/nn.h>
 #include <cohort/core/optim/optim.h>
@@ -31,6 +46,8 @@
 #include <cohort/fsdp/fully_sharded_data_parallel.h>
 #include <cohort/fsdp/state_dict.h>
 #include <cohort/fsdp/training_checkpoint.h>
+#include <cohort/pipeline/pipeline.h>
+#include <cohort/pipeline/split.h>
 
 #include "common/checksum.h"
 #include "common/progress.h"
@@ -51,6 +68,170 @@ double evalLoss(nn::GPT& model, data::DataLoader& loader, int64_t batches, int64
   }
   model.train();
   return n ? sum / static_cast<double>(n) : 0.0;
+}
+
+struct PipelineRun {
+  int stages = 0;
+  std::string schedule = "1f1b";
+  int microbatches = 4;
+};
+
+// The committed step of a pipeline checkpoint folder (-1: none).
+int64_t committedStep(const std::string& dir) {
+  std::ifstream in(dir + "/latest");
+  int64_t step = -1;
+  if (!(in >> step)) return -1;
+  return step;
+}
+
+// This pipeline rank's stages as one module (for its checkpoint file).
+class LocalStages : public nn::Module {
+ public:
+  LocalStages(const std::vector<nn::ModulePtr>& stages, const std::vector<int>& ids) : Module("LocalStages") {
+    for (size_t i = 0; i < stages.size(); ++i) registerModule(fmt::format("stage{}", ids[i]), stages[i]);
+  }
+};
+
+int trainPipelined(const PipelineRun& run, nn::GPTConfig cfg, const std::string& backend, int64_t steps,
+                   int64_t stopAfter, int64_t batchSize, int64_t warmup, int64_t logInterval, int64_t ckptEvery,
+                   double lr, double minLr, double weightDecay, double clip, uint64_t seed, const std::string& checkpoint,
+                   bool resume, int64_t sampleTokens, const std::string& prompt) {
+  namespace fs = std::filesystem;
+  auto world = dist::initProcessGroup({.backend = backend});
+  const int N = run.stages, W = world->size();
+  if (W % N != 0)
+    throw ValueError(fmt::format("--pipeline {}: the world's {} ranks do not divide into pipelines of {}", N, W, N));
+  dist::DeviceMesh mesh(world, {{"data", W / N}, {"pipe", N}});
+  const int replica = mesh.coordinate("data"), pipeRank = mesh.coordinate("pipe"), replicas = W / N;
+  const bool talk = world->rank() == 0;
+
+  std::string text = data::kjvText("all");
+  data::CharVocab vocab(text);
+  cfg.vocabSize = vocab.size();
+  size_t split = text.size() * 9 / 10;
+  auto train = std::make_shared<data::CharDataset>(vocab, std::string_view(text).substr(0, split), cfg.blockSize);
+  auto val =
+      std::make_shared<data::CharDataset>(vocab, std::string_view(text).substr(split), cfg.blockSize, cfg.blockSize);
+  // Every rank builds the whole GPT from one seed and keeps its stages (the tied embedding and LM
+  // head start equal on the first and last stage).
+  auto gpt = std::make_shared<nn::GPT>(cfg);
+  const int chunks = run.schedule == "interleaved" ? 2 : 1;
+  pipeline::Schedule schedule = pipeline::makeSchedule(run.schedule, N, run.microbatches, chunks > 1 ? chunks : 0);
+  pipeline::StageSplit parts = pipeline::splitGPT(gpt, schedule.stages);
+  std::vector<nn::ModulePtr> mine, plain;
+  const std::vector<int> ids = schedule.stagesOf(pipeRank);
+  for (int s : ids) {
+    nn::ModulePtr stage = parts.stages[static_cast<size_t>(s)];
+    plain.push_back(stage);
+    mine.push_back(replicas > 1 ? std::make_shared<dist::DistributedDataParallel>(stage, mesh.group("data")) : stage);
+  }
+  pipeline::Pipeline pipe(
+      mine, pipeline::processGroupTransport(mesh.group("pipe")),
+      [&](const Tensor& logits, const Tensor& target) {
+        return nn::functional::crossEntropy(logits.reshape({-1, cfg.vocabSize}), target.reshape({-1}));
+      },
+      schedule, {.tied = parts.tied});
+  LocalStages local(plain, ids);
+  optim::AdamW opt(pipe.parameters(), {.lr = lr, .beta1 = 0.9, .beta2 = 0.95, .weightDecay = weightDecay});
+  optim::CosineWithWarmup sched(opt, {.warmupSteps = warmup, .totalSteps = steps, .minLr = minLr});
+  data::DataLoaderOptions lo{.batchSize = batchSize, .shuffle = true, .seed = seed, .dropLast = true};
+  lo.sampler = data::DistributedSampler({.rank = replica, .worldSize = replicas, .seed = seed, .dropLast = true});
+  data::DataLoader loader(train, lo);
+  data::DataLoader valLoader(val, {.batchSize = batchSize});
+
+  int64_t step = 0;
+  const std::string mineFile = fmt::format("pipe-rank{}.ckpt", pipeRank);
+  if (resume && committedStep(checkpoint) >= 0) {
+    const int64_t at = committedStep(checkpoint);
+    const std::string file = fmt::format("{}/step-{}/{}", checkpoint, at, mineFile);
+    io::TrainingState st = io::restoreCheckpoint(file, {.model = &local,
+                                                        .optimizer = &opt,
+                                                        .scheduler = &sched,
+                                                        .loader = &loader,
+                                                        .generator = &defaultGenerator()});
+    step = st.step;
+    if (talk)
+      fmt::print("resumed from {} at step {} (epoch {}, batch {})\n", checkpoint, step, st.dataPosition.epoch,
+                 st.dataPosition.batch);
+  }
+  if (talk)
+    fmt::print("train_gpt: {} parameters, vocab {}, {} steps, pipeline of {} ranks x {} replica(s) ({} schedule, {} "
+               "stages, {} micro-batches, {} backend)\n",
+               gpt->numParameters(), vocab.size(), steps, N, replicas, schedule.name, schedule.stages,
+               schedule.microbatches, world->backend(DeviceType::CPU).name());
+
+  const int64_t stopAt = stopAfter > 0 ? std::min(stopAfter, steps) : steps;
+  examples::Progress progress(stopAt, "tokens");
+  progress.setStartStep(step);
+  while (step < stopAt) {
+    for (auto& b : loader) {
+      opt.zeroGrad();
+      Tensor loss = pipe.step(b.data, b.target);  // this replica's batch loss, on every rank
+      pipe.clipGradNorm(clip);
+      opt.step();
+      sched.step();
+      ++step;
+      progress.add(b.data.numel() * replicas);
+      if (replicas > 1) {
+        mesh.group("data")->allreduce(loss)->wait();
+        loss = loss / static_cast<double>(replicas);
+      }
+      if (talk && (step % logInterval == 0 || step == stopAt))
+        progress.log(step, loss.item<double>(), fmt::format("lr {:.2e}", opt.paramGroups()[0].lr()));
+      if (!checkpoint.empty() && (step % ckptEvery == 0 || step == stopAt)) {
+        // Replica 0's pipeline ranks write step-<k>/, then rank 0 commits it.
+        const std::string dir = fmt::format("{}/step-{}", checkpoint, step);
+        if (replica == 0) {
+          fs::create_directories(dir);
+          io::TrainingState st;
+          st.model = local.stateDict();
+          st.optimizer = opt.stateDict();
+          st.scheduler = sched.state();
+          st.step = step;
+          st.dataPosition = loader.position();
+          st.generators["cpu"] = defaultGenerator().state();
+          io::saveCheckpoint(dir + "/" + mineFile, st);
+        }
+        world->barrier()->wait();
+        if (talk) {
+          const int64_t previous = committedStep(checkpoint);
+          io::writeFileAtomically(checkpoint + "/latest", [&](io::AtomicWriter& w) {
+            const std::string line = fmt::format("{}\n", step);
+            w.write(line.data(), line.size());
+          });
+          if (previous >= 0 && previous != step) fs::remove_all(fmt::format("{}/step-{}", checkpoint, previous));
+        }
+      }
+      if (step >= stopAt) break;
+    }
+  }
+  // Rank 0 gathers the trained stages of replica 0 into its whole GPT (the stages' state dicts
+  // carry the GPT's names), evaluates and samples.
+  for (int s = 0; s < schedule.stages; ++s) {
+    const int owner = mesh.rankAt({0, schedule.rankOf(s)});
+    if (owner == 0) continue;
+    for (auto& [name, t] : parts.stages[static_cast<size_t>(s)]->stateDict()) {
+      if (world->rank() == owner) world->send(t.contiguous(), 0)->wait();
+      if (talk) {
+        Tensor into = empty(t.sizes(), {.dtype = t.dtype()});
+        world->recv(into, owner)->wait();
+        autograd::NoGradGuard ng;
+        t.copy_(into);
+      }
+    }
+  }
+  world->barrier()->wait();
+  if (!talk) return 0;
+  fmt::print("parameter checksum {:016x}\n", examples::parameterChecksum(*gpt));
+  fmt::print("validation loss: {:.4f}\n", evalLoss(*gpt, valLoader, 20, cfg.vocabSize));
+  if (sampleTokens > 0) {
+    gpt->eval();
+    Tensor idx = vocab.encodeTensor(prompt).unsqueeze(0);
+    Generator g(seed + 1);
+    Tensor out = gpt->generate(idx, sampleTokens, 0.8, 0, &g);
+    fmt::print("--- sample ---\n{}\n--------------\n", vocab.decode(out.select(0, 0)));
+  }
+  return 0;
 }
 
 }  // namespace
@@ -96,7 +277,18 @@ int main(int argc, char** argv) {
   app.add_flag("--ddp", ddp, "data-parallel over the job's ranks (under cohortrun, mpirun or srun)");
   app.add_option("--backend", backend, "collective backend with --ddp (default: COHORT_BACKEND, else auto)");
   bool useFsdp = false;
-  app.add_flag("--fsdp", useFsdp, "fully sharded data-parallel over the job's ranks (FULL_SHARD)")->excludes("--ddp");
+  auto* fsdpFlag =
+      app.add_flag("--fsdp", useFsdp, "fully sharded data-parallel over the job's ranks (FULL_SHARD)")->excludes("--ddp");
+  PipelineRun pipelined;
+  app.add_option("--pipeline", pipelined.stages,
+                 "pipeline-parallel over this many ranks (data-parallel replicas of it when the world is larger)")
+      ->check(CLI::PositiveNumber)
+      ->excludes("--ddp")
+      ->excludes(fsdpFlag);
+  app.add_option("--schedule", pipelined.schedule, "pipeline schedule with --pipeline")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb"}));
+  app.add_option("--micro-batches", pipelined.microbatches, "micro-batches per step with --pipeline")
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   if (resume && checkpoint.empty()) {
     fmt::print(stderr, "train_gpt: --resume needs --checkpoint\n");
@@ -105,6 +297,9 @@ int main(int argc, char** argv) {
 
   try {
     manualSeed(seed);
+    if (pipelined.stages > 0)
+      return trainPipelined(pipelined, cfg, backend, steps, stopAfter, batchSize, warmup, logInterval, ckptEvery, lr,
+                            minLr, weightDecay, clip, seed, checkpoint, resume, sampleTokens, prompt);
     dist::ProcessGroupPtr pg;
     if (ddp || useFsdp) pg = dist::initProcessGroup({.backend = backend});
     const int rank = pg ? pg->rank() : 0, world = pg ? pg->size() : 1;

@@ -54,7 +54,7 @@ namespace cohort::pipeline {
 enum class LossReduction { Mean, Sum };
 
 // One parameter held by several stages, each with its own copy: (stage, the parameter's name in
-// that stage's module). At the end of every step the pipeline adds up the gradients the copies
+// that stage's module; in the wrapped module for a DistributedDataParallel stage). At the end of every step the pipeline adds up the gradients the copies
 // got in that step and gives every copy the sum (split.h: a GPT's tied embedding and LM head).
 struct TiedParameter {
   std::vector<std::pair<int, std::string>> copies;
@@ -92,6 +92,12 @@ class Pipeline {
   // One training step (see above). Returns the batch's loss (float64, one element) on every rank.
   Tensor step(const Tensor& input, const Tensor& target);
 
+  // Scales the gradients of every stage of the pipeline so that their global norm (over all
+  // pipeline ranks, a tied parameter counted once) is at most maxNorm, as optim::clipGradNorm does
+  // for one model; returns the norm before clipping. Collective over the pipeline's ranks: call
+  // it on every rank, after step().
+  double clipGradNorm(double maxNorm);
+
   const Schedule& schedule() const { return schedule_; }
   int rank() const { return transport_->rank(); }
   const std::vector<int>& stageIndices() const { return stageIds_; }
@@ -106,6 +112,7 @@ class Pipeline {
     std::vector<int> ranks;      // ranks holding a copy, ascending
     std::vector<Tensor> local;   // this rank's copies (distinct tensors)
     std::vector<Tensor> before;  // their .grad at the start of the step (undefined: none)
+    bool primary = false;        // this rank is the lowest holding a copy (norms count it here)
   };
   void syncTied();
   void run(const Action& a, const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets);

@@ -10,6 +10,7 @@
 #include <cohort/core/nn/nn.h>
 #include <cohort/core/ops/functional.h>
 #include <cohort/core/ops/ops.h>
+#include <cohort/core/optim/clip_grad.h>
 #include <cohort/core/optim/sgd.h>
 #include <cohort/distributed/store/file_store.h>
 #include <cohort/distributed/store/hash_store.h>
@@ -123,7 +124,7 @@ INSTANTIATE_TEST_SUITE_P(Pipeline, EqualsOneProcess,
 TEST(Pipeline, ShmBackendToo) { runAll(2, Via::Shm, configsFor(2)); }
 
 // A GPT split in stages (embeddings on the first, LM head on the last: the tied weight has a
-// copy on each) trains as the whole GPT in one process.
+// copy on each) trains as the whole GPT in one process, gradient clipping included.
 TEST(Pipeline, SplitGPTWithTiedWeightsEqualsOneProcess) {
   nn::GPTConfig cfg;
   cfg.vocabSize = 11;
@@ -139,7 +140,7 @@ TEST(Pipeline, SplitGPTWithTiedWeightsEqualsOneProcess) {
   auto ce = [&](const Tensor& logits, const Tensor& t) {
     return nn::functional::crossEntropy(logits.reshape({-1, cfg.vocabSize}), t.reshape({-1}));
   };
-  std::vector<double> losses;
+  std::vector<double> losses, norms;
   Generator g0(7);
   auto ref = std::make_shared<nn::GPT>(cfg, &g0);
   {
@@ -150,6 +151,7 @@ TEST(Pipeline, SplitGPTWithTiedWeightsEqualsOneProcess) {
       Tensor loss = ce((*ref)(x), y);
       loss.backward();
       losses.push_back(loss.itemDouble());
+      norms.push_back(optim::clipGradNorm(ref->parameters(), 0.5));
       opt.step();
     }
   }
@@ -173,6 +175,10 @@ TEST(Pipeline, SplitGPTWithTiedWeightsEqualsOneProcess) {
         const double loss = pipe.step(x, y).itemDouble();
         if (std::abs(loss - losses[static_cast<size_t>(k)]) > 1e-5)
           err += fmt::format("step {} loss {} vs {}; ", k, loss, losses[static_cast<size_t>(k)]);
+        // The global norm over every stage (the tied weight once), clipped as one process does.
+        const double norm = pipe.clipGradNorm(0.5);
+        if (std::abs(norm - norms[static_cast<size_t>(k)]) > 1e-5 * norms[static_cast<size_t>(k)])
+          err += fmt::format("step {} gradient norm {} vs {}; ", k, norm, norms[static_cast<size_t>(k)]);
         opt.step();
       }
       // This rank's stage holds the GPT's own modules: its state dict is the GPT's, by name.
