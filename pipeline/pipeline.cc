@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <unordered_set>
 
 #include <fmt/format.h>
@@ -10,6 +11,7 @@
 #include <cohort/core/autograd/grad_mode.h>
 #include <cohort/core/autograd/split_backward.h>
 #include <cohort/core/ops/ops.h>
+#include <cohort/core/optim/clip_grad.h>
 #include <cohort/distributed/ddp/distributed_data_parallel.h>
 
 namespace cohort::pipeline {
@@ -90,7 +92,10 @@ Pipeline::Pipeline(std::vector<std::shared_ptr<nn::Module>> stages, TransportPtr
       const int r = schedule_.rankOf(stage);
       if (std::find(tie.ranks.begin(), tie.ranks.end(), r) == tie.ranks.end()) tie.ranks.push_back(r);
       if (r != transport_->rank()) continue;
-      auto params = stages_[static_cast<size_t>(localIndex(stageIds_, stage))]->namedParameters();
+      // Names are the stage module's own (inside a DistributedDataParallel, its wrapped module's).
+      nn::Module* m = stages_[static_cast<size_t>(localIndex(stageIds_, stage))].get();
+      if (auto* ddp = dynamic_cast<dist::DistributedDataParallel*>(m)) m = &ddp->module();
+      auto params = m->namedParameters();
       if (!params.contains(name))
         throw ValueError(fmt::format("Pipeline: tied parameter '{}' is not a parameter of stage {}", name, stage));
       Tensor p = params[name];
@@ -99,10 +104,11 @@ Pipeline::Pipeline(std::vector<std::shared_ptr<nn::Module>> stages, TransportPtr
       if (!seen) tie.local.push_back(p);
     }
     std::sort(tie.ranks.begin(), tie.ranks.end());
+    tie.primary = !tie.ranks.empty() && tie.ranks.front() == transport_->rank();
     if (tie.ranks.size() > 1 && !tie.local.empty()) ties_.push_back(std::move(tie));
   }
-  const int64_t tags =
-      2LL * schedule_.stages * schedule_.microbatches + schedule_.ranks + static_cast<int64_t>(options_.tied.size());
+  const int64_t tags = 2LL * schedule_.stages * schedule_.microbatches + schedule_.ranks +
+                       static_cast<int64_t>(options_.tied.size()) + 1;  // + clipGradNorm's
   if (tags - 1 > transport_->maxTag())
     throw ValueError(fmt::format("Pipeline: {} stages x {} micro-batches need {} tags; the {} transport carries {}",
                                  schedule_.stages, schedule_.microbatches, tags, transport_->name(),
@@ -218,6 +224,40 @@ Tensor Pipeline::step(const Tensor& input, const Tensor& target) {
   timing_.seconds = secondsSince(std::chrono::steady_clock::now());
   for (auto& s : states_) s.clear();
   return loss;
+}
+
+double Pipeline::clipGradNorm(double maxNorm) {
+  if (!(maxNorm > 0)) throw ValueError(fmt::format("Pipeline::clipGradNorm: maxNorm must be positive, got {}", maxNorm));
+  std::unordered_set<const void*> skip;  // tied copies another rank counts
+  for (const Tie& t : ties_)
+    if (!t.primary)
+      for (const Tensor& p : t.local) skip.insert(p.impl());
+  std::vector<Tensor> params = parameters(), counted;
+  for (const Tensor& p : params)
+    if (!skip.contains(p.impl())) counted.push_back(p);
+  const double localNorm = optim::gradNorm(counted);
+  const double local = localNorm * localNorm;
+  const int64_t tag = 2LL * schedule_.stages * schedule_.microbatches + schedule_.ranks +
+                      static_cast<int64_t>(options_.tied.size());
+  double total = 0;
+  try {
+    Tensor mine = scalarTensor(local, {.dtype = DType::Float64});
+    for (int r = 0; r < transport_->size(); ++r)
+      if (r != rank()) transport_->send(mine, r, tag);
+    for (int r = 0; r < transport_->size(); ++r)  // in rank order: the same sum everywhere
+      total += r == rank() ? local : transport_->recv(r, tag, options_.timeout).itemDouble();
+    transport_->flush(options_.timeout);
+  } catch (...) {
+    rethrowAt(fmt::format("pipeline '{}' {}: clipGradNorm failed: ", schedule_.name, transport_->describe(rank())));
+  }
+  const double norm = std::sqrt(total);
+  const double coef = maxNorm / (norm + 1e-6);
+  if (coef < 1.0) {
+    autograd::NoGradGuard ng;
+    for (Tensor& p : params)
+      if (p.grad().defined()) p.grad().mul_(coef);
+  }
+  return norm;
 }
 
 void Pipeline::syncTied() {
