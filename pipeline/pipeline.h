@@ -57,7 +57,7 @@ enum class LossReduction { Mean, Sum };
 // that stage's module; in the wrapped module for a DistributedDataParallel stage). At the end of every step the pipeline adds up the gradients the copies
 // got in that step and gives every copy the sum (split.h: a GPT's tied embedding and LM head).
 struct TiedParameter {
-  std::vector<std::pair<int, std::string>> copies;
+  std::vector<std::pair<int, std::string>> copies{};
 };
 
 struct PipelineOptions {
@@ -66,14 +66,14 @@ struct PipelineOptions {
   int chunks = 0;  // stages per rank for "interleaved" (0: 2)
   LossReduction lossReduction = LossReduction::Mean;
   Millis timeout = Millis(300'000);  // how long a receive waits for its peer
-  std::vector<TiedParameter> tied;   // parameters whose copies stay in sync (see above)
+  std::vector<TiedParameter> tied{};  // parameters whose copies stay in sync (see above)
 };
 
 // output of the last stage, target of its micro-batch -> a one-element loss.
 using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;
 
 struct StepTiming {
-  std::vector<TimedAction> actions;  // this rank's actions, seconds since the step began
+  std::vector<TimedAction> actions{};  // this rank's actions, seconds since the step began
   double seconds = 0;                // the whole step on this rank
   double busy = 0;                   // time in F, B, I and W
 };

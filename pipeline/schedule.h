@@ -68,12 +68,12 @@ struct Action {
 };
 
 struct Schedule {
-  std::string name;  // "gpipe", "1f1b", "interleaved", "zb", or a user's
+  std::string name{};  // "gpipe", "1f1b", "interleaved", "zb", or a user's
   int ranks = 1;
   int stages = 1;
   int microbatches = 1;
-  std::vector<int> placement;               // stage -> rank; size `stages`
-  std::vector<std::vector<Action>> actions;  // per rank, in execution order
+  std::vector<int> placement{};               // stage -> rank; size `stages`
+  std::vector<std::vector<Action>> actions{};  // per rank, in execution order
 
   int rankOf(int stage) const { return placement.at(static_cast<size_t>(stage)); }
   // The stages on `rank`, ascending.
@@ -125,17 +125,17 @@ struct ActionCosts {
 };
 
 struct TimedAction {
-  Action action;
+  Action action{};
   double start = 0;
   double end = 0;
 };
 
 struct Simulation {
   double makespan = 0;
-  std::vector<double> busy;                        // per rank: compute time (F, B, I, W)
+  std::vector<double> busy{};                      // per rank: compute time (F, B, I, W)
   double bubble = 0;                               // 1 - sum(busy) / (ranks * makespan)
-  std::vector<int> peakActivations;                // per rank: live micro-batch activations
-  std::vector<std::vector<TimedAction>> timeline;  // per rank, in execution order
+  std::vector<int> peakActivations{};              // per rank: live micro-batch activations
+  std::vector<std::vector<TimedAction>> timeline{};  // per rank, in execution order
 };
 
 // Checks `schedule` (lowered with withCommunication when it has no sends or receives) and times

@@ -31,8 +31,8 @@
 namespace cohort::pipeline {
 
 struct StageSplit {
-  std::vector<nn::ModulePtr> stages;
-  std::vector<TiedParameter> tied;
+  std::vector<nn::ModulePtr> stages{};
+  std::vector<TiedParameter> tied{};
 };
 
 // `boundaries`: the index of the first child of stages 1..n-1 (ascending); empty: even counts

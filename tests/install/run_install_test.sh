@@ -50,10 +50,11 @@ config=$(find "$prefix" -name cohortConfig.cmake -print -quit)
 libdir=$(cd "$(dirname "$config")/../.." && pwd)
 for f in include/cohort/cohort.h include/cohort/distributed.h include/cohort/config.h \
   include/cohort/core/tensor/tensor.h include/cohort/fsdp/fully_sharded_data_parallel.h include/cohort/rpc/rpc.h \
+  include/cohort/pipeline/pipeline.h \
   bin/cohortrun share/cohort/data/digits.csv share/cohort/data/kjv.txt share/cohort/data/README.md; do
   [[ -f "$prefix/$f" ]] || fail "$f was not installed"
 done
-for lib in core distributed fsdp rpc launcher; do
+for lib in core distributed fsdp rpc pipeline launcher; do
   [[ -f "$libdir/libcohort_$lib.so" ]] || fail "libcohort_$lib.so was not installed in $libdir"
 done
 if [[ -n "$(find "$prefix/include" -type l)" ]]; then
