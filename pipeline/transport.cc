@@ -4,6 +4,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -126,20 +127,27 @@ class Mailbox {
     }
     cv_.notify_all();
   }
-  // Undefined after `timeout`.
-  Tensor take(int64_t src, int64_t tag, Millis timeout) {
+  // Undefined after `timeout`, or once `stop` holds (checked under the mailbox's lock: whatever
+  // makes it hold calls wake()).
+  Tensor take(int64_t src, int64_t tag, Millis timeout, const std::function<bool()>& stop = {}) {
     std::unique_lock<std::mutex> lock(mu_);
     const auto key = std::make_pair(src, tag);
-    if (!cv_.wait_for(lock, timeout, [&] {
-          auto it = slots_.find(key);
-          return it != slots_.end() && !it->second.empty();
-        }))
-      return {};
+    auto there = [&] {
+      auto it = slots_.find(key);
+      return it != slots_.end() && !it->second.empty();
+    };
+    if (!cv_.wait_for(lock, timeout, [&] { return there() || (stop && stop()); }) || !there()) return {};
     auto it = slots_.find(key);
     Tensor t = std::move(it->second.front());
     it->second.pop_front();
     if (it->second.empty()) slots_.erase(it);
     return t;
+  }
+
+  // Has a waiting take() check its `stop` again.
+  void wake() {
+    { std::lock_guard<std::mutex> lock(mu_); }
+    cv_.notify_all();
   }
 
  private:
@@ -149,6 +157,8 @@ class Mailbox {
 };
 
 constexpr const char* kDeliver = "cohort.pipeline.deliver";
+// Answers at once: a receive that waits probes its sender with it (RpcTransport::recv).
+constexpr const char* kPing = "cohort.pipeline.ping";
 
 void registerDeliver() {
   static std::once_flag once;
@@ -156,8 +166,12 @@ void registerDeliver() {
     rpc::registerFunction(kDeliver, [](int64_t src, int64_t tag, Tensor t) {
       Mailbox::instance().put(src, tag, std::move(t));
     });
+    rpc::registerFunction(kPing, [] {});
   });
 }
+// Registered when the library loads, so that a peer's probe (or tensor) never finds them missing
+// while this process is still building its transport.
+const bool kRegistered = (registerDeliver(), true);
 
 class RpcTransport final : public Transport {
  public:
@@ -188,12 +202,49 @@ class RpcTransport final : public Transport {
                                            static_cast<int64_t>(rank_), tag, tensor.detach()));
   }
 
+  // Waits in slices of kProbeEvery; after each slice without the tensor it probes the sender
+  // with a ping (one at a time). The agent fails a call to a worker whose connection broke — one
+  // pending when it broke, or any later one — so a sender that died ends the wait with an RpcError
+  // naming it, within about a slice, instead of at the timeout. A ping that times out proves
+  // nothing (the sender may be busy) and the wait goes on.
   Tensor recv(int src, int64_t tag, Millis timeout) override {
-    Tensor t = Mailbox::instance().take(src, tag, timeout);
-    if (!t.defined())
-      throw TimeoutError(fmt::format("pipeline transport (rpc): nothing arrived from {} under tag {} within {} ms",
-                                     describe(src), tag, timeout.count()));
-    return t;
+    using Clock = std::chrono::steady_clock;
+    const auto deadline = Clock::now() + timeout;
+    const std::string& peer = workers_.at(static_cast<size_t>(src));
+    std::optional<Future<void>> ping;
+    auto peerGone = [&] {
+      if (!ping || !ping->isCompleted() || !ping->hasError()) return false;
+      try {
+        std::rethrow_exception(ping->exception());
+      } catch (const RpcTimeoutError&) {
+        return false;
+      } catch (...) {
+        return true;
+      }
+    };
+    while (true) {
+      const auto now = Clock::now();
+      if (now >= deadline)
+        throw TimeoutError(fmt::format("pipeline transport (rpc): nothing arrived from {} under tag {} within {} ms",
+                                       describe(src), tag, timeout.count()));
+      const auto left = std::chrono::duration_cast<Millis>(deadline - now) + Millis(1);
+      Tensor t = Mailbox::instance().take(src, tag, std::min(kProbeEvery, left), peerGone);
+      if (t.defined()) return t;
+      if (peerGone()) {
+        std::string why = "unknown error";
+        try {
+          std::rethrow_exception(ping->exception());
+        } catch (const std::exception& e) {
+          why = e.what();
+        }
+        throw RpcError(fmt::format("pipeline transport (rpc): {} is gone; nothing arrived from it under tag {}: {}",
+                                   describe(src), tag, why));
+      }
+      if (!ping || ping->isCompleted()) {
+        ping = rpc::rpcAsync<void>(rpc::Timeout{timeout}, peer, kPing);
+        ping->addCallback([](const Future<void>&) { Mailbox::instance().wake(); });
+      }
+    }
   }
 
   void flush(Millis timeout) override {
@@ -211,6 +262,7 @@ class RpcTransport final : public Transport {
   }
 
  private:
+  static constexpr Millis kProbeEvery{100};
   std::vector<std::string> workers_;
   int rank_ = -1;
   std::vector<Future<void>> pending_;

@@ -12,7 +12,10 @@
  *    rpc::init must have run.
  *
  * Sends never block; recv blocks until the tensor sent with that (source, tag) arrives, or throws
- * TimeoutError after `timeout` naming the peer and tag. flush() waits for every send this
+ * TimeoutError after `timeout` naming the peer and tag. A dead sender fails it sooner: the process
+ * group's backend reports the broken connection (PeerError), and the RPC transport's waiting
+ * receive probes its sender every 100 ms with a tiny call, which fails (RpcError naming the
+ * worker) once the agent has seen the connection break. flush() waits for every send this
  * transport started to be delivered, and rethrows the first failure (a dead peer). Tags are the
  * pipeline's business (pipeline.h numbers them by micro-batch, stage and direction); within one
  * (source, tag) pair tensors arrive in the order they were sent.

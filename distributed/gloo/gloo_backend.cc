@@ -49,19 +49,32 @@ void blockSigpipeInThisThread() {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
+// SIGPIPE blocked for a scope on a thread that is not ours (the caller's: posting a send or a
+// receive on an unbound buffer may write to the socket at once). A SIGPIPE a write raised in the
+// scope is left pending on this thread; it is consumed before the old mask comes back, so that
+// unblocking does not deliver it (the write's EPIPE is what reports the dead peer).
 class SigpipeBlockedScope {
  public:
   SigpipeBlockedScope() {
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &set, &old_);
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
   }
-  ~SigpipeBlockedScope() { pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
+  ~SigpipeBlockedScope() {
+    if (!sigismember(&old_, SIGPIPE)) {
+      sigset_t pending;
+      const timespec zero{0, 0};
+      if (sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE))
+        while (sigtimedwait(&pipe_, nullptr, &zero) == SIGPIPE) {
+        }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
   SigpipeBlockedScope(const SigpipeBlockedScope&) = delete;
   SigpipeBlockedScope& operator=(const SigpipeBlockedScope&) = delete;
 
  private:
+  sigset_t pipe_;
   sigset_t old_;
 };
 
@@ -233,6 +246,7 @@ void GlooBackend::postP2P(const WorkPtr& work, const Tensor& tensor, int peer, i
   }
   PendingP2P p{work, tensor, nullptr, peer, isSend};
   try {
+    SigpipeBlockedScope noSigpipe;  // this is the caller's thread
     p.buffer = context_->createUnboundBuffer(tensor.dataPtr(), tensor.nbytes());
     if (isSend) p.buffer->send(peer, static_cast<uint64_t>(tag));
     else p.buffer->recv(peer, static_cast<uint64_t>(tag));

@@ -6,9 +6,14 @@
 // Three ranks (one stage each), m = 6. The dying rank's stage module SIGKILLs its own process in
 // its forward of micro-batch 3 in step 2 (steps 0 and 1 complete everywhere). The survivors write
 // how their step 2 ended and then wait for each other before leaving, so no survivor's exit
-// decides another's outcome: a survivor that talks to the dead rank must notice the death itself,
-// one that only waits on a survivor fails at the pipeline's timeout (nothing propagates a failure
-// along the pipeline).
+// decides another's outcome. A neighbour of the dead rank must notice the death itself, well
+// before the timeout: gloo fails the op with a PeerError; the RPC transport's waiting receive
+// probes its sender and fails with an RpcError once the agent reports the connection broken.
+// A survivor that only waits on another survivor (rank 0 when rank 2 dies) fails naming that
+// neighbour: over RPC nothing tells it, and it fails at the pipeline's timeout with a
+// TimeoutError; over gloo the neighbour's group closes its connections when it breaks, so it
+// mostly fails at once with a PeerError — but in about one run in four here no close reaches it
+// (the gloo backend's doing, not the pipeline's) and it fails at the timeout too.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -138,8 +143,9 @@ std::vector<std::optional<Outcome>> runCase(const Case& c) {
             pipe->step(pipe->holdsFirstStage() ? x : Tensor(), pipe->holdsLastStage() ? y : Tensor());
           });
           if (o.kind == "none" && k < kDieStep) continue;
-          report << o.kind << "|" << o.seconds << "|" << (k == kDieStep ? "" : fmt::format("at step {}: ", k))
-                 << o.message;
+          // Step kDieStep's outcome ("none" if it returned); a failure before it is reported as such.
+          const std::string kind = k == kDieStep ? o.kind : fmt::format("{} in step {}, before the death", o.kind, k);
+          report << kind << "|" << o.seconds << "|" << o.message;
           break;
         }
         report.flush();
@@ -195,8 +201,8 @@ std::string peerName(Via via, int r) {
   return via == Via::Rpc ? fmt::format("'{}'", workerName(r)) : fmt::format("rank {}", r);
 }
 
-// A neighbour of the dead rank notices the death itself, well before the receive timeout, and
-// the error names the dead rank. `kind`: the type the transport gives.
+// The survivor noticed that `dead` (the dead rank, or a survivor whose group broke) is gone, well
+// before the receive timeout, and the error names it. `kind`: the type the transport gives.
 void expectNoticedDeath(const std::optional<Outcome>& o, Via via, int dead, const std::string& kind) {
   ASSERT_TRUE(o.has_value());
   EXPECT_EQ(o->kind, kind) << o->message;
@@ -212,6 +218,13 @@ void expectTimedOutOn(const std::optional<Outcome>& o, Via via, int peer) {
   EXPECT_NE(inner(*o).find(peerName(via, peer)), std::string::npos) << o->message;
 }
 
+// Either of the two above.
+void expectNoticedOrTimedOut(const std::optional<Outcome>& o, Via via, int peer, const std::string& kind) {
+  ASSERT_TRUE(o.has_value());
+  if (o->kind == "TimeoutError") expectTimedOutOn(o, via, peer);
+  else expectNoticedDeath(o, via, peer, kind);
+}
+
 TEST(PipelineFailure, GlooMiddleStageDies) {
   auto out = runCase({Via::Gloo, "1f1b", 1});
   expectNoticedDeath(out[0], Via::Gloo, 1, "PeerError");
@@ -221,7 +234,7 @@ TEST(PipelineFailure, GlooMiddleStageDies) {
 TEST(PipelineFailure, GlooLastStageDies) {
   auto out = runCase({Via::Gloo, "1f1b", 2});
   expectNoticedDeath(out[1], Via::Gloo, 2, "PeerError");
-  expectTimedOutOn(out[0], Via::Gloo, 1);
+  expectNoticedOrTimedOut(out[0], Via::Gloo, 1, "PeerError");
 }
 
 TEST(PipelineFailure, GlooMiddleStageDiesZeroBubble) {
@@ -266,7 +279,8 @@ class CountingTransport final : public Transport {
 };
 
 TEST(PipelineFailure, RefusedScheduleRunsNothingOnAnyRank) {
-  // 1F1B with rank 1's first backward moved before its forward of the same micro-batch.
+  // 1F1B with rank 1's first backward moved to the front: its gradient receive (inserted before
+  // it) waits for rank 2, which waits for rank 1's first activation — a cycle.
   Schedule s = oneFOneB(kRanks, kMicro);
   s.name = "mine";
   auto& r1 = s.actions[1];
@@ -282,10 +296,12 @@ TEST(PipelineFailure, RefusedScheduleRunsNothingOnAnyRank) {
       Pipeline pipe({stage}, t, mse, s);
       ADD_FAILURE() << "rank " << rank << " built a pipeline from a refused schedule";
     } catch (const ScheduleError& e) {
-      EXPECT_NE(std::string(e.what()).find("schedule 'mine' deadlocks: rank 1 waits at action 0 (B(stage 1, "
-                                           "micro-batch 0))"),
+      const std::string msg = e.what();
+      EXPECT_EQ(msg.rfind("schedule 'mine' deadlocks: ", 0), 0u) << msg;
+      EXPECT_NE(msg.find("rank 1 waits at action 0 (RB(stage 1, micro-batch 0)) for SB(stage 2, micro-batch 0) "
+                         "on rank 2"),
                 std::string::npos)
-          << e.what();
+          << msg;
     }
     EXPECT_EQ(t->calls, 0) << "rank " << rank;
     EXPECT_EQ(stage->calls(), 0) << "rank " << rank;
