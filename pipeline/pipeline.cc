@@ -180,6 +180,15 @@ Tensor Pipeline::step(const Tensor& input, const Tensor& target) {
     return std::chrono::duration<double>(t - t0).count();
   };
   const auto& mine = schedule_.actions[static_cast<size_t>(rank())];
+  try {  // every receive of the step, announced up front (transport.h: expect)
+    for (const Action& a : mine) {
+      if (a.kind == ActionKind::RecvActivation) transport_->expect(schedule_.rankOf(a.stage - 1), tag(false, a.stage, a.microbatch));
+      if (a.kind == ActionKind::RecvGradient) transport_->expect(schedule_.rankOf(a.stage + 1), tag(true, a.stage, a.microbatch));
+    }
+  } catch (...) {
+    rethrowAt(fmt::format("pipeline '{}' {}: posting the step's receives failed: ", schedule_.name,
+                          transport_->describe(rank())));
+  }
   for (size_t k = 0; k < mine.size(); ++k) {
     const Action& a = mine[k];
     const auto start = std::chrono::steady_clock::now();

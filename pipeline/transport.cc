@@ -53,6 +53,7 @@ class ProcessGroupTransport final : public Transport {
     h[0] = static_cast<int64_t>(tensor.dtype());
     h[1] = tensor.dim();
     for (int64_t d = 0; d < tensor.dim(); ++d) h[2 + d] = tensor.size(d);
+    std::lock_guard<std::mutex> lock(mu_);
     post(pg_->send(header, dst, {.tag = static_cast<int>(2 * tag), .timeout = kSendTimeout}), header);
     if (tensor.numel() > 0) {
       Tensor data = tensor.detach().contiguous();
@@ -60,18 +61,83 @@ class ProcessGroupTransport final : public Transport {
     }
   }
 
+  // Posts the header's receive now and, the moment the header arrives (on the backend's thread),
+  // the data's: the tensor then moves while this rank computes, and recv() finds it there.
+  void expect(int src, int64_t tag) override {
+    checkTag(tag);
+    const auto key = std::make_pair(src, tag);
+    auto in = std::make_shared<Incoming>();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (incoming_.contains(key)) return;  // one posted receive per (source, tag) at a time
+      in->header = empty({kHeaderLen}, {.dtype = DType::Int64});
+      in->headerWork = pg_->recv(in->header, src, {.tag = static_cast<int>(2 * tag), .timeout = kSendTimeout});
+      incoming_[key] = in;
+    }
+    // Outside the lock: a header already there runs the callback on this thread.
+    std::weak_ptr<Incoming> weak = in;
+    in->headerWork->future().addCallback([this, weak, src, tag](const Future<std::vector<Tensor>>& f) {
+      auto in = weak.lock();
+      if (!in) return;
+      std::lock_guard<std::mutex> lock(mu_);
+      if (f.hasError() || !in->header.defined()) {
+        in->ready = true;
+      } else {
+        try {
+          in->data = allocate(in->header, src, tag);
+          if (in->data.numel() > 0)
+            in->dataWork = pg_->recv(in->data, src, {.tag = static_cast<int>(2 * tag + 1), .timeout = kSendTimeout});
+        } catch (...) {
+          in->error = std::current_exception();
+        }
+        in->ready = true;
+      }
+      cv_.notify_all();
+    });
+  }
+
   Tensor recv(int src, int64_t tag, Millis timeout) override {
     checkTag(tag);
-    Tensor header = empty({kHeaderLen}, {.dtype = DType::Int64});
-    pg_->recv(header, src, {.tag = static_cast<int>(2 * tag), .timeout = timeout})->wait(timeout);
-    const auto* h = header.data<int64_t>();
-    if (h[0] < 0 || h[0] >= kNumDTypes || h[1] < 0 || h[1] > kMaxDims)
-      throw DistError(fmt::format("pipeline transport: a malformed header from rank {} (tag {})", src, tag));
-    Shape shape(h + 2, h + 2 + h[1]);
-    Tensor out = empty(shape, {.dtype = static_cast<DType>(h[0])});
-    if (out.numel() > 0)
-      pg_->recv(out, src, {.tag = static_cast<int>(2 * tag + 1), .timeout = timeout})->wait(timeout);
-    return out;
+    std::shared_ptr<Incoming> in;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = incoming_.find({src, tag});
+      if (it != incoming_.end()) {
+        in = it->second;
+        incoming_.erase(it);
+      }
+    }
+    if (!in) {  // not expected: header, then data
+      Tensor header = empty({kHeaderLen}, {.dtype = DType::Int64});
+      dist::WorkPtr w;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        w = pg_->recv(header, src, {.tag = static_cast<int>(2 * tag), .timeout = timeout});
+      }
+      w->wait(timeout);
+      Tensor out = allocate(header, src, tag);
+      if (out.numel() > 0) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          w = pg_->recv(out, src, {.tag = static_cast<int>(2 * tag + 1), .timeout = timeout});
+        }
+        w->wait(timeout);
+      }
+      return out;
+    }
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto left = [&] {
+      return std::max(Millis(1), std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now()));
+    };
+    in->headerWork->wait(timeout);  // throws the backend's error (or TimeoutError)
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_until(lock, deadline, [&] { return in->ready; });
+      if (!in->ready) in->headerWork->wait(Millis(1));  // cannot happen: the header arrived
+    }
+    if (in->error) std::rethrow_exception(in->error);
+    if (in->dataWork) in->dataWork->wait(left());
+    return in->data;
   }
 
   void flush(Millis timeout) override {
@@ -101,6 +167,18 @@ class ProcessGroupTransport final : public Transport {
                                    "a process group's tags)",
                                    tag, maxTag()));
   }
+  struct Incoming {
+    Tensor header, data;
+    dist::WorkPtr headerWork, dataWork;
+    std::exception_ptr error;
+    bool ready = false;  // the data's receive is posted (or failed, or not needed)
+  };
+  Tensor allocate(const Tensor& header, int src, int64_t tag) const {
+    const auto* h = header.data<int64_t>();
+    if (h[0] < 0 || h[0] >= kNumDTypes || h[1] < 0 || h[1] > kMaxDims)
+      throw DistError(fmt::format("pipeline transport: a malformed header from rank {} (tag {})", src, tag));
+    return empty(Shape(h + 2, h + 2 + h[1]), {.dtype = static_cast<DType>(h[0])});
+  }
   void post(dist::WorkPtr work, Tensor keep) { pending_.push_back({std::move(work), std::move(keep)}); }
   // Drops finished sends (failures stay for flush() to report).
   void reap() {
@@ -109,6 +187,11 @@ class ProcessGroupTransport final : public Transport {
 
   dist::ProcessGroupPtr pg_;
   std::vector<Pending> pending_;
+  // Serialises this transport's calls into the group: the pipeline's thread and the backend
+  // thread that posts an expected tensor's data.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::pair<int, int64_t>, std::shared_ptr<Incoming>> incoming_;
 };
 
 // ---- rpc ------------------------------------------------------------------------------------

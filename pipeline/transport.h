@@ -46,6 +46,10 @@ class Transport {
   virtual int64_t maxTag() const = 0;
   virtual void send(const Tensor& tensor, int dst, int64_t tag) = 0;
   virtual Tensor recv(int src, int64_t tag, Millis timeout) = 0;
+  // A hint: a recv(src, tag) will come. A transport that must post receives (a process group)
+  // starts receiving now, so the tensor moves while this rank computes. Optional to call and to
+  // honour (the RPC transport receives eagerly anyway).
+  virtual void expect(int /*src*/, int64_t /*tag*/) {}
   virtual void flush(Millis timeout) = 0;
   // How errors name pipeline rank `r` ("rank 1", "worker 'stage1'").
   virtual std::string describe(int r) const = 0;
