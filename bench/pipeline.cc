@@ -25,9 +25,9 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <CLI/CLI.hpp>
 
 #include <cohort/core/blas/blas.h>
 #include <cohort/core/nn/transformer.h>
@@ -215,7 +215,8 @@ int main(int argc, char** argv) {
     o.limit = std::chrono::seconds(600);
     o.reportDir = dir;
     o.stopOnFailure = true;
-    auto results = testing::runRanks(2, [&](int r, std::ostream& rep) { return runRank(a, name, dir, r, rep); }, o);
+    auto results = testing::runRanks(
+        2, [&](int r, std::ostream& rep) { return runRank(a, name, dir, r, rep); }, o);
     std::filesystem::remove_all(dir);
     for (const auto& r : results)
       if (!r.ok()) {
@@ -306,13 +307,14 @@ int main(int argc, char** argv) {
       fmt::print(stderr, "{} measured (last step):\n{}{} simulated:\n{}", name,
                  pipeline::formatTimeline(measured, unit), name, pipeline::formatTimeline(sim, unit));
     }
-    fmt::print(
-        "{{\"schedule\": \"{}\", \"samples_s\": {:.2f}, \"single_samples_s\": {:.2f}, \"speedup\": {:.3f}, "
-        "\"bubble_measured\": {:.4f}, \"bubble_simulated\": {:.4f}, \"step_ms\": {:.2f}, \"step_ms_predicted\": {:.2f}, "
-        "\"peak_activation_mib\": [{:.2f}], \"peak_activation_mib_simulated\": [{:.2f}], \"microbatches\": {}, "
-        "\"stages\": {}, \"transport\": \"{}\"}}\n",
-        name, samples, singleSamples, samples / singleSamples, 1.0 - busy / (2.0 * step), sim.bubble, step * 1e3,
-        sim.makespan * 1e3, fmt::join(peakMib, ", "), fmt::join(simPeak, ", "), a.microbatches, S, transportName);
+    fmt::print("{{\"schedule\": \"{}\", \"samples_s\": {:.2f}, \"single_samples_s\": {:.2f}, \"speedup\": {:.3f}, "
+               "\"bubble_measured\": {:.4f}, \"bubble_simulated\": {:.4f}, \"step_ms\": {:.2f}, \"step_ms_predicted\": "
+               "{:.2f}, "
+               "\"peak_activation_mib\": [{:.2f}], \"peak_activation_mib_simulated\": [{:.2f}], \"microbatches\": {}, "
+               "\"stages\": {}, \"transport\": \"{}\"}}\n",
+               name, samples, singleSamples, samples / singleSamples, 1.0 - busy / (2.0 * step), sim.bubble, step * 1e3,
+               sim.makespan * 1e3, fmt::join(peakMib, ", "), fmt::join(simPeak, ", "), a.microbatches, S,
+               transportName);
     std::fflush(stdout);
   }
   return 0;

@@ -20,8 +20,8 @@ DeviceMesh::DeviceMesh(ProcessGroupPtr world, std::vector<std::pair<std::string,
     shape += fmt::format("{}{}={}", shape.empty() ? "" : " x ", name, n);
   }
   if (product != world_->size())
-    throw ValueError(fmt::format("DeviceMesh: {} makes {} ranks, the group '{}' has {}", shape, product,
-                                 world_->name(), world_->size()));
+    throw ValueError(fmt::format("DeviceMesh: {} makes {} ranks, the group '{}' has {}", shape, product, world_->name(),
+                                 world_->size()));
   coords_ = coordinatesOf(world_->rank());
   for (size_t d = 0; d < dims_.size(); ++d) {
     // Color: the linear index of this rank's coordinates without dimension d.

@@ -94,8 +94,8 @@ class LocalStages : public nn::Module {
 
 int trainPipelined(const PipelineRun& run, nn::GPTConfig cfg, const std::string& backend, int64_t steps,
                    int64_t stopAfter, int64_t batchSize, int64_t warmup, int64_t logInterval, int64_t ckptEvery,
-                   double lr, double minLr, double weightDecay, double clip, uint64_t seed, const std::string& checkpoint,
-                   bool resume, int64_t sampleTokens, const std::string& prompt) {
+                   double lr, double minLr, double weightDecay, double clip, uint64_t seed,
+                   const std::string& checkpoint, bool resume, int64_t sampleTokens, const std::string& prompt) {
   namespace fs = std::filesystem;
   auto world = dist::initProcessGroup({.backend = backend});
   const int N = run.stages, W = world->size();
@@ -144,11 +144,9 @@ int trainPipelined(const PipelineRun& run, nn::GPTConfig cfg, const std::string&
   if (resume && committedStep(checkpoint) >= 0) {
     const int64_t at = committedStep(checkpoint);
     const std::string file = fmt::format("{}/step-{}/{}", checkpoint, at, mineFile);
-    io::TrainingState st = io::restoreCheckpoint(file, {.model = &local,
-                                                        .optimizer = &opt,
-                                                        .scheduler = &sched,
-                                                        .loader = &loader,
-                                                        .generator = &defaultGenerator()});
+    io::TrainingState st = io::restoreCheckpoint(
+        file,
+        {.model = &local, .optimizer = &opt, .scheduler = &sched, .loader = &loader, .generator = &defaultGenerator()});
     step = st.step;
     if (talk)
       fmt::print("resumed from {} at step {} (epoch {}, batch {})\n", checkpoint, step, st.dataPosition.epoch,
@@ -277,8 +275,8 @@ int main(int argc, char** argv) {
   app.add_flag("--ddp", ddp, "data-parallel over the job's ranks (under cohortrun, mpirun or srun)");
   app.add_option("--backend", backend, "collective backend with --ddp (default: COHORT_BACKEND, else auto)");
   bool useFsdp = false;
-  auto* fsdpFlag =
-      app.add_flag("--fsdp", useFsdp, "fully sharded data-parallel over the job's ranks (FULL_SHARD)")->excludes("--ddp");
+  auto* fsdpFlag = app.add_flag("--fsdp", useFsdp, "fully sharded data-parallel over the job's ranks (FULL_SHARD)")
+                       ->excludes("--ddp");
   PipelineRun pipelined;
   app.add_option("--pipeline", pipelined.stages,
                  "pipeline-parallel over this many ranks (data-parallel replicas of it when the world is larger)")

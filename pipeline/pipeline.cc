@@ -18,10 +18,10 @@ namespace cohort::pipeline {
 
 // What one stage keeps of one micro-batch between its actions.
 struct Pipeline::MicroState {
-  Tensor input;      // the stage's input (a leaf requiring grad when it is floating point and not stage 0's)
-  Tensor output;     // forward's result (the last stage: its weighted loss)
-  Tensor gradOut;    // the gradient of `output`, received or handed over
-  Tensor gradIn;     // the gradient of `input`, to send or hand over
+  Tensor input;    // the stage's input (a leaf requiring grad when it is floating point and not stage 0's)
+  Tensor output;   // forward's result (the last stage: its weighted loss)
+  Tensor gradOut;  // the gradient of `output`, received or handed over
+  Tensor gradIn;   // the gradient of `input`, to send or hand over
   autograd::WeightBackward rest;  // the postponed weight half of a split backward
   void clear() {
     input = output = gradOut = gradIn = Tensor();
@@ -71,8 +71,8 @@ Pipeline::Pipeline(std::vector<std::shared_ptr<nn::Module>> stages, TransportPtr
   if (!transport_) throw ValueError("Pipeline: the transport is null");
   if (!loss_) throw ValueError("Pipeline: no loss function");
   if (schedule.ranks != transport_->size())
-    throw ScheduleError(fmt::format("Pipeline: schedule '{}' is for {} ranks, the transport ({}) has {}",
-                                    schedule.name, schedule.ranks, transport_->name(), transport_->size()));
+    throw ScheduleError(fmt::format("Pipeline: schedule '{}' is for {} ranks, the transport ({}) has {}", schedule.name,
+                                    schedule.ranks, transport_->name(), transport_->size()));
   check(schedule);  // ScheduleError before anything runs
   schedule_ = withCommunication(schedule);
   options_.microbatches = schedule_.microbatches;
@@ -182,8 +182,10 @@ Tensor Pipeline::step(const Tensor& input, const Tensor& target) {
   const auto& mine = schedule_.actions[static_cast<size_t>(rank())];
   try {  // every receive of the step, announced up front (transport.h: expect)
     for (const Action& a : mine) {
-      if (a.kind == ActionKind::RecvActivation) transport_->expect(schedule_.rankOf(a.stage - 1), tag(false, a.stage, a.microbatch));
-      if (a.kind == ActionKind::RecvGradient) transport_->expect(schedule_.rankOf(a.stage + 1), tag(true, a.stage, a.microbatch));
+      if (a.kind == ActionKind::RecvActivation)
+        transport_->expect(schedule_.rankOf(a.stage - 1), tag(false, a.stage, a.microbatch));
+      if (a.kind == ActionKind::RecvGradient)
+        transport_->expect(schedule_.rankOf(a.stage + 1), tag(true, a.stage, a.microbatch));
     }
   } catch (...) {
     rethrowAt(fmt::format("pipeline '{}' {}: posting the step's receives failed: ", schedule_.name,
@@ -205,8 +207,8 @@ Tensor Pipeline::step(const Tensor& input, const Tensor& target) {
       run(a, inputs, targets);
     } catch (...) {
       for (auto& s : states_) s.clear();
-      rethrowAt(fmt::format("pipeline '{}' {} (stage {}): {} failed: ", schedule_.name,
-                            transport_->describe(rank()), a.stage, a.str()));
+      rethrowAt(fmt::format("pipeline '{}' {} (stage {}): {} failed: ", schedule_.name, transport_->describe(rank()),
+                            a.stage, a.str()));
     }
     const auto end = std::chrono::steady_clock::now();
     timing_.actions.push_back({a, secondsSince(start), secondsSince(end)});
@@ -227,8 +229,8 @@ Tensor Pipeline::step(const Tensor& input, const Tensor& target) {
     }
     transport_->flush(options_.timeout);
   } catch (...) {
-    rethrowAt(fmt::format("pipeline '{}' {}: the end of the step failed: ", schedule_.name,
-                          transport_->describe(rank())));
+    rethrowAt(
+        fmt::format("pipeline '{}' {}: the end of the step failed: ", schedule_.name, transport_->describe(rank())));
   }
   timing_.seconds = secondsSince(std::chrono::steady_clock::now());
   for (auto& s : states_) s.clear();
@@ -236,7 +238,8 @@ Tensor Pipeline::step(const Tensor& input, const Tensor& target) {
 }
 
 double Pipeline::clipGradNorm(double maxNorm) {
-  if (!(maxNorm > 0)) throw ValueError(fmt::format("Pipeline::clipGradNorm: maxNorm must be positive, got {}", maxNorm));
+  if (!(maxNorm > 0))
+    throw ValueError(fmt::format("Pipeline::clipGradNorm: maxNorm must be positive, got {}", maxNorm));
   std::unordered_set<const void*> skip;  // tied copies another rank counts
   for (const Tie& t : ties_)
     if (!t.primary)
@@ -246,8 +249,8 @@ double Pipeline::clipGradNorm(double maxNorm) {
     if (!skip.contains(p.impl())) counted.push_back(p);
   const double localNorm = optim::gradNorm(counted);
   const double local = localNorm * localNorm;
-  const int64_t tag = 2LL * schedule_.stages * schedule_.microbatches + schedule_.ranks +
-                      static_cast<int64_t>(options_.tied.size());
+  const int64_t tag =
+      2LL * schedule_.stages * schedule_.microbatches + schedule_.ranks + static_cast<int64_t>(options_.tied.size());
   double total = 0;
   try {
     Tensor mine = scalarTensor(local, {.dtype = DType::Float64});
@@ -324,12 +327,8 @@ void Pipeline::run(const Action& a, const std::vector<Tensor>& inputs, const std
     case ActionKind::RecvGradient:
       st.gradOut = transport_->recv(schedule_.rankOf(s + 1), tag(true, s, i), options_.timeout);
       break;
-    case ActionKind::SendActivation:
-      transport_->send(st.output, schedule_.rankOf(s + 1), tag(false, s + 1, i));
-      break;
-    case ActionKind::SendGradient:
-      transport_->send(st.gradIn, schedule_.rankOf(s - 1), tag(true, s - 1, i));
-      break;
+    case ActionKind::SendActivation: transport_->send(st.output, schedule_.rankOf(s + 1), tag(false, s + 1, i)); break;
+    case ActionKind::SendGradient: transport_->send(st.gradIn, schedule_.rankOf(s - 1), tag(true, s - 1, i)); break;
     case ActionKind::Forward: {
       if (s == 0) st.input = inputs.at(static_cast<size_t>(i));
       else if (local(s - 1)) st.input = asLeaf(state(s - 1, i).output);
@@ -344,8 +343,7 @@ void Pipeline::run(const Action& a, const std::vector<Tensor>& inputs, const std
       }
       if (s == last) {
         Tensor l = loss_(out, targets.at(static_cast<size_t>(i)));
-        if (!l.defined() || l.numel() != 1)
-          throw ValueError("the loss function must return a one-element tensor");
+        if (!l.defined() || l.numel() != 1) throw ValueError("the loss function must return a one-element tensor");
         if (lossScale_[i] != 1.0) l = l * lossScale_[i];
         lossSum_ += l.detach().itemDouble();
         st.output = l;

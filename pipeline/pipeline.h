@@ -54,8 +54,9 @@ namespace cohort::pipeline {
 enum class LossReduction { Mean, Sum };
 
 // One parameter held by several stages, each with its own copy: (stage, the parameter's name in
-// that stage's module; in the wrapped module for a DistributedDataParallel stage). At the end of every step the pipeline adds up the gradients the copies
-// got in that step and gives every copy the sum (split.h: a GPT's tied embedding and LM head).
+// that stage's module; in the wrapped module for a DistributedDataParallel stage). At the end of every step the
+// pipeline adds up the gradients the copies got in that step and gives every copy the sum (split.h: a GPT's tied
+// embedding and LM head).
 struct TiedParameter {
   std::vector<std::pair<int, std::string>> copies{};
 };
@@ -65,7 +66,7 @@ struct PipelineOptions {
   int microbatches = 4;
   int chunks = 0;  // stages per rank for "interleaved" (0: 2)
   LossReduction lossReduction = LossReduction::Mean;
-  Millis timeout = Millis(300'000);  // how long a receive waits for its peer
+  Millis timeout = Millis(300'000);   // how long a receive waits for its peer
   std::vector<TiedParameter> tied{};  // parameters whose copies stay in sync (see above)
 };
 
@@ -74,8 +75,8 @@ using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>
 
 struct StepTiming {
   std::vector<TimedAction> actions{};  // this rank's actions, seconds since the step began
-  double seconds = 0;                // the whole step on this rank
-  double busy = 0;                   // time in F, B, I and W
+  double seconds = 0;                  // the whole step on this rank
+  double busy = 0;                     // time in F, B, I and W
 };
 
 class Pipeline {

@@ -268,11 +268,12 @@ namespace {
 // Where each action of a schedule is, and the checks that need no timing.
 class Index {
  public:
-  explicit Index(const Schedule& s) : s_(s), S_(s.stages), m_(s.microbatches) {
-    where_.assign(static_cast<size_t>(kKinds * S_ * m_), {-1, -1});
+  explicit Index(const Schedule& s) : s_(s), stages_(s.stages), microbatches_(s.microbatches) {
+    where_.assign(static_cast<size_t>(kKinds * stages_ * microbatches_), {-1, -1});
   }
   size_t key(ActionKind k, int stage, int mb) const {
-    return (static_cast<size_t>(k) * static_cast<size_t>(S_) + static_cast<size_t>(stage)) * static_cast<size_t>(m_) +
+    return (static_cast<size_t>(k) * static_cast<size_t>(stages_) + static_cast<size_t>(stage)) *
+               static_cast<size_t>(microbatches_) +
            static_cast<size_t>(mb);
   }
   // (rank, position) of an action; rank -1 when the schedule does not have it.
@@ -283,10 +284,10 @@ class Index {
     if (s_.ranks < 1 || s_.stages < 1 || s_.microbatches < 1)
       throw ScheduleError(fmt::format("schedule '{}': needs at least one rank, stage and micro-batch (has {}, {}, {})",
                                       s_.name, s_.ranks, s_.stages, s_.microbatches));
-    if (static_cast<int>(s_.placement.size()) != S_)
+    if (static_cast<int>(s_.placement.size()) != stages_)
       throw ScheduleError(fmt::format("schedule '{}': placement names {} stages, the schedule has {}", s_.name,
-                                      s_.placement.size(), S_));
-    for (int st = 0; st < S_; ++st)
+                                      s_.placement.size(), stages_));
+    for (int st = 0; st < stages_; ++st)
       if (s_.rankOf(st) < 0 || s_.rankOf(st) >= s_.ranks)
         throw ScheduleError(fmt::format("schedule '{}': stage {} is placed on rank {}, outside 0..{}", s_.name, st,
                                         s_.rankOf(st), s_.ranks - 1));
@@ -298,17 +299,18 @@ class Index {
       for (int pos = 0; pos < static_cast<int>(list.size()); ++pos) {
         const Action& a = list[static_cast<size_t>(pos)];
         auto bad = [&](const std::string& why) {
-          return ScheduleError(
-              fmt::format("schedule '{}': rank {} action {} ({}) {}", s_.name, r, pos, a.str(), why));
+          return ScheduleError(fmt::format("schedule '{}': rank {} action {} ({}) {}", s_.name, r, pos, a.str(), why));
         };
-        if (a.stage < 0 || a.stage >= S_) throw bad(fmt::format("names a stage outside 0..{}", S_ - 1));
-        if (a.microbatch < 0 || a.microbatch >= m_) throw bad(fmt::format("names a micro-batch outside 0..{}", m_ - 1));
-        if (s_.rankOf(a.stage) != r) throw bad(fmt::format("is on the wrong rank: stage {} is on rank {}", a.stage, s_.rankOf(a.stage)));
+        if (a.stage < 0 || a.stage >= stages_) throw bad(fmt::format("names a stage outside 0..{}", stages_ - 1));
+        if (a.microbatch < 0 || a.microbatch >= microbatches_)
+          throw bad(fmt::format("names a micro-batch outside 0..{}", microbatches_ - 1));
+        if (s_.rankOf(a.stage) != r)
+          throw bad(fmt::format("is on the wrong rank: stage {} is on rank {}", a.stage, s_.rankOf(a.stage)));
         const int peer = [&] {
           switch (a.kind) {
             case ActionKind::SendActivation:
             case ActionKind::RecvGradient:
-              if (a.stage + 1 >= S_) throw bad("communicates with a stage after the last one");
+              if (a.stage + 1 >= stages_) throw bad("communicates with a stage after the last one");
               return s_.rankOf(a.stage + 1);
             case ActionKind::RecvActivation:
             case ActionKind::SendGradient:
@@ -319,14 +321,13 @@ class Index {
         }();
         if (peer == r) throw bad("sends or receives between two stages of one rank, which hand tensors over in memory");
         auto& w = where_[key(a.kind, a.stage, a.microbatch)];
-        if (w.first >= 0)
-          throw bad(fmt::format("repeats the action at rank {} position {}", w.first, w.second));
+        if (w.first >= 0) throw bad(fmt::format("repeats the action at rank {} position {}", w.first, w.second));
         w = {r, pos};
       }
     }
     // Every forward and backward, once; sends and receives in matching pairs.
-    for (int st = 0; st < S_; ++st) {
-      for (int i = 0; i < m_; ++i) {
+    for (int st = 0; st < stages_; ++st) {
+      for (int i = 0; i < microbatches_; ++i) {
         const int r = s_.rankOf(st);
         auto missing = [&](const std::string& what) {
           return ScheduleError(fmt::format("schedule '{}': rank {} never runs {} of micro-batch {} on stage {}",
@@ -344,9 +345,9 @@ class Index {
       }
     }
     if (!s_.hasCommunication()) return;
-    for (int st = 0; st + 1 < S_; ++st) {
+    for (int st = 0; st + 1 < stages_; ++st) {
       if (s_.rankOf(st) == s_.rankOf(st + 1)) continue;
-      for (int i = 0; i < m_; ++i) {
+      for (int i = 0; i < microbatches_; ++i) {
         pair(ActionKind::SendActivation, st, ActionKind::RecvActivation, st + 1, i);
         pair(ActionKind::SendGradient, st + 1, ActionKind::RecvGradient, st, i);
       }
@@ -359,11 +360,11 @@ class Index {
     const bool hs = has(sendKind, sendStage, i), hr = has(recvKind, recvStage, i);
     if (hs && hr) return;
     if (hs)
-      throw ScheduleError(fmt::format("schedule '{}': {} on rank {} has no matching {} on rank {}", s_.name,
-                                      send.str(), s_.rankOf(sendStage), recv.str(), s_.rankOf(recvStage)));
+      throw ScheduleError(fmt::format("schedule '{}': {} on rank {} has no matching {} on rank {}", s_.name, send.str(),
+                                      s_.rankOf(sendStage), recv.str(), s_.rankOf(recvStage)));
     if (hr)
-      throw ScheduleError(fmt::format("schedule '{}': {} on rank {} has no matching {} on rank {}", s_.name,
-                                      recv.str(), s_.rankOf(recvStage), send.str(), s_.rankOf(sendStage)));
+      throw ScheduleError(fmt::format("schedule '{}': {} on rank {} has no matching {} on rank {}", s_.name, recv.str(),
+                                      s_.rankOf(recvStage), send.str(), s_.rankOf(sendStage)));
     throw ScheduleError(fmt::format("schedule '{}': {} is never sent: neither {} on rank {} nor {} on rank {} is in "
                                     "the schedule",
                                     s_.name, sendKind == ActionKind::SendActivation ? "an activation" : "a gradient",
@@ -371,7 +372,7 @@ class Index {
   }
 
   const Schedule& s_;
-  int S_, m_;
+  int stages_, microbatches_;
   std::vector<std::pair<int, int>> where_;
 };
 
@@ -533,10 +534,10 @@ std::string timelineSvg(const Simulation& sim, const std::string& title) {
   const double scale = sim.makespan > 0 ? 900.0 / sim.makespan : 1.0;
   const int rowH = 28, top = title.empty() ? 10 : 34, left = 70;
   const auto ranks = sim.timeline.size();
-  std::string svg = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"monospace\" "
-      "font-size=\"11\">\n",
-      left + 920, top + static_cast<int>(ranks) * rowH + 10);
+  std::string svg =
+      fmt::format("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"monospace\" "
+                  "font-size=\"11\">\n",
+                  left + 920, top + static_cast<int>(ranks) * rowH + 10);
   if (!title.empty()) svg += fmt::format("<text x=\"10\" y=\"20\" font-size=\"14\">{}</text>\n", title);
   bool manyStages = false;
   for (const auto& row : sim.timeline)
@@ -547,15 +548,14 @@ std::string timelineSvg(const Simulation& sim, const std::string& title) {
     svg += fmt::format("<text x=\"8\" y=\"{}\">rank {}</text>\n", y + 18, r);
     for (const auto& t : sim.timeline[r]) {
       if (!isCompute(t.action.kind)) continue;
-      const char* fill = t.action.kind == ActionKind::Forward          ? "#6fa8dc"
-                         : t.action.kind == ActionKind::Backward       ? "#93c47d"
-                         : t.action.kind == ActionKind::BackwardInput  ? "#b6d7a8"
-                                                                       : "#f6b26b";
+      const char* fill = t.action.kind == ActionKind::Forward         ? "#6fa8dc"
+                         : t.action.kind == ActionKind::Backward      ? "#93c47d"
+                         : t.action.kind == ActionKind::BackwardInput ? "#b6d7a8"
+                                                                      : "#f6b26b";
       const double x = left + t.start * scale, w = std::max(1.0, (t.end - t.start) * scale);
-      svg += fmt::format(
-          "<rect x=\"{:.1f}\" y=\"{}\" width=\"{:.1f}\" height=\"{}\" fill=\"{}\" stroke=\"#333\"/>"
-          "<text x=\"{:.1f}\" y=\"{}\">{}</text>\n",
-          x, y, w, rowH - 4, fill, x + 2, y + 16, t.action.shortStr(manyStages));
+      svg += fmt::format("<rect x=\"{:.1f}\" y=\"{}\" width=\"{:.1f}\" height=\"{}\" fill=\"{}\" stroke=\"#333\"/>"
+                         "<text x=\"{:.1f}\" y=\"{}\">{}</text>\n",
+                         x, y, w, rowH - 4, fill, x + 2, y + 16, t.action.shortStr(manyStages));
     }
   }
   svg += "</svg>\n";

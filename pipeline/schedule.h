@@ -72,7 +72,7 @@ struct Schedule {
   int ranks = 1;
   int stages = 1;
   int microbatches = 1;
-  std::vector<int> placement{};               // stage -> rank; size `stages`
+  std::vector<int> placement{};                // stage -> rank; size `stages`
   std::vector<std::vector<Action>> actions{};  // per rank, in execution order
 
   int rankOf(int stage) const { return placement.at(static_cast<size_t>(stage)); }
@@ -132,9 +132,9 @@ struct TimedAction {
 
 struct Simulation {
   double makespan = 0;
-  std::vector<double> busy{};                      // per rank: compute time (F, B, I, W)
-  double bubble = 0;                               // 1 - sum(busy) / (ranks * makespan)
-  std::vector<int> peakActivations{};              // per rank: live micro-batch activations
+  std::vector<double> busy{};                        // per rank: compute time (F, B, I, W)
+  double bubble = 0;                                 // 1 - sum(busy) / (ranks * makespan)
+  std::vector<int> peakActivations{};                // per rank: live micro-batch activations
   std::vector<std::vector<TimedAction>> timeline{};  // per rank, in execution order
 };
 

@@ -10,8 +10,8 @@ StageSplit splitSequential(const std::shared_ptr<nn::Sequential>& model, int sta
   if (!model) throw ValueError("splitSequential: the model is null");
   const int n = static_cast<int>(model->size());
   if (stages < 1 || stages > n)
-    throw ValueError(fmt::format("splitSequential: {} stages for a Sequential of {} modules (1..{} stages)", stages,
-                                 n, n));
+    throw ValueError(
+        fmt::format("splitSequential: {} stages for a Sequential of {} modules (1..{} stages)", stages, n, n));
   if (boundaries.empty()) {
     for (int s = 1, at = 0; s < stages; ++s) {
       at += n / stages + (s - 1 < n % stages ? 1 : 0);
@@ -19,8 +19,8 @@ StageSplit splitSequential(const std::shared_ptr<nn::Sequential>& model, int sta
     }
   }
   if (static_cast<int>(boundaries.size()) != stages - 1)
-    throw ValueError(fmt::format("splitSequential: {} stages need {} boundaries, got {}", stages, stages - 1,
-                                 boundaries.size()));
+    throw ValueError(
+        fmt::format("splitSequential: {} stages need {} boundaries, got {}", stages, stages - 1, boundaries.size()));
   for (size_t i = 0; i < boundaries.size(); ++i) {
     const int lo = i == 0 ? 0 : boundaries[i - 1];
     if (boundaries[i] <= lo || boundaries[i] >= n)

@@ -38,8 +38,7 @@ struct StageSplit {
 // `boundaries`: the index of the first child of stages 1..n-1 (ascending); empty: even counts
 // (the first stages take one more when they do not divide). ValueError for fewer children than
 // stages or bad boundaries.
-StageSplit splitSequential(const std::shared_ptr<nn::Sequential>& model, int stages,
-                           std::vector<int> boundaries = {});
+StageSplit splitSequential(const std::shared_ptr<nn::Sequential>& model, int stages, std::vector<int> boundaries = {});
 
 // A slice of a GPT: token ids [B, T] -> hidden [B, T, C] (first stage), hidden -> hidden, or
 // hidden -> logits [B, T, vocab] (last stage); a one-stage split runs the whole model.

@@ -37,9 +37,7 @@ class ProcessGroupTransport final : public Transport {
   // Two process-group tags per tag, below MPI's guaranteed tag bound (32767).
   int64_t maxTag() const override { return 16383; }
   std::string describe(int r) const override { return fmt::format("rank {}", r); }
-  std::string name() const override {
-    return fmt::format("process group ({})", pg_->backend(DeviceType::CPU).name());
-  }
+  std::string name() const override { return fmt::format("process group ({})", pg_->backend(DeviceType::CPU).name()); }
 
   void send(const Tensor& tensor, int dst, int64_t tag) override {
     checkTag(tag);
@@ -246,9 +244,8 @@ constexpr const char* kPing = "cohort.pipeline.ping";
 void registerDeliver() {
   static std::once_flag once;
   std::call_once(once, [] {
-    rpc::registerFunction(kDeliver, [](int64_t src, int64_t tag, Tensor t) {
-      Mailbox::instance().put(src, tag, std::move(t));
-    });
+    rpc::registerFunction(kDeliver,
+                          [](int64_t src, int64_t tag, Tensor t) { Mailbox::instance().put(src, tag, std::move(t)); });
     rpc::registerFunction(kPing, [] {});
   });
 }
@@ -281,8 +278,8 @@ class RpcTransport final : public Transport {
 
   void send(const Tensor& tensor, int dst, int64_t tag) override {
     std::erase_if(pending_, [](const Future<void>& f) { return f.isCompleted() && !f.hasError(); });
-    pending_.push_back(rpc::rpcAsync<void>(workers_.at(static_cast<size_t>(dst)), kDeliver,
-                                           static_cast<int64_t>(rank_), tag, tensor.detach()));
+    pending_.push_back(rpc::rpcAsync<void>(workers_.at(static_cast<size_t>(dst)), kDeliver, static_cast<int64_t>(rank_),
+                                           tag, tensor.detach()));
   }
 
   // Waits in slices of kProbeEvery; after each slice without the tensor it probes the sender

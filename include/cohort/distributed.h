@@ -5,6 +5,6 @@
 #include <cohort/distributed/ddp/comm_hook.h>
 #include <cohort/distributed/ddp/distributed_data_parallel.h>
 #include <cohort/distributed/ddp/join.h>
-#include <cohort/distributed/init.h>
 #include <cohort/distributed/device_mesh.h>
+#include <cohort/distributed/init.h>
 #include <cohort/distributed/process_group.h>

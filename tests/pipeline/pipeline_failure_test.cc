@@ -139,9 +139,8 @@ std::vector<std::optional<Outcome>> runCase(const Case& c) {
         Generator g(7);
         for (int k = 0; k < kSteps; ++k) {
           Tensor x = randn({2 * kMicro, kWidth}, {}, &g), y = randn({2 * kMicro, kWidth}, {}, &g);
-          Outcome o = classify([&] {
-            pipe->step(pipe->holdsFirstStage() ? x : Tensor(), pipe->holdsLastStage() ? y : Tensor());
-          });
+          Outcome o = classify(
+              [&] { pipe->step(pipe->holdsFirstStage() ? x : Tensor(), pipe->holdsLastStage() ? y : Tensor()); });
           if (o.kind == "none" && k < kDieStep) continue;
           // Step kDieStep's outcome ("none" if it returned); a failure before it is reported as such.
           const std::string kind = k == kDieStep ? o.kind : fmt::format("{} in step {}, before the death", o.kind, k);
@@ -179,8 +178,8 @@ std::vector<std::optional<Outcome>> runCase(const Case& c) {
     EXPECT_LT(o.seconds, kBoundSeconds) << o.message;
     // "pipeline '1f1b' rank 0 (stage 0): RB(stage 0, micro-batch 1) failed: ...": this rank, its
     // stage, the action and its micro-batch.
-    const std::string self = c.via == Via::Rpc ? fmt::format("rank {} (worker '{}')", r, workerName(r))
-                                               : fmt::format("rank {}", r);
+    const std::string self =
+        c.via == Via::Rpc ? fmt::format("rank {} (worker '{}')", r, workerName(r)) : fmt::format("rank {}", r);
     const std::regex where(fmt::format(R"(^pipeline '{}' {} \(stage {}\): (F|B|I|W|SF|RF|SB|RB)\(stage {}, )"
                                        R"(micro-batch [0-5]\) failed: )",
                                        c.schedule, std::regex_replace(self, std::regex(R"([()])"), R"(\$&)"), r, r));

@@ -29,7 +29,9 @@ struct Config {
   std::string schedule;
   int m;
   int chunks = 0;
-  std::string str() const { return fmt::format("{} m={}{}", schedule, m, chunks ? fmt::format(" chunks={}", chunks) : ""); }
+  std::string str() const {
+    return fmt::format("{} m={}{}", schedule, m, chunks ? fmt::format(" chunks={}", chunks) : "");
+  }
 };
 
 std::vector<Config> configsFor(int p) {
@@ -104,7 +106,8 @@ void runAll(int p, Via via, const std::vector<Config>& configs) {
     return report.empty() ? std::string("ok") : report;
   });
   for (int r = 0; r < p; ++r)
-    EXPECT_EQ(results[r].report, "ok") << "rank " << r << " (" << dist::testing::describeStatus(results[r].status) << ")";
+    EXPECT_EQ(results[r].report, "ok") << "rank " << r << " (" << dist::testing::describeStatus(results[r].status)
+                                       << ")";
 }
 
 class EqualsOneProcess : public ::testing::TestWithParam<std::tuple<int, Via>> {};
@@ -193,8 +196,8 @@ TEST(Pipeline, SplitGPTWithTiedWeightsEqualsOneProcess) {
 }
 
 TEST(Pipeline, SplitSequential) {
-  auto seq = std::make_shared<nn::Sequential>(nn::Linear(2, 2), nn::Tanh(), nn::Linear(2, 2), nn::Tanh(),
-                                              nn::Linear(2, 1));
+  auto seq =
+      std::make_shared<nn::Sequential>(nn::Linear(2, 2), nn::Tanh(), nn::Linear(2, 2), nn::Tanh(), nn::Linear(2, 1));
   StageSplit even = splitSequential(seq, 2);
   ASSERT_EQ(even.stages.size(), 2u);
   EXPECT_EQ(std::dynamic_pointer_cast<nn::Sequential>(even.stages[0])->size(), 3u);
@@ -275,13 +278,20 @@ TEST(Pipeline, RefusesWhatCannotRun) {
            "places 2 stage(s) on rank 0 (0, 1), 1 module(s) given");
     // A batch smaller than the micro-batch count, and a missing input.
     Pipeline pipe(stages, t, mse, interleaved1F1B(1, 2, 4));
-    expect(errorAs<ValueError>([&] { pipe.step(randn({3, kWidth}), randn({3, kOut})); }),
+    expect(errorAs<ValueError>([&] {
+             pipe.step(randn({3, kWidth}), randn({3, kOut}));
+           }),
            "the input has 3 rows along dim 0, fewer than the 4 micro-batches");
-    expect(errorAs<ValueError>([&] { pipe.step(Tensor(), randn({8, kOut})); }),
+    expect(errorAs<ValueError>([&] {
+             pipe.step(Tensor(), randn({8, kOut}));
+           }),
            "rank 0 holds the first stage but got no input");
     // A loss that is not one element: the error names the action.
-    Pipeline bad(stages, t, [](const Tensor& o, const Tensor&) { return o; }, interleaved1F1B(1, 2, 2));
-    expect(errorAs<ValueError>([&] { bad.step(randn({4, kWidth}), randn({4, kOut})); }),
+    Pipeline bad(
+        stages, t, [](const Tensor& o, const Tensor&) { return o; }, interleaved1F1B(1, 2, 2));
+    expect(errorAs<ValueError>([&] {
+             bad.step(randn({4, kWidth}), randn({4, kOut}));
+           }),
            "pipeline 'interleaved' rank 0 (stage 1): F(stage 1, micro-batch 0) failed: the loss function must "
            "return a one-element tensor");
     // After a failed step the pipeline runs again.

@@ -22,10 +22,8 @@ inline std::vector<nn::ModulePtr> makeStages(int S) {
   Generator g(1234);
   std::vector<nn::ModulePtr> out;
   for (int k = 0; k < S; ++k) {
-    if (k + 1 < S)
-      out.push_back(std::make_shared<nn::Sequential>(nn::Linear(kWidth, kWidth, true, &g), nn::Tanh()));
-    else
-      out.push_back(std::make_shared<nn::Linear>(kWidth, kOut, true, &g));
+    if (k + 1 < S) out.push_back(std::make_shared<nn::Sequential>(nn::Linear(kWidth, kWidth, true, &g), nn::Tanh()));
+    else out.push_back(std::make_shared<nn::Linear>(kWidth, kOut, true, &g));
   }
   return out;
 }

@@ -52,13 +52,12 @@ TEST(Schedule, InterleavedNeedsWholeGroupsOfMicrobatches) {
 TEST(Schedule, CommunicationIsInsertedAroundComputeOnly) {
   Schedule s = withCommunication(oneFOneB(2, 2));
   // Rank 0: F0 SF0 F1 SF1 RB0 B0 RB1 B1 (stage 0 sends no gradient: it has no previous stage).
-  std::vector<Action> r0{{K::Forward, 0, 0},      {K::SendActivation, 0, 0}, {K::Forward, 0, 1},
-                         {K::SendActivation, 0, 1}, {K::RecvGradient, 0, 0},  {K::Backward, 0, 0},
-                         {K::RecvGradient, 0, 1},  {K::Backward, 0, 1}};
+  std::vector<Action> r0{{K::Forward, 0, 0},        {K::SendActivation, 0, 0}, {K::Forward, 0, 1},
+                         {K::SendActivation, 0, 1}, {K::RecvGradient, 0, 0},   {K::Backward, 0, 0},
+                         {K::RecvGradient, 0, 1},   {K::Backward, 0, 1}};
   EXPECT_EQ(s.actions[0], r0);
-  std::vector<Action> r1{{K::RecvActivation, 1, 0}, {K::Forward, 1, 0},      {K::Backward, 1, 0},
-                         {K::SendGradient, 1, 0},   {K::RecvActivation, 1, 1}, {K::Forward, 1, 1},
-                         {K::Backward, 1, 1},       {K::SendGradient, 1, 1}};
+  std::vector<Action> r1{{K::RecvActivation, 1, 0}, {K::Forward, 1, 0}, {K::Backward, 1, 0}, {K::SendGradient, 1, 0},
+                         {K::RecvActivation, 1, 1}, {K::Forward, 1, 1}, {K::Backward, 1, 1}, {K::SendGradient, 1, 1}};
   EXPECT_EQ(s.actions[1], r1);
   // Stages on one rank hand over in memory: interleaved on one rank has no communication.
   EXPECT_FALSE(withCommunication(interleaved1F1B(1, 3, 2)).hasCommunication());
@@ -171,9 +170,9 @@ TEST(Simulator, PeakActivations) {
   const int p = 4, m = 8;
   Simulation g = simulate(gpipe(p, m)), o = simulate(oneFOneB(p, m)), z = simulate(zeroBubble(p, m));
   for (int r = 0; r < p; ++r) {
-    EXPECT_EQ(g.peakActivations[r], m);                 // GPipe grows with the micro-batches
-    EXPECT_EQ(o.peakActivations[r], p - r);             // 1F1B with the stages
-    EXPECT_LE(z.peakActivations[r], 2 * p - r - 1);     // zero bubble: + postponed weight backwards
+    EXPECT_EQ(g.peakActivations[r], m);              // GPipe grows with the micro-batches
+    EXPECT_EQ(o.peakActivations[r], p - r);          // 1F1B with the stages
+    EXPECT_LE(z.peakActivations[r], 2 * p - r - 1);  // zero bubble: + postponed weight backwards
     EXPECT_GE(z.peakActivations[r], o.peakActivations[r]);
   }
 }
@@ -191,9 +190,8 @@ TEST(Simulator, CommunicationCostsDelayTheReceiver) {
 
 TEST(Timeline, TextAndSvg) {
   Simulation sim = simulate(oneFOneB(2, 2));  // F = 1, B = 2
-  EXPECT_EQ(formatTimeline(sim),
-            "rank  0 | F0 F1 .  .  B0    .  B1\n"
-            "rank  1 | .  F0 B0    F1 B1    .  .\n");
+  EXPECT_EQ(formatTimeline(sim), "rank  0 | F0 F1 .  .  B0    .  B1\n"
+                                 "rank  1 | .  F0 B0    F1 B1    .  .\n");
   std::string svg = timelineSvg(sim, "1f1b");
   EXPECT_EQ(svg.rfind("<svg", 0), 0u);
   EXPECT_NE(svg.find(">B1</text>"), std::string::npos);
