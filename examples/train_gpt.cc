@@ -70,6 +70,17 @@ double evalLoss(nn::GPT& model, data::DataLoader& loader, int64_t batches, int64
   return n ? sum / static_cast<double>(n) : 0.0;
 }
 
+// The shipped text: its vocabulary, and training / validation datasets (the last tenth).
+struct Corpus {
+  std::string text = data::kjvText("all");
+  data::CharVocab vocab{text};
+  size_t split = text.size() * 9 / 10;
+  std::shared_ptr<data::CharDataset> train, val;
+  explicit Corpus(int64_t blockSize)
+      : train(std::make_shared<data::CharDataset>(vocab, std::string_view(text).substr(0, split), blockSize)),
+        val(std::make_shared<data::CharDataset>(vocab, std::string_view(text).substr(split), blockSize, blockSize)) {}
+};
+
 struct PipelineRun {
   int stages = 0;
   std::string schedule = "1f1b";
@@ -105,13 +116,9 @@ int trainPipelined(const PipelineRun& run, nn::GPTConfig cfg, const std::string&
   const int replica = mesh.coordinate("data"), pipeRank = mesh.coordinate("pipe"), replicas = W / N;
   const bool talk = world->rank() == 0;
 
-  std::string text = data::kjvText("all");
-  data::CharVocab vocab(text);
+  Corpus corpus(cfg.blockSize);
+  const data::CharVocab& vocab = corpus.vocab;
   cfg.vocabSize = vocab.size();
-  size_t split = text.size() * 9 / 10;
-  auto train = std::make_shared<data::CharDataset>(vocab, std::string_view(text).substr(0, split), cfg.blockSize);
-  auto val =
-      std::make_shared<data::CharDataset>(vocab, std::string_view(text).substr(split), cfg.blockSize, cfg.blockSize);
   // Every rank builds the whole GPT from one seed and keeps its stages (the tied embedding and LM
   // head start equal on the first and last stage).
   auto gpt = std::make_shared<nn::GPT>(cfg);
@@ -136,8 +143,8 @@ int trainPipelined(const PipelineRun& run, nn::GPTConfig cfg, const std::string&
   optim::CosineWithWarmup sched(opt, {.warmupSteps = warmup, .totalSteps = steps, .minLr = minLr});
   data::DataLoaderOptions lo{.batchSize = batchSize, .shuffle = true, .seed = seed, .dropLast = true};
   lo.sampler = data::DistributedSampler({.rank = replica, .worldSize = replicas, .seed = seed, .dropLast = true});
-  data::DataLoader loader(train, lo);
-  data::DataLoader valLoader(val, {.batchSize = batchSize});
+  data::DataLoader loader(corpus.train, lo);
+  data::DataLoader valLoader(corpus.val, {.batchSize = batchSize});
 
   int64_t step = 0;
   const std::string mineFile = fmt::format("pipe-rank{}.ckpt", pipeRank);
@@ -302,13 +309,11 @@ int main(int argc, char** argv) {
     if (ddp || useFsdp) pg = dist::initProcessGroup({.backend = backend});
     const int rank = pg ? pg->rank() : 0, world = pg ? pg->size() : 1;
     const bool talk = rank == 0;
-    std::string text = data::kjvText("all");
-    data::CharVocab vocab(text);
+    Corpus corpus(cfg.blockSize);
+    const data::CharVocab& vocab = corpus.vocab;
+    const std::string& text = corpus.text;
+    const size_t split = corpus.split;
     cfg.vocabSize = vocab.size();
-    size_t split = text.size() * 9 / 10;
-    auto train = std::make_shared<data::CharDataset>(vocab, std::string_view(text).substr(0, split), cfg.blockSize);
-    auto val =
-        std::make_shared<data::CharDataset>(vocab, std::string_view(text).substr(split), cfg.blockSize, cfg.blockSize);
     auto gpt = std::make_shared<nn::GPT>(cfg);
     nn::GPT& model = *gpt;
     std::shared_ptr<nn::Module> trained = gpt;
@@ -324,8 +329,8 @@ int main(int argc, char** argv) {
     optim::CosineWithWarmup sched(opt, {.warmupSteps = warmup, .totalSteps = steps, .minLr = minLr});
     data::DataLoaderOptions lo{.batchSize = batchSize, .shuffle = true, .seed = seed, .dropLast = true};
     if (pg) lo.sampler = data::DistributedSampler({.rank = rank, .worldSize = world, .seed = seed, .dropLast = true});
-    data::DataLoader loader(train, lo);
-    data::DataLoader valLoader(val, {.batchSize = batchSize});
+    data::DataLoader loader(corpus.train, lo);
+    data::DataLoader valLoader(corpus.val, {.batchSize = batchSize});
 
     int64_t step = 0;
     if (resume && (sharded ? fsdp::hasTrainingCheckpoint(checkpoint) : std::filesystem::exists(checkpoint))) {

@@ -19,6 +19,7 @@
 #include <cohort/core/tensor/allocator.h>
 #include <cohort/distributed/ddp/distributed_data_parallel.h>
 
+#include "core/autograd/grad_test_util.h"
 #include "core/test_util.h"
 #include "distributed/pg_test_util.h"
 
@@ -28,25 +29,8 @@ namespace {
 namespace F = nn::functional;
 using cohort::testing::contains;
 using cohort::testing::messageOf;
+using namespace cohort::autograd::testing;
 
-void expectSameGrad(const Tensor& got, const Tensor& want, const std::string& what, double tol = 1e-6) {
-  ASSERT_EQ(got.defined(), want.defined()) << what;
-  if (!want.defined()) return;
-  ASSERT_EQ(got.sizes(), want.sizes()) << what;
-  std::vector<double> g = got.to(DType::Float64).contiguous().toVector<double>();
-  std::vector<double> w = want.to(DType::Float64).contiguous().toVector<double>();
-  for (size_t i = 0; i < w.size(); ++i)
-    ASSERT_LE(std::abs(g[i] - w[i]), tol * std::max(1.0, std::abs(w[i]))) << what << " element " << i;
-}
-
-std::vector<Tensor> gradsOf(const std::vector<Tensor>& ts) {
-  std::vector<Tensor> out;
-  for (const Tensor& t : ts) out.push_back(t.grad().defined() ? t.grad().clone() : Tensor());
-  return out;
-}
-void clearGrads(const std::vector<Tensor>& ts) {
-  for (Tensor t : ts) t.setGrad(Tensor());
-}
 void expectSameGrads(const std::vector<Tensor>& got, const std::vector<Tensor>& want, const std::string& what) {
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i) expectSameGrad(got[i], want[i], what + " " + std::to_string(i));

@@ -18,6 +18,7 @@
 #include <cohort/core/tensor/allocator.h>
 #include <cohort/distributed/ddp/distributed_data_parallel.h>
 
+#include "core/autograd/grad_test_util.h"
 #include "core/test_util.h"
 #include "distributed/pg_test_util.h"
 
@@ -27,26 +28,7 @@ namespace {
 namespace F = nn::functional;
 using cohort::testing::contains;
 using cohort::testing::messageOf;
-
-// Both undefined, or the same shape and equal within tol (relative above 1).
-void expectSameGrad(const Tensor& got, const Tensor& want, const std::string& what, double tol = 1e-6) {
-  ASSERT_EQ(got.defined(), want.defined()) << what;
-  if (!want.defined()) return;
-  ASSERT_EQ(got.sizes(), want.sizes()) << what;
-  std::vector<double> g = got.to(DType::Float64).contiguous().toVector<double>();
-  std::vector<double> w = want.to(DType::Float64).contiguous().toVector<double>();
-  for (size_t i = 0; i < w.size(); ++i)
-    ASSERT_LE(std::abs(g[i] - w[i]), tol * std::max(1.0, std::abs(w[i]))) << what << " element " << i;
-}
-
-std::vector<Tensor> gradsOf(const std::vector<Tensor>& ts) {
-  std::vector<Tensor> out;
-  for (const Tensor& t : ts) out.push_back(t.grad().defined() ? t.grad().clone() : Tensor());
-  return out;
-}
-void clearGrads(const std::vector<Tensor>& ts) {
-  for (Tensor t : ts) t.setGrad(Tensor());
-}
+using namespace cohort::autograd::testing;
 
 // A graph built afresh each time (same values): roots with their gradients, and the inputs whose
 // gradients the input half returns.
