@@ -4,18 +4,21 @@
 // Each pipeline rank and the single process compute on one thread (two ranks on this 2-core
 // machine: one core each), so samples_s / single_samples_s is what the pipeline buys, bounded by
 // its bubble (1F1B with m = 8, p = 2: 8/9 of 2x = 1.78x). The interleaved schedule splits the
-// GPT into four stages (two per rank).
+// GPT into four stages (two per rank); "1f1b+ckpt" is 1F1B with every stage's forward recomputed in
+// its backward (activation checkpointing: less memory, more compute).
 //
 // Per schedule one JSON line:
 //   {"schedule", "samples_s", "single_samples_s", "speedup", "bubble_measured", "bubble_simulated",
 //    "step_ms", "step_ms_predicted", "peak_activation_mib": [per rank], "peak_activation_mib_simulated", ...}
+// samples_s counts whole training steps (zeroGrad, the pipeline's step, the optimizer's step), as
+// single_samples_s does; step_ms is the pipeline's step alone (what the simulator predicts).
 // bubble_measured = 1 - (time ranks spent in F/B/I/W) / (ranks x step time); the simulator is fed
 // this run's measured per-action times and the measured one-way transfer time of an activation,
 // and predicts the step time, the bubble and each rank's peak of live activations (times the
 // measured bytes of one micro-batch's activations on that rank). Peaks are the allocator's
 // high-water mark during a step above what was live before it.
 //
-//   build/bench/pipeline [--steps 5] [--warmup 2] [--microbatches 8] [--schedules gpipe,1f1b,interleaved,zb]
+//   build/bench/pipeline [--steps 5] [--warmup 2] [--microbatches 8] [--schedules gpipe,1f1b,interleaved,zb,1f1b+ckpt]
 //                        [--transport pg|rpc] [--layers 4] [--embd 192] [--block 64] [--batch 32]
 #include <algorithm>
 #include <chrono>
@@ -29,6 +32,7 @@
 #include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
 
+#include <cohort/core/autograd/checkpoint.h>
 #include <cohort/core/blas/blas.h>
 #include <cohort/core/nn/transformer.h>
 #include <cohort/core/ops/functional.h>
@@ -109,14 +113,20 @@ int runRank(const Args& a, const std::string& schedule, const std::string& dir, 
     pg = dist::ProcessGroup::create(store, rank, p, {});
     transport = pipeline::processGroupTransport(pg);
   }
-  const int chunks = schedule == "interleaved" ? 2 : 1;
-  pipeline::Schedule sched = pipeline::makeSchedule(schedule, p, a.microbatches, schedule == "interleaved" ? 2 : 0);
+  // "<name>+ckpt": the schedule with every stage's forward recomputed in backward.
+  const bool ckpt = schedule.ends_with("+ckpt");
+  const std::string base = ckpt ? schedule.substr(0, schedule.size() - 5) : schedule;
+  const int chunks = base == "interleaved" ? 2 : 1;
+  pipeline::Schedule sched = pipeline::makeSchedule(base, p, a.microbatches, base == "interleaved" ? 2 : 0);
   manualSeed(0);
   auto gpt = std::make_shared<nn::GPT>(config(a));
   pipeline::StageSplit split = pipeline::splitGPT(gpt, p * chunks);
   std::vector<nn::ModulePtr> mine;
   for (int s : sched.stagesOf(rank)) mine.push_back(split.stages[static_cast<size_t>(s)]);
-  pipeline::Pipeline pipe(mine, transport, gptLoss, sched, {.tied = split.tied});
+  pipeline::PipelineOptions po{.tied = split.tied};
+  if (ckpt)
+    for (int st = 0; st < sched.stages; ++st) po.checkpointStages.push_back(st);
+  pipeline::Pipeline pipe(mine, transport, gptLoss, sched, po);
   optim::AdamW opt(pipe.parameters(), {.lr = 1e-4});
 
   // One-way time of an activation-sized transfer (ping-pong), and the bytes one micro-batch's
@@ -142,27 +152,31 @@ int runRank(const Args& a, const std::string& schedule, const std::string& dir, 
     Tensor h = x.slice(0, 0, mb);
     for (int s = 0; s < sched.stages; ++s) {
       const int64_t before = memoryStats().bytesLive;
-      Tensor out = (*split.stages[static_cast<size_t>(s)])(h);
+      nn::Module& stage = *split.stages[static_cast<size_t>(s)];
+      Tensor out = ckpt ? autograd::checkpoint([&](const Tensor& in) { return stage(in); }, h) : stage(h);
       if (sched.rankOf(s) == rank) actBytes[s] = static_cast<double>(memoryStats().bytesLive - before);
       h = out.detach();
     }
   }
 
-  double stepTotal = 0, busyTotal = 0;
+  double stepTotal = 0, trainTotal = 0, busyTotal = 0;
   int64_t peak = 0;
   std::map<std::pair<int, int>, std::pair<double, int>> kindTimes;  // (kind, stage) -> (sum, count)
   for (int s = 0; s < a.warmup + a.steps; ++s) {
     auto [x, y] = batchFor(a, s);
+    const auto t0 = Clock::now();
     opt.zeroGrad();
     const int64_t live = memoryStats().bytesLive;
     resetPeakMemory();
-    const auto t0 = Clock::now();
+    const auto t1 = Clock::now();
     (void)pipe.step(x, y);
-    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    const auto t2 = Clock::now();
     peak = std::max(peak, memoryStats().peakBytes - live);
     opt.step();
+    const auto t3 = Clock::now();
     if (s < a.warmup) continue;
-    stepTotal += dt;
+    stepTotal += std::chrono::duration<double>(t2 - t1).count();
+    trainTotal += std::chrono::duration<double>(t3 - t0).count();
     busyTotal += pipe.lastStepTiming().busy;
     for (const auto& t : pipe.lastStepTiming().actions) {
       if (!pipeline::isCompute(t.action.kind)) continue;
@@ -171,8 +185,8 @@ int runRank(const Args& a, const std::string& schedule, const std::string& dir, 
       ++e.second;
     }
   }
-  report << fmt::format("step {}\nbusy {}\npeak {}\noneway {}\n", stepTotal / a.steps, busyTotal / a.steps, peak,
-                        oneWay);
+  report << fmt::format("step {}\ntrain {}\nbusy {}\npeak {}\noneway {}\n", stepTotal / a.steps, trainTotal / a.steps,
+                        busyTotal / a.steps, peak, oneWay);
   for (const auto& [k, v] : kindTimes) report << fmt::format("cost {} {} {}\n", k.first, k.second, v.first / v.second);
   for (const auto& [s, b] : actBytes) report << fmt::format("actbytes {} {}\n", s, b);
   for (const auto& t : pipe.lastStepTiming().actions)  // the last step, as it ran
@@ -189,7 +203,7 @@ int runRank(const Args& a, const std::string& schedule, const std::string& dir, 
 int main(int argc, char** argv) {
   CLI::App app{"Pipeline-parallel GPT training, every schedule, against one process"};
   Args a;
-  std::string schedules = "gpipe,1f1b,interleaved,zb";
+  std::string schedules = "gpipe,1f1b,interleaved,zb,1f1b+ckpt";
   bool showTimeline = false;
   app.add_flag("--timeline", showTimeline, "print each schedule's measured and simulated timelines (stderr)");
   app.add_option("--steps", a.steps)->check(CLI::PositiveNumber);
@@ -224,10 +238,11 @@ int main(int argc, char** argv) {
         return 1;
       }
     // Gather what the ranks measured.
-    double step = 0, busy = 0, oneWay = 0;
+    double step = 0, train = 0, busy = 0, oneWay = 0;
     std::vector<double> peakMib, actMib(8, 0.0);
     pipeline::ActionCosts costs;
-    const int chunks = name == "interleaved" ? 2 : 1;
+    const std::string base = name.ends_with("+ckpt") ? name.substr(0, name.size() - 5) : name;
+    const int chunks = base == "interleaved" ? 2 : 1;
     const int S = 2 * chunks;
     costs.forward.assign(S, 0.0);
     costs.backward.assign(S, 0.0);
@@ -252,6 +267,10 @@ int main(int argc, char** argv) {
           double v;
           in >> v;
           step = std::max(step, v);
+        } else if (key == "train") {
+          double v;
+          in >> v;
+          train = std::max(train, v);
         } else if (key == "busy") {
           double v;
           in >> v;
@@ -286,7 +305,7 @@ int main(int argc, char** argv) {
       }
     }
     costs.latency = oneWay;
-    pipeline::Schedule sched = pipeline::makeSchedule(name, 2, a.microbatches, chunks > 1 ? chunks : 0);
+    pipeline::Schedule sched = pipeline::makeSchedule(base, 2, a.microbatches, chunks > 1 ? chunks : 0);
     pipeline::Simulation sim = pipeline::simulate(sched, costs);
     // Simulated peak bytes per rank: live micro-batches of each stage x that stage's bytes.
     std::vector<double> simPeak(2, 0.0);
@@ -301,7 +320,7 @@ int main(int argc, char** argv) {
       }
       simPeak[static_cast<size_t>(r)] = mib(static_cast<int64_t>(best));
     }
-    const double samples = static_cast<double>(a.batch) / step;
+    const double samples = static_cast<double>(a.batch) / train;  // with the optimizer, as single's
     if (showTimeline) {
       const double unit = sim.makespan / 120;
       fmt::print(stderr, "{} measured (last step):\n{}{} simulated:\n{}", name,

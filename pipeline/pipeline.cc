@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include <cohort/core/autograd/checkpoint.h>
 #include <cohort/core/autograd/engine.h>
 #include <cohort/core/autograd/grad_mode.h>
 #include <cohort/core/autograd/split_backward.h>
@@ -83,6 +84,9 @@ Pipeline::Pipeline(std::vector<std::shared_ptr<nn::Module>> stages, TransportPtr
                                  stages_.size()));
   for (size_t i = 0; i < stages_.size(); ++i)
     if (!stages_[i]) throw ValueError(fmt::format("Pipeline: the module of stage {} is null", stageIds_[i]));
+  for (int s : options_.checkpointStages)
+    if (s < 0 || s >= schedule_.stages)
+      throw ValueError(fmt::format("Pipeline: checkpointStages names stage {}, outside 0..{}", s, schedule_.stages - 1));
   for (const TiedParameter& t : options_.tied) {
     Tie tie;
     for (const auto& [stage, name] : t.copies) {
@@ -335,7 +339,12 @@ void Pipeline::run(const Action& a, const std::vector<Tensor>& inputs, const std
       autograd::EnableGradGuard grad;
       nn::Module& module = *stages_[static_cast<size_t>(localIndex(stageIds_, s))];
       Tensor out;
-      if (auto* ddp = dynamic_cast<dist::DistributedDataParallel*>(&module)) {
+      auto* ddp = dynamic_cast<dist::DistributedDataParallel*>(&module);
+      if (std::find(options_.checkpointStages.begin(), options_.checkpointStages.end(), s) !=
+          options_.checkpointStages.end()) {
+        nn::Module* inner = ddp ? &ddp->module() : &module;
+        out = autograd::checkpoint([inner](const Tensor& x) { return (*inner)(x); }, st.input);
+      } else if (ddp) {
         auto noSync = ddp->noSync();
         out = module(st.input);
       } else {

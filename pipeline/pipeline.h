@@ -68,6 +68,11 @@ struct PipelineOptions {
   LossReduction lossReduction = LossReduction::Mean;
   Millis timeout = Millis(300'000);   // how long a receive waits for its peer
   std::vector<TiedParameter> tied{};  // parameters whose copies stay in sync (see above)
+  // Stages whose forward keeps no activations: each micro-batch's forward is recomputed during
+  // its backward (autograd::checkpoint), trading compute for memory. A DistributedDataParallel
+  // stage recomputes its wrapped module (DDP's forward, which only broadcasts buffers under the
+  // pipeline's noSync, is skipped for it).
+  std::vector<int> checkpointStages{};
 };
 
 // output of the last stage, target of its micro-batch -> a one-element loss.

@@ -29,8 +29,10 @@ struct Config {
   std::string schedule;
   int m;
   int chunks = 0;
+  bool checkpoint = false;  // every stage recomputes its forward in backward
   std::string str() const {
-    return fmt::format("{} m={}{}", schedule, m, chunks ? fmt::format(" chunks={}", chunks) : "");
+    return fmt::format("{} m={}{}{}", schedule, m, chunks ? fmt::format(" chunks={}", chunks) : "",
+                       checkpoint ? " checkpointed" : "");
   }
 };
 
@@ -40,6 +42,8 @@ std::vector<Config> configsFor(int p) {
     for (int m : {p - 1, p, p + 1, 2 * p + 1})
       if (m >= 1) out.push_back({s, m});
   for (int m : {p, 2 * p, 3 * p}) out.push_back({"interleaved", m, 2});  // below, at, above 2p stages
+  out.push_back({"1f1b", p + 1, 0, true});
+  out.push_back({"zb", p + 1, 0, true});
   return out;
 }
 
@@ -51,7 +55,10 @@ std::string trainAndCompare(const TransportPtr& transport, const Config& c) {
   Schedule sched = makeSchedule(c.schedule, p, c.m, c.chunks);
   std::vector<nn::ModulePtr> mine;
   for (int s : sched.stagesOf(transport->rank())) mine.push_back(all[static_cast<size_t>(s)]);
-  Pipeline pipe(mine, transport, mse, sched);
+  PipelineOptions po;
+  if (c.checkpoint)
+    for (int s = 0; s < S; ++s) po.checkpointStages.push_back(s);
+  Pipeline pipe(mine, transport, mse, sched, po);
   optim::SGD opt(pipe.parameters(), {.lr = kLr});
   std::string err;
   for (int k = 0; k < kSteps; ++k) {
