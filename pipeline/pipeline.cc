@@ -86,7 +86,8 @@ Pipeline::Pipeline(std::vector<std::shared_ptr<nn::Module>> stages, TransportPtr
     if (!stages_[i]) throw ValueError(fmt::format("Pipeline: the module of stage {} is null", stageIds_[i]));
   for (int s : options_.checkpointStages)
     if (s < 0 || s >= schedule_.stages)
-      throw ValueError(fmt::format("Pipeline: checkpointStages names stage {}, outside 0..{}", s, schedule_.stages - 1));
+      throw ValueError(
+          fmt::format("Pipeline: checkpointStages names stage {}, outside 0..{}", s, schedule_.stages - 1));
   for (const TiedParameter& t : options_.tied) {
     Tie tie;
     for (const auto& [stage, name] : t.copies) {
