@@ -10,6 +10,8 @@
 #include <cohort/distributed/ddp/distributed_data_parallel.h>
 #include <cohort/distributed/device_mesh.h>
 #include <cohort/distributed/store/file_store.h>
+#include <cohort/fsdp/fully_sharded_data_parallel.h>
+#include <cohort/fsdp/state_dict.h>
 #include <cohort/pipeline/pipeline.h>
 
 #include "distributed/fork_util.h"
@@ -68,6 +70,66 @@ TEST(PipelineTimesDDP, FourRanksEqualOneProcess) {
              {"1f1b", 3, 0}, {"gpipe", 4, 0}, {"zb", 5, 0}, {"interleaved", 4, 2}}) {
       try {
         report += trainOnMesh(world, schedule, m, chunks);
+      } catch (const std::exception& e) {
+        report += fmt::format("{}: {}; ", schedule, e.what());
+      }
+    }
+    return report.empty() ? std::string("ok") : report;
+  });
+  for (int r = 0; r < 4; ++r)
+    EXPECT_EQ(results[r].report, "ok") << "rank " << r << " (" << dist::testing::describeStatus(results[r].status)
+                                       << ")";
+}
+
+// Pipeline x FSDP: each stage sharded over the same stage of the other replica (FULL_SHARD, the
+// stage one unit); every micro-batch's backward reduce-scatters into the sharded gradients, which
+// accumulate over the step.
+std::string trainShardedStages(const dist::ProcessGroupPtr& world, const std::string& schedule, int m) {
+  const int replicas = 2, ranks = 2, S = ranks;
+  dist::DeviceMesh mesh(world, {{"data", replicas}, {"pipe", ranks}});
+  Reference ref = oneProcess(S, m, replicas);
+  auto all = makeStages(S);
+  Schedule sched = makeSchedule(schedule, ranks, m);
+  const int stage = mesh.coordinate("pipe");
+  auto sharded = std::make_shared<fsdp::FullyShardedDataParallel>(all[static_cast<size_t>(stage)], mesh.group("data"));
+  Pipeline pipe({sharded}, processGroupTransport(mesh.group("pipe")), mse, sched);
+  optim::SGD opt(pipe.parameters(), {.lr = kLr});
+  std::string err;
+  const int replica = mesh.coordinate("data");
+  for (int k = 0; k < kSteps; ++k) {
+    auto [x, y] = batch(k, m, replicas);
+    const int64_t half = x.size(0) / replicas;
+    opt.zeroGrad();
+    Tensor loss =
+        pipe.step(x.slice(0, replica * half, (replica + 1) * half), y.slice(0, replica * half, (replica + 1) * half));
+    mesh.group("data")->allreduce(loss)->wait();
+    const double got = loss.itemDouble() / replicas, want = ref.losses[static_cast<size_t>(k)];
+    if (std::abs(got - want) > 1e-5 * std::max(1.0, std::abs(want)))
+      err += fmt::format("{} + FSDP: step {} loss {} vs one process {}; ", schedule, k, got, want);
+    opt.step();
+  }
+  nn::StateDict full = fsdp::fullStateDict(*sharded);
+  auto want = ref.params[static_cast<size_t>(stage)];
+  size_t j = 0;
+  for (const auto& [name, t] : full) {
+    const double diff = (t - want.at(j++)).abs().max().itemDouble();
+    if (diff > 2e-5) err += fmt::format("{} + FSDP: stage {} {} differs by {}; ", schedule, stage, name, diff);
+  }
+  return err;
+}
+
+TEST(PipelineTimesFSDP, FourRanksEqualOneProcess) {
+  dist::testing::TempDir dir;
+  auto results = dist::testing::runForked(4, std::chrono::seconds(240), dir.path().string(), [&](int rank) {
+    auto store = std::make_shared<dist::FileStore>(dir.file("store"), std::chrono::milliseconds(30'000));
+    auto world = dist::ProcessGroup::create(store, rank, 4, {.backend = "gloo"});
+    std::string report;
+    // Schedules that alternate each stage's forwards and backwards; GPipe's back-to-back backwards
+    // of different micro-batches need FSDP to gather a unit again after its reduction, which it
+    // does not do yet (the second backward fails naming the freed parameter buffer).
+    for (auto [schedule, m] : std::vector<std::pair<std::string, int>>{{"1f1b", 3}, {"1f1b", 6}, {"zb", 5}}) {
+      try {
+        report += trainShardedStages(world, schedule, m);
       } catch (const std::exception& e) {
         report += fmt::format("{}: {}; ", schedule, e.what());
       }
