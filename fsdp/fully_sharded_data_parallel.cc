@@ -297,7 +297,10 @@ nn::TensorList FullyShardedDataParallel::forwardMulti(const nn::TensorList& inpu
     for (Tensor& t : out) {
       if (t.defined() && t.requiresGrad() && !t.isLeaf()) {
         t.registerHook([this](const Tensor&) -> std::optional<Tensor> {
-          queueEndOfBackward();
+          // The root unit, like every other, is gathered again for a backward that comes after
+          // another backward ended (a pipeline running several micro-batches' forwards first).
+          if (hasRootUnit_) preBackward(0);
+          else queueEndOfBackward();
           return std::nullopt;
         });
       }

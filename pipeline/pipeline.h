@@ -37,11 +37,9 @@
  * gradients accumulated over all micro-batches are averaged across replicas once per step, the
  * all-reduce overlapping that last backward. Feed each replica its own share of the batch; the
  * losses step() returns are per replica (average them across replicas for the whole batch's).
- * A stage may instead be a FullyShardedDataParallel over that group, with schedules that
- * alternate the stage's forwards and backwards (1f1b, zb): every micro-batch's backward
- * reduce-scatters into the sharded gradients, which accumulate over the step. FSDP does not yet
- * gather a unit again for a second backward in a row (gpipe, interleaved), which fails naming the
- * freed parameter buffer.
+ * A stage may instead be a FullyShardedDataParallel over that group (every schedule): each
+ * micro-batch's backward gathers the stage's units again (FSDP frees them after each backward)
+ * and reduce-scatters into the sharded gradients, which accumulate over the step.
  */
 #pragma once
 

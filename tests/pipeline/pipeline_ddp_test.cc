@@ -84,15 +84,20 @@ TEST(PipelineTimesDDP, FourRanksEqualOneProcess) {
 // Pipeline x FSDP: each stage sharded over the same stage of the other replica (FULL_SHARD, the
 // stage one unit); every micro-batch's backward reduce-scatters into the sharded gradients, which
 // accumulate over the step.
-std::string trainShardedStages(const dist::ProcessGroupPtr& world, const std::string& schedule, int m) {
-  const int replicas = 2, ranks = 2, S = ranks;
+std::string trainShardedStages(const dist::ProcessGroupPtr& world, const std::string& schedule, int m, int chunks) {
+  const int replicas = 2, ranks = 2, S = ranks * (chunks ? chunks : 1);
   dist::DeviceMesh mesh(world, {{"data", replicas}, {"pipe", ranks}});
   Reference ref = oneProcess(S, m, replicas);
   auto all = makeStages(S);
-  Schedule sched = makeSchedule(schedule, ranks, m);
-  const int stage = mesh.coordinate("pipe");
-  auto sharded = std::make_shared<fsdp::FullyShardedDataParallel>(all[static_cast<size_t>(stage)], mesh.group("data"));
-  Pipeline pipe({sharded}, processGroupTransport(mesh.group("pipe")), mse, sched);
+  Schedule sched = makeSchedule(schedule, ranks, m, chunks);
+  std::vector<std::shared_ptr<fsdp::FullyShardedDataParallel>> sharded;
+  std::vector<nn::ModulePtr> mine;
+  for (int s : sched.stagesOf(mesh.coordinate("pipe"))) {
+    sharded.push_back(
+        std::make_shared<fsdp::FullyShardedDataParallel>(all[static_cast<size_t>(s)], mesh.group("data")));
+    mine.push_back(sharded.back());
+  }
+  Pipeline pipe(mine, processGroupTransport(mesh.group("pipe")), mse, sched);
   optim::SGD opt(pipe.parameters(), {.lr = kLr});
   std::string err;
   const int replica = mesh.coordinate("data");
@@ -108,12 +113,15 @@ std::string trainShardedStages(const dist::ProcessGroupPtr& world, const std::st
       err += fmt::format("{} + FSDP: step {} loss {} vs one process {}; ", schedule, k, got, want);
     opt.step();
   }
-  nn::StateDict full = fsdp::fullStateDict(*sharded);
-  auto want = ref.params[static_cast<size_t>(stage)];
-  size_t j = 0;
-  for (const auto& [name, t] : full) {
-    const double diff = (t - want.at(j++)).abs().max().itemDouble();
-    if (diff > 2e-5) err += fmt::format("{} + FSDP: stage {} {} differs by {}; ", schedule, stage, name, diff);
+  for (size_t i = 0; i < sharded.size(); ++i) {
+    const int stage = pipe.stageIndices()[i];
+    nn::StateDict full = fsdp::fullStateDict(*sharded[i]);
+    auto want = ref.params[static_cast<size_t>(stage)];
+    size_t j = 0;
+    for (const auto& [name, t] : full) {
+      const double diff = (t - want.at(j++)).abs().max().itemDouble();
+      if (diff > 2e-5) err += fmt::format("{} + FSDP: stage {} {} differs by {}; ", schedule, stage, name, diff);
+    }
   }
   return err;
 }
@@ -124,12 +132,10 @@ TEST(PipelineTimesFSDP, FourRanksEqualOneProcess) {
     auto store = std::make_shared<dist::FileStore>(dir.file("store"), std::chrono::milliseconds(30'000));
     auto world = dist::ProcessGroup::create(store, rank, 4, {.backend = "gloo"});
     std::string report;
-    // Schedules that alternate each stage's forwards and backwards; GPipe's back-to-back backwards
-    // of different micro-batches need FSDP to gather a unit again after its reduction, which it
-    // does not do yet (the second backward fails naming the freed parameter buffer).
-    for (auto [schedule, m] : std::vector<std::pair<std::string, int>>{{"1f1b", 3}, {"1f1b", 6}, {"zb", 5}}) {
+    for (auto [schedule, m, chunks] : std::vector<std::tuple<std::string, int, int>>{
+             {"1f1b", 3, 0}, {"1f1b", 6, 0}, {"gpipe", 4, 0}, {"zb", 5, 0}, {"interleaved", 4, 2}}) {
       try {
-        report += trainShardedStages(world, schedule, m);
+        report += trainShardedStages(world, schedule, m, chunks);
       } catch (const std::exception& e) {
         report += fmt::format("{}: {}; ", schedule, e.what());
       }
