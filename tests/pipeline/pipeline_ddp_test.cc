@@ -1,6 +1,6 @@
 // Pipeline x data parallel: 2 stages x 2 replicas = 4 ranks laid out by a DeviceMesh, each stage
-// a DistributedDataParallel over the same stage of the other replica, equals one process on the
-// whole batch (each replica trains on its half).
+// a DistributedDataParallel (or a FullyShardedDataParallel) over the same stage of the other
+// replica, equals one process on the whole batch (each replica trains on its half).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -22,17 +22,30 @@ namespace {
 
 using namespace testing;
 
-// Trains `schedule` on a {data: replicas, pipe: stages} mesh; "" when this rank's losses (its
-// replica's) average to one process's and its stages' weights equal one process's.
-std::string trainOnMesh(const dist::ProcessGroupPtr& world, const std::string& schedule, int m, int chunks) {
+enum class Sharding { DDP, FSDP };
+
+// Trains `schedule` on a {data: replicas, pipe: stages} mesh, each stage a DDP (or an FSDP,
+// FULL_SHARD, the stage one unit) over the same stage of the other replica; "" when this rank's
+// losses (its replica's) average to one process's and its stages' weights equal one process's.
+std::string trainOnMesh(const dist::ProcessGroupPtr& world, Sharding how, const std::string& schedule, int m,
+                        int chunks) {
   const int replicas = 2, ranks = 2, S = ranks * (chunks ? chunks : 1);
+  const std::string what = fmt::format("{} + {}", schedule, how == Sharding::DDP ? "DDP" : "FSDP");
   dist::DeviceMesh mesh(world, {{"data", replicas}, {"pipe", ranks}});
   Reference ref = oneProcess(S, m, replicas);
   auto all = makeStages(S);
   Schedule sched = makeSchedule(schedule, ranks, m, chunks);
+  std::vector<std::shared_ptr<fsdp::FullyShardedDataParallel>> sharded;
   std::vector<nn::ModulePtr> mine;
-  for (int s : sched.stagesOf(mesh.coordinate("pipe")))
-    mine.push_back(std::make_shared<dist::DistributedDataParallel>(all[static_cast<size_t>(s)], mesh.group("data")));
+  for (int s : sched.stagesOf(mesh.coordinate("pipe"))) {
+    if (how == Sharding::DDP) {
+      mine.push_back(std::make_shared<dist::DistributedDataParallel>(all[static_cast<size_t>(s)], mesh.group("data")));
+    } else {
+      sharded.push_back(
+          std::make_shared<fsdp::FullyShardedDataParallel>(all[static_cast<size_t>(s)], mesh.group("data")));
+      mine.push_back(sharded.back());
+    }
+  }
   Pipeline pipe(mine, processGroupTransport(mesh.group("pipe")), mse, sched);
   optim::SGD opt(pipe.parameters(), {.lr = kLr});
   std::string err;
@@ -47,86 +60,27 @@ std::string trainOnMesh(const dist::ProcessGroupPtr& world, const std::string& s
     mesh.group("data")->allreduce(loss)->wait();
     const double got = loss.itemDouble() / replicas, want = ref.losses[static_cast<size_t>(k)];
     if (std::abs(got - want) > 1e-5 * std::max(1.0, std::abs(want)))
-      err += fmt::format("{}: step {} loss {} vs one process {}; ", schedule, k, got, want);
+      err += fmt::format("{}: step {} loss {} vs one process {}; ", what, k, got, want);
     opt.step();
   }
-  for (int s : pipe.stageIndices()) {
-    auto p = all[static_cast<size_t>(s)]->parameters();
+  for (size_t i = 0; i < pipe.stageIndices().size(); ++i) {
+    const int s = pipe.stageIndices()[i];
+    std::vector<Tensor> p;  // the stage's full parameters (an FSDP stage's gathered)
+    if (how == Sharding::DDP) {
+      p = all[static_cast<size_t>(s)]->parameters();
+    } else {
+      for (const auto& [name, t] : fsdp::fullStateDict(*sharded[i])) p.push_back(t);
+    }
     for (size_t j = 0; j < p.size(); ++j) {
       const double diff = (p[j] - ref.params[static_cast<size_t>(s)][j]).abs().max().itemDouble();
-      if (diff > 2e-5) err += fmt::format("{}: stage {} parameter {} differs by {}; ", schedule, s, j, diff);
+      if (diff > 2e-5) err += fmt::format("{}: stage {} parameter {} differs by {}; ", what, s, j, diff);
     }
   }
   return err;
 }
 
-TEST(PipelineTimesDDP, FourRanksEqualOneProcess) {
-  dist::testing::TempDir dir;
-  auto results = dist::testing::runForked(4, std::chrono::seconds(240), dir.path().string(), [&](int rank) {
-    auto store = std::make_shared<dist::FileStore>(dir.file("store"), std::chrono::milliseconds(30'000));
-    auto world = dist::ProcessGroup::create(store, rank, 4, {.backend = "gloo"});
-    std::string report;
-    for (auto [schedule, m, chunks] : std::vector<std::tuple<std::string, int, int>>{
-             {"1f1b", 3, 0}, {"gpipe", 4, 0}, {"zb", 5, 0}, {"interleaved", 4, 2}}) {
-      try {
-        report += trainOnMesh(world, schedule, m, chunks);
-      } catch (const std::exception& e) {
-        report += fmt::format("{}: {}; ", schedule, e.what());
-      }
-    }
-    return report.empty() ? std::string("ok") : report;
-  });
-  for (int r = 0; r < 4; ++r)
-    EXPECT_EQ(results[r].report, "ok") << "rank " << r << " (" << dist::testing::describeStatus(results[r].status)
-                                       << ")";
-}
-
-// Pipeline x FSDP: each stage sharded over the same stage of the other replica (FULL_SHARD, the
-// stage one unit); every micro-batch's backward reduce-scatters into the sharded gradients, which
-// accumulate over the step.
-std::string trainShardedStages(const dist::ProcessGroupPtr& world, const std::string& schedule, int m, int chunks) {
-  const int replicas = 2, ranks = 2, S = ranks * (chunks ? chunks : 1);
-  dist::DeviceMesh mesh(world, {{"data", replicas}, {"pipe", ranks}});
-  Reference ref = oneProcess(S, m, replicas);
-  auto all = makeStages(S);
-  Schedule sched = makeSchedule(schedule, ranks, m, chunks);
-  std::vector<std::shared_ptr<fsdp::FullyShardedDataParallel>> sharded;
-  std::vector<nn::ModulePtr> mine;
-  for (int s : sched.stagesOf(mesh.coordinate("pipe"))) {
-    sharded.push_back(
-        std::make_shared<fsdp::FullyShardedDataParallel>(all[static_cast<size_t>(s)], mesh.group("data")));
-    mine.push_back(sharded.back());
-  }
-  Pipeline pipe(mine, processGroupTransport(mesh.group("pipe")), mse, sched);
-  optim::SGD opt(pipe.parameters(), {.lr = kLr});
-  std::string err;
-  const int replica = mesh.coordinate("data");
-  for (int k = 0; k < kSteps; ++k) {
-    auto [x, y] = batch(k, m, replicas);
-    const int64_t half = x.size(0) / replicas;
-    opt.zeroGrad();
-    Tensor loss =
-        pipe.step(x.slice(0, replica * half, (replica + 1) * half), y.slice(0, replica * half, (replica + 1) * half));
-    mesh.group("data")->allreduce(loss)->wait();
-    const double got = loss.itemDouble() / replicas, want = ref.losses[static_cast<size_t>(k)];
-    if (std::abs(got - want) > 1e-5 * std::max(1.0, std::abs(want)))
-      err += fmt::format("{} + FSDP: step {} loss {} vs one process {}; ", schedule, k, got, want);
-    opt.step();
-  }
-  for (size_t i = 0; i < sharded.size(); ++i) {
-    const int stage = pipe.stageIndices()[i];
-    nn::StateDict full = fsdp::fullStateDict(*sharded[i]);
-    auto want = ref.params[static_cast<size_t>(stage)];
-    size_t j = 0;
-    for (const auto& [name, t] : full) {
-      const double diff = (t - want.at(j++)).abs().max().itemDouble();
-      if (diff > 2e-5) err += fmt::format("{} + FSDP: stage {} {} differs by {}; ", schedule, stage, name, diff);
-    }
-  }
-  return err;
-}
-
-TEST(PipelineTimesFSDP, FourRanksEqualOneProcess) {
+// 4 forked ranks run every schedule with `how`.
+void runOnFourRanks(Sharding how) {
   dist::testing::TempDir dir;
   auto results = dist::testing::runForked(4, std::chrono::seconds(240), dir.path().string(), [&](int rank) {
     auto store = std::make_shared<dist::FileStore>(dir.file("store"), std::chrono::milliseconds(30'000));
@@ -135,7 +89,7 @@ TEST(PipelineTimesFSDP, FourRanksEqualOneProcess) {
     for (auto [schedule, m, chunks] : std::vector<std::tuple<std::string, int, int>>{
              {"1f1b", 3, 0}, {"1f1b", 6, 0}, {"gpipe", 4, 0}, {"zb", 5, 0}, {"interleaved", 4, 2}}) {
       try {
-        report += trainShardedStages(world, schedule, m, chunks);
+        report += trainOnMesh(world, how, schedule, m, chunks);
       } catch (const std::exception& e) {
         report += fmt::format("{}: {}; ", schedule, e.what());
       }
@@ -146,6 +100,12 @@ TEST(PipelineTimesFSDP, FourRanksEqualOneProcess) {
     EXPECT_EQ(results[r].report, "ok") << "rank " << r << " (" << dist::testing::describeStatus(results[r].status)
                                        << ")";
 }
+
+TEST(PipelineTimesDDP, FourRanksEqualOneProcess) { runOnFourRanks(Sharding::DDP); }
+
+// Every micro-batch's backward gathers the stage's units again and reduce-scatters into the
+// sharded gradients, which accumulate over the step.
+TEST(PipelineTimesFSDP, FourRanksEqualOneProcess) { runOnFourRanks(Sharding::FSDP); }
 
 TEST(DeviceMesh, LayoutAndGroups) {
   dist::testing::TempDir dir;

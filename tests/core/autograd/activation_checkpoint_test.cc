@@ -286,15 +286,6 @@ TEST(Checkpoint, QueuedCallbacksRunAtTheEndOfTheOuterBackward) {
   EXPECT_EQ(log, (std::vector<std::string>{"inside", "outside", "callback"}));
 }
 
-struct MapStore final : GradStore {
-  std::map<const TensorImpl*, std::pair<std::shared_ptr<TensorImpl>, Tensor>> grads;
-  Tensor get(const TensorImpl& leaf) const override {
-    auto it = grads.find(&leaf);
-    return it == grads.end() ? Tensor() : it->second.second;
-  }
-  void set(const std::shared_ptr<TensorImpl>& leaf, Tensor g) override { grads[leaf.get()] = {leaf, g}; }
-};
-
 // In a backward with a GradStore (a distributed autograd context's), the recomputation's
 // parameter gradients go to the store, as every other leaf gradient does.
 TEST(Checkpoint, UnderAGradStoreTheGradientsGoToTheStore) {

@@ -1,13 +1,18 @@
-// Comparing gradients in the autograd tests: one backward's against another's.
+// What the autograd tests share: comparing one backward's gradients against another's, and a
+// gradient store.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include <cohort/core/autograd/engine.h>
 #include <cohort/core/tensor/tensor.h>
 
 namespace cohort::autograd::testing {
@@ -31,5 +36,16 @@ inline std::vector<Tensor> gradsOf(const std::vector<Tensor>& ts) {
 inline void clearGrads(const std::vector<Tensor>& ts) {
   for (Tensor t : ts) t.setGrad(Tensor());
 }
+
+// A GradStore that keeps each leaf's gradient in a map (a distributed autograd context's, in
+// miniature).
+struct MapStore final : GradStore {
+  std::map<const TensorImpl*, std::pair<std::shared_ptr<TensorImpl>, Tensor>> grads;
+  Tensor get(const TensorImpl& leaf) const override {
+    auto it = grads.find(&leaf);
+    return it == grads.end() ? Tensor() : it->second.second;
+  }
+  void set(const std::shared_ptr<TensorImpl>& leaf, Tensor g) override { grads[leaf.get()] = {leaf, g}; }
+};
 
 }  // namespace cohort::autograd::testing

@@ -10,17 +10,12 @@
 #include <cohort/core/autograd/node.h>
 #include <cohort/core/ops/ops.h>
 
+#include "core/autograd/grad_test_util.h"
+
 namespace cohort::autograd {
 namespace {
 
-struct MapStore final : GradStore {
-  std::map<const TensorImpl*, std::pair<std::shared_ptr<TensorImpl>, Tensor>> grads;
-  Tensor get(const TensorImpl& leaf) const override {
-    auto it = grads.find(&leaf);
-    return it == grads.end() ? Tensor() : it->second.second;
-  }
-  void set(const std::shared_ptr<TensorImpl>& leaf, Tensor g) override { grads[leaf.get()] = {leaf, g}; }
-};
+using namespace cohort::autograd::testing;
 
 bool allAre(const Tensor& t, double v) { return t.sub(full(t.sizes(), v)).abs().max().itemDouble() == 0.0; }
 

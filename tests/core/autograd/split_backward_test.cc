@@ -327,15 +327,6 @@ TEST(SplitBackward, InputErrorsAndUnusedInputs) {
   cohort::testing::expectNear(w.grad(), {1, 1, 1});
 }
 
-struct MapStore final : GradStore {
-  std::map<const TensorImpl*, std::pair<std::shared_ptr<TensorImpl>, Tensor>> grads;
-  Tensor get(const TensorImpl& leaf) const override {
-    auto it = grads.find(&leaf);
-    return it == grads.end() ? Tensor() : it->second.second;
-  }
-  void set(const std::shared_ptr<TensorImpl>& leaf, Tensor g) override { grads[leaf.get()] = {leaf, g}; }
-};
-
 // Inside a backward that has a GradStore (a distributed autograd context's), leaf gradients go to
 // the store, and callbacks to that backward.
 TEST(SplitBackward, WeightHalfInsideABackwardWithAGradStore) {
