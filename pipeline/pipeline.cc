@@ -112,8 +112,7 @@ Pipeline::Pipeline(std::vector<std::shared_ptr<nn::Module>> stages, TransportPtr
     tie.primary = !tie.ranks.empty() && tie.ranks.front() == transport_->rank();
     if (tie.ranks.size() > 1 && !tie.local.empty()) ties_.push_back(std::move(tie));
   }
-  const int64_t tags = 2LL * schedule_.stages * schedule_.microbatches + schedule_.ranks +
-                       static_cast<int64_t>(options_.tied.size()) + 1;  // + clipGradNorm's
+  const int64_t tags = clipTag() + 1;
   if (tags - 1 > transport_->maxTag())
     throw ValueError(fmt::format("Pipeline: {} stages x {} micro-batches need {} tags; the {} transport carries {}",
                                  schedule_.stages, schedule_.microbatches, tags, transport_->name(),
@@ -142,9 +141,14 @@ std::vector<Tensor> Pipeline::parameters() const {
   return out;
 }
 
+// Tags: 0 .. 2 S m - 1 the activations and gradients (tag()), then the loss sent to each rank,
+// then one per tied parameter, then clipGradNorm's.
 int64_t Pipeline::tag(bool gradient, int stage, int microbatch) const {
   return (static_cast<int64_t>(microbatch) * schedule_.stages + stage) * 2 + (gradient ? 1 : 0);
 }
+int64_t Pipeline::lossTagBase() const { return 2LL * schedule_.stages * schedule_.microbatches; }
+int64_t Pipeline::tieTagBase() const { return lossTagBase() + schedule_.ranks; }
+int64_t Pipeline::clipTag() const { return tieTagBase() + static_cast<int64_t>(options_.tied.size()); }
 
 Pipeline::MicroState& Pipeline::state(int stage, int microbatch) {
   return states_[static_cast<size_t>(localIndex(stageIds_, stage)) * static_cast<size_t>(schedule_.microbatches) +
@@ -221,7 +225,7 @@ Tensor Pipeline::step(const Tensor& input, const Tensor& target) {
   }
   // The batch's loss to every rank, from the last stage's.
   const int lastRank = schedule_.rankOf(schedule_.stages - 1);
-  const int64_t lossTag = 2LL * schedule_.stages * m;
+  const int64_t lossTag = lossTagBase();
   Tensor loss;
   try {
     syncTied();
@@ -254,8 +258,7 @@ double Pipeline::clipGradNorm(double maxNorm) {
     if (!skip.contains(p.impl())) counted.push_back(p);
   const double localNorm = optim::gradNorm(counted);
   const double local = localNorm * localNorm;
-  const int64_t tag =
-      2LL * schedule_.stages * schedule_.microbatches + schedule_.ranks + static_cast<int64_t>(options_.tied.size());
+  const int64_t tag = clipTag();
   double total = 0;
   try {
     Tensor mine = scalarTensor(local, {.dtype = DType::Float64});
@@ -278,7 +281,7 @@ double Pipeline::clipGradNorm(double maxNorm) {
 }
 
 void Pipeline::syncTied() {
-  const int64_t base = 2LL * schedule_.stages * schedule_.microbatches + schedule_.ranks;
+  const int64_t base = tieTagBase();
   for (size_t k = 0; k < ties_.size(); ++k) {
     Tie& t = ties_[k];
     // This step's gradient of this rank's copies (a copy the step did not reach adds nothing).

@@ -127,6 +127,9 @@ class Pipeline {
   void run(const Action& a, const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets);
   // The tag of a transfer to `stage` (its input activation, or its output's gradient).
   int64_t tag(bool gradient, int stage, int microbatch) const;
+  int64_t lossTagBase() const;  // + the receiving rank
+  int64_t tieTagBase() const;   // + the tied parameter's index
+  int64_t clipTag() const;
   MicroState& state(int stage, int microbatch);
 
   std::vector<std::shared_ptr<nn::Module>> stages_;

@@ -95,46 +95,25 @@ class ProcessGroupTransport final : public Transport {
   }
 
   Tensor recv(int src, int64_t tag, Millis timeout) override {
-    checkTag(tag);
+    expect(src, tag);  // posts the receive, unless the pipeline announced it already
     std::shared_ptr<Incoming> in;
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = incoming_.find({src, tag});
-      if (it != incoming_.end()) {
-        in = it->second;
-        incoming_.erase(it);
-      }
-    }
-    if (!in) {  // not expected: header, then data
-      Tensor header = empty({kHeaderLen}, {.dtype = DType::Int64});
-      dist::WorkPtr w;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        w = pg_->recv(header, src, {.tag = static_cast<int>(2 * tag), .timeout = timeout});
-      }
-      w->wait(timeout);
-      Tensor out = allocate(header, src, tag);
-      if (out.numel() > 0) {
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          w = pg_->recv(out, src, {.tag = static_cast<int>(2 * tag + 1), .timeout = timeout});
-        }
-        w->wait(timeout);
-      }
-      return out;
+      in = it->second;
+      incoming_.erase(it);
     }
     const auto deadline = std::chrono::steady_clock::now() + timeout;
-    auto left = [&] {
-      return std::max(Millis(1), std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now()));
-    };
     in->headerWork->wait(timeout);  // throws the backend's error (or TimeoutError)
     {
+      // The header's callback (posting the data's receive) runs as the header's Work completes.
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_until(lock, deadline, [&] { return in->ready; });
-      if (!in->ready) in->headerWork->wait(Millis(1));  // cannot happen: the header arrived
+      cv_.wait(lock, [&] { return in->ready; });
     }
     if (in->error) std::rethrow_exception(in->error);
-    if (in->dataWork) in->dataWork->wait(left());
+    if (in->dataWork)
+      in->dataWork->wait(
+          std::max(Millis(1), std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now())));
     return in->data;
   }
 
