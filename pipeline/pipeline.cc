@@ -205,7 +205,7 @@ Tensor Pipeline::step(const Tensor& input, const Tensor& target) {
     const auto start = std::chrono::steady_clock::now();
     try {
       const auto local = static_cast<size_t>(localIndex(stageIds_, a.stage));
-      if (static_cast<int>(k) == lastBackward_[local]) {
+      if (requireSync_ && static_cast<int>(k) == lastBackward_[local]) {
         // DDP reduces the gradients the stage accumulated over every micro-batch once, during
         // its last backward (every forward ran under noSync).
         if (auto* ddp = dynamic_cast<dist::DistributedDataParallel*>(stages_[local].get())) {

@@ -101,6 +101,25 @@ class Pipeline {
   // One training step (see above). Returns the batch's loss (float64, one element) on every rank.
   Tensor step(const Tensor& input, const Tensor& target);
 
+  // Gradient accumulation over several steps with DDP stages: steps inside the scope leave their
+  // gradients on this rank (DDP's reducer is not armed); the first step after it all-reduces the
+  // sum, as DDP's own noSync does. Tied copies are still kept in sync every step. Without DDP
+  // stages, accumulating is only not zeroing the gradients, and the scope changes nothing.
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(Pipeline& p) : p_(&p), prev_(p.requireSync_) { p.requireSync_ = false; }
+    ~NoSyncGuard() {
+      if (p_) p_->requireSync_ = prev_;
+    }
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+   private:
+    Pipeline* p_;
+    bool prev_;
+  };
+  [[nodiscard]] NoSyncGuard noSync() { return NoSyncGuard(*this); }
+
   // Scales the gradients of every stage of the pipeline so that their global norm (over all
   // pipeline ranks, a tied parameter counted once) is at most maxNorm, as optim::clipGradNorm does
   // for one model; returns the norm before clipping. Collective over the pipeline's ranks: call
@@ -140,6 +159,7 @@ class Pipeline {
   PipelineOptions options_;
   std::vector<MicroState> states_;  // per (local stage, micro-batch)
   std::vector<Tie> ties_;
+  bool requireSync_ = true;
   std::vector<int> lastBackward_;  // per local stage: index of its last B or W in this rank's list
   std::vector<double> lossScale_;
   double lossSum_ = 0;

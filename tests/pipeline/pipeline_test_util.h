@@ -43,7 +43,8 @@ struct Reference {
   std::vector<std::vector<Tensor>> params;  // per stage
 };
 
-inline Reference oneProcess(int S, int m, int replicas = 1) {
+// With `accumulate` > 1 the optimizer steps after every `accumulate` steps' gradients.
+inline Reference oneProcess(int S, int m, int replicas = 1, int accumulate = 1) {
   auto stages = makeStages(S);
   std::vector<Tensor> params;
   for (auto& s : stages)
@@ -52,13 +53,13 @@ inline Reference oneProcess(int S, int m, int replicas = 1) {
   Reference ref;
   for (int k = 0; k < kSteps; ++k) {
     auto [x, y] = batch(k, m, replicas);
-    opt.zeroGrad();
+    if (k % accumulate == 0) opt.zeroGrad();
     Tensor h = x;
     for (auto& s : stages) h = (*s)(h);
     Tensor loss = mse(h, y);
     loss.backward();
     ref.losses.push_back(loss.itemDouble());
-    opt.step();
+    if ((k + 1) % accumulate == 0) opt.step();
   }
   for (auto& s : stages) ref.params.push_back(s->parameters());
   return ref;
