@@ -70,6 +70,26 @@ if(NOT COHORT_USE_CUDA STREQUAL "OFF")
   endif()
 endif()
 cohort_resolve(CUDA COHORT_HAVE_CUDA "the CUDA toolkit")
+if(COHORT_USE_CUDA)
+  # Kernels (core/cuda/*.cu) are compiled by the toolkit's nvcc. Without an explicit
+  # CMAKE_CUDA_ARCHITECTURES, code is built for Ampere (sm_80) and Hopper (sm_90), with PTX for
+  # newer GPUs; set it (e.g. -DCMAKE_CUDA_ARCHITECTURES=native) to build for other cards.
+  if(NOT CMAKE_CUDA_COMPILER AND CUDAToolkit_NVCC_EXECUTABLE)
+    set(CMAKE_CUDA_COMPILER ${CUDAToolkit_NVCC_EXECUTABLE})
+  endif()
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    set(CMAKE_CUDA_ARCHITECTURES 80-real 90)
+  endif()
+  enable_language(CUDA)
+  # CMake 3.25 knows no C++20 dialect for nvcc 13 (cohort_core's cxx_std_20 applies to its CUDA
+  # sources too); nvcc has -std=c++20 since 12.0.
+  if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION AND CMAKE_CUDA_COMPILER_VERSION VERSION_GREATER_EQUAL 12.0)
+    set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA20_COMPILE_FEATURES cuda_std_20)
+    list(APPEND CMAKE_CUDA_COMPILE_FEATURES cuda_std_20)
+  endif()
+endif()
 
 set(COHORT_HAVE_NCCL FALSE)
 if(COHORT_USE_CUDA AND NOT COHORT_USE_NCCL STREQUAL "OFF")

@@ -37,12 +37,12 @@ cohort_configure() {
     -DCOHORT_BUILD_BENCHMARKS=ON -DCOHORT_WERROR="$werror")
   if [[ ! -f "$build/CMakeCache.txt" ]] && command -v ninja >/dev/null; then args+=(-G Ninja); fi
   if command -v ccache >/dev/null; then
-    args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+    args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
     # Exported, so the builds this shell runs next see it too. ccache then hands the compiler paths
     # relative to the build folder; the build maps both forms away in __FILE__ (CMakeLists.txt).
     export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$root}
   else
-    args+=(-DCMAKE_CXX_COMPILER_LAUNCHER= -DCMAKE_C_COMPILER_LAUNCHER=)
+    args+=(-DCMAKE_CXX_COMPILER_LAUNCHER= -DCMAKE_C_COMPILER_LAUNCHER= -DCMAKE_CUDA_COMPILER_LAUNCHER=)
   fi
   # shellcheck disable=SC2206
   args+=("$@" ${COHORT_CMAKE_ARGS:-})

@@ -201,11 +201,11 @@ std::vector<Tensor> checkpoint(const Fn& fn, const std::vector<Tensor>& inputs) 
   for (const Tensor& in : inputs) {
     bool grad = in.defined() && in.requiresGrad();
     node->nextEdges().push_back(grad ? gradientEdge(in) : Edge{});
-    node->inputMeta().push_back(in.defined() ? TensorMeta{in.sizes(), in.dtype()} : TensorMeta{});
+    node->inputMeta().push_back(in.defined() ? TensorMeta{in.sizes(), in.dtype(), in.device()} : TensorMeta{});
   }
   for (size_t k = 0; k < outs.size(); ++k) {
     Tensor& out = outs[k];
-    node->outputMeta().push_back(out.defined() ? TensorMeta{out.sizes(), out.dtype()} : TensorMeta{});
+    node->outputMeta().push_back(out.defined() ? TensorMeta{out.sizes(), out.dtype(), out.device()} : TensorMeta{});
     if (!out.defined() || !out.isFloatingPoint()) continue;
     // An alias, so that an output fn returned as it got it (an input, a parameter, a buffer) keeps
     // its own history.

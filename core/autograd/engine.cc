@@ -154,7 +154,8 @@ std::vector<Tensor> GraphTask::takeInputs(Node* node) {
   auto& meta = node->outputMeta();
   if (inputs.size() < meta.size()) inputs.resize(meta.size());
   for (size_t i = 0; i < inputs.size(); ++i)
-    if (!inputs[i].defined() && i < meta.size()) inputs[i] = zeros(meta[i].sizes, {.dtype = meta[i].dtype});
+    if (!inputs[i].defined() && i < meta.size())
+      inputs[i] = zeros(meta[i].sizes, {.dtype = meta[i].dtype, .device = meta[i].device});
   return inputs;
 }
 

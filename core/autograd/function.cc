@@ -87,11 +87,11 @@ std::shared_ptr<Node> record(const char* name, const std::vector<Tensor>& inputs
   auto node = std::make_shared<LambdaNode>(name, std::move(s), std::move(backward));
   for (const Tensor& in : inputs) {
     node->nextEdges().push_back(in.defined() ? gradientEdge(in) : Edge{});
-    node->inputMeta().push_back(in.defined() ? TensorMeta{in.sizes(), in.dtype()} : TensorMeta{});
+    node->inputMeta().push_back(in.defined() ? TensorMeta{in.sizes(), in.dtype(), in.device()} : TensorMeta{});
   }
   uint32_t nr = 0;
   for (const Tensor& out : outputs) {
-    node->outputMeta().push_back({out.sizes(), out.dtype()});
+    node->outputMeta().push_back({out.sizes(), out.dtype(), out.device()});
     AutogradMeta& m = autogradMeta(out);
     m.gradFn = node;
     m.outputNr = nr++;

@@ -30,10 +30,11 @@ struct Edge {
   bool valid() const { return fn != nullptr; }
 };
 
-// Shape and dtype of a tensor, to make zero gradients and to check gradient shapes.
+// Shape, dtype and device of a tensor, to make zero gradients and to check gradient shapes.
 struct TensorMeta {
   Shape sizes;
   DType dtype = DType::Float32;
+  Device device = Device::cpu();
 };
 
 class SavedTensor {

@@ -313,6 +313,22 @@ Module& Module::to(DType dtype) {
   return *this;
 }
 
+Module& Module::to(Device device) {
+  autograd::NoGradGuard ng;
+  std::unordered_set<const TensorImpl*> done;
+  auto move = [&](Tensor t) {
+    if (!t.defined() || !done.insert(t.impl()).second) return;
+    if (t.device() != device) replaceTensorData(t, t.detach().to(device));
+    Tensor g = t.grad();
+    if (g.defined() && g.device() != device) replaceTensorData(g, g.to(device));
+  };
+  for (auto& [prefix, m] : namedModules()) {
+    for (auto& [n, t] : m->params_) move(t);
+    for (auto& [n, t] : m->buffers_) move(t);
+  }
+  return *this;
+}
+
 void Module::zeroGrad(bool setToNone) {
   autograd::NoGradGuard ng;
   for (Tensor& p : parameters()) {

@@ -173,6 +173,9 @@ class Module : public std::enable_shared_from_this<Module> {
   // storage. A parameter that was a view of a larger buffer stops being one. Integer buffers are
   // left alone. Optimizer state is not converted (recreate or reload the optimizer after this).
   Module& to(DType dtype);
+  // Moves every parameter, buffer and gradient to `device`, keeping each parameter's TensorImpl
+  // (handles held by an optimizer or a user see the moved data). Shared tensors move once.
+  Module& to(Device device);
   // Clears (setToNone) or zeroes every parameter's gradient.
   void zeroGrad(bool setToNone = true);
 

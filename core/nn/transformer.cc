@@ -132,7 +132,7 @@ Tensor GPT::forward(const Tensor& idx) {
   const int64_t T = idx.size(1);
   auto transformer = std::dynamic_pointer_cast<ModuleDict>(child("transformer"));
   if (!transformer) throw ValueError("GPT: child 'transformer' is not a ModuleDict");
-  Tensor pos = arange(0, T, 1, {.dtype = DType::Int64});
+  Tensor pos = arange(0, T, 1, {.dtype = DType::Int64, .device = idx.device()});
   Tensor tok = (*(*transformer)["wte"])(idx);  // [B, T, C]
   Tensor pe = (*(*transformer)["wpe"])(pos);   // [T, C]
   Tensor x = (*(*transformer)["drop"])(tok + pe);

@@ -72,12 +72,12 @@ Tensor silu(const Tensor& a) {
 Tensor gelu(const Tensor& a, bool tanhApprox) {
   Tensor out = detail::simd::unary(a, tanhApprox ? detail::simd::Unary::GeluTanh : detail::simd::Unary::GeluErf);
   if (!out.defined())
-    out = tanhApprox ? detail::unaryFloatOp(a, "gelu", [](auto x) COHORT_KERNEL_FN { return vm::geluTanh(x); })
+    out = tanhApprox ? detail::unaryFloatOp(a, "gelu_tanh", [](auto x) COHORT_KERNEL_FN { return vm::geluTanh(x); })
                      : detail::unaryFloatOp(a, "gelu", [](auto x) COHORT_KERNEL_FN { return vm::geluErf(x); });
   autograd::record("gelu", {a}, {out}, {a}, [tanhApprox](Ctx& ctx, const GradList& g) -> GradList {
     if (tanhApprox)
       return {detail::binaryFloatOp(
-          g[0], ctx.saved(0), "gelu backward",
+          g[0], ctx.saved(0), "gelu_tanh backward",
           [](auto gv, auto x) COHORT_KERNEL_FN {
             using A = decltype(gv);
             const A kBeta = A(0.79788456080286535588), kKappa = A(0.044715);

@@ -54,13 +54,13 @@ inline A minValue(A x, A y) {
 
 // Gradient of max/min for the first operand: g where it won, g/2 on ties, 0 where it lost.
 // `wins(x, y)` says whether x is the selected one.
+// `op` names the kernel on other devices: "maximum backward" (wins = greater) or "minimum backward".
 template <typename Wins>
-Tensor maxMinGrad(const Tensor& g, const Tensor& x, const Tensor& y, Wins wins) {
-  return detail::ternaryFloatOp(g, x, y, "maximum/minimum backward",
-                                [wins](auto gv, auto xv, auto yv) COHORT_KERNEL_FN {
-                                  using A = decltype(gv);
-                                  return xv == yv ? gv * A(0.5) : (wins(xv, yv) ? gv : A(0));
-                                });
+Tensor maxMinGrad(const Tensor& g, const Tensor& x, const Tensor& y, const char* op, Wins wins) {
+  return detail::ternaryFloatOp(g, x, y, op, [wins](auto gv, auto xv, auto yv) COHORT_KERNEL_FN {
+    using A = decltype(gv);
+    return xv == yv ? gv * A(0.5) : (wins(xv, yv) ? gv : A(0));
+  });
 }
 
 Tensor maxMin(const Tensor& a, const Tensor& b, bool isMax) {
@@ -72,8 +72,12 @@ Tensor maxMin(const Tensor& a, const Tensor& b, bool isMax) {
     Tensor x = ctx.saved(0), y = ctx.saved(1);
     auto greater = [](auto p, auto q) COHORT_KERNEL_FN { return p > q; };
     auto less = [](auto p, auto q) COHORT_KERNEL_FN { return p < q; };
-    if (ctx.needsInputGrad(0)) r[0] = isMax ? maxMinGrad(g[0], x, y, greater) : maxMinGrad(g[0], x, y, less);
-    if (ctx.needsInputGrad(1)) r[1] = isMax ? maxMinGrad(g[0], y, x, greater) : maxMinGrad(g[0], y, x, less);
+    if (ctx.needsInputGrad(0))
+      r[0] = isMax ? maxMinGrad(g[0], x, y, "maximum backward", greater)
+                   : maxMinGrad(g[0], x, y, "minimum backward", less);
+    if (ctx.needsInputGrad(1))
+      r[1] = isMax ? maxMinGrad(g[0], y, x, "maximum backward", greater)
+                   : maxMinGrad(g[0], y, x, "minimum backward", less);
     return r;
   });
   return out;
@@ -125,6 +129,10 @@ Tensor whereRaw(const Tensor& cond, const Tensor& a, const Tensor& b, DType dt, 
   Tensor out = empty(shape, {.dtype = dt, .device = a.device()});
   Tensor ac = a.dtype() == dt ? a : a.detach().to(dt);
   Tensor bc = b.dtype() == dt ? b : b.detach().to(dt);
+  if (!out.device().isCpu()) {
+    dispatch::kernel<dispatch::WhereKernel>("where", out.device())(out, cond, ac, bc);
+    return out;
+  }
   COHORT_DISPATCH(dt, "where", [&]<typename T>() { whereKernel<T>(out, cond, ac, bc); });
   return out;
 }

@@ -12,6 +12,7 @@
 
 #include <cohort/core/autograd/function.h>
 #include <cohort/core/blas/blas.h>
+#include <cohort/core/ops/dispatch.h>
 #include <cohort/core/ops/functional.h>
 
 namespace cohort::nn::functional {
@@ -239,6 +240,7 @@ Shape poolOutShape(const Tensor& x, const PoolGeom& g) {
 
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dOptions& opts) {
   if (!input.defined() || !weight.defined()) throw ValueError("conv2d: input and weight must be defined");
+  if (!input.device().isCpu()) dispatch::throwNoKernel("conv2d", input.device());  // CPU kernels only, so far
   if (input.dim() != 4 || weight.dim() != 4)
     throw ValueError(fmt::format("conv2d: expects a 4-D input [N, Cin, H, W] and a 4-D weight [Cout, Cin/groups, kH, "
                                  "kW], got shapes {} and {}",
@@ -307,6 +309,7 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, con
 
 Tensor maxPool2d(const Tensor& input, const Pool2dOptions& opts) {
   PoolGeom g = poolGeometry(input, opts, "maxPool2d");
+  if (!input.device().isCpu()) dispatch::throwNoKernel("maxPool2d", input.device());
   const DType dt = input.dtype();
   Tensor out = empty(poolOutShape(input, g), {.dtype = dt});
   // For each output element, the flat h*w position (within its plane) of the maximum.
@@ -376,6 +379,7 @@ Tensor maxPool2d(const Tensor& input, const Pool2dOptions& opts) {
 
 Tensor avgPool2d(const Tensor& input, const Pool2dOptions& opts) {
   PoolGeom g = poolGeometry(input, opts, "avgPool2d");
+  if (!input.device().isCpu()) dispatch::throwNoKernel("avgPool2d", input.device());
   const DType dt = input.dtype();
   Tensor out = empty(poolOutShape(input, g), {.dtype = dt});
   // count_include_pad: the divisor counts padded positions, clipped to the padded extent (torch).

@@ -222,6 +222,11 @@ bool smallIntPowKernel(const Tensor& out, const Tensor& x, double e) {
 // short forms (torch does the same), float small integer exponents repeated products in double,
 // the rest go through vecmath::pow.
 Tensor powScalarKernel(const Tensor& x, double e) {
+  if (!x.device().isCpu()) {
+    Tensor out = empty(x.sizes(), {.dtype = x.dtype(), .device = x.device()});
+    dispatch::kernel<dispatch::ScalarKernel>("pow", x.device())(out, x, Scalar(e));
+    return out;
+  }
   const bool shortForm = e == 0 || e == 1 || e == 2 || e == 3 || e == 0.5 || e == -0.5 || e == -1 || e == -2 ||
                          (std::abs(e) <= kMax && std::trunc(e) == e);
   if (!shortForm && x.dtype() == DType::Float32) {
@@ -270,12 +275,16 @@ Tensor pow(const Tensor& a, Scalar exponent) {
                                    a.dtype(), shapeStr(a.sizes()), exponent.toInt()));
     int64_t e = exponent.toInt();
     out = empty(x.sizes(), {.dtype = dt, .device = x.device()});
-    COHORT_DISPATCH_NUMERIC(dt, "pow", [&]<typename T>() {
-      if constexpr (std::is_integral_v<T>) {
-        const T ev = static_cast<T>(e);
-        detail::mapKernel<T, T, 1>(out, {x}, [ev](T v) COHORT_KERNEL_FN { return intPow<T>(v, ev); });
-      }
-    });
+    if (!out.device().isCpu()) {
+      dispatch::kernel<dispatch::ScalarKernel>("pow", out.device())(out, x, Scalar(e));
+    } else {
+      COHORT_DISPATCH_NUMERIC(dt, "pow", [&]<typename T>() {
+        if constexpr (std::is_integral_v<T>) {
+          const T ev = static_cast<T>(e);
+          detail::mapKernel<T, T, 1>(out, {x}, [ev](T v) COHORT_KERNEL_FN { return intPow<T>(v, ev); });
+        }
+      });
+    }
   }
   double e = exponent.toDouble();
   autograd::record("pow", {a}, {out}, {a}, [e](Ctx& ctx, const GradList& g) -> GradList {
@@ -308,7 +317,7 @@ Tensor pow(const Tensor& a, const Tensor& b) {
     // d/da = b a^(b-1) (0 where b == 0); d/db = a^b log(a) (0 where a == 0 and b >= 0), as torch.
     if (ctx.needsInputGrad(0))
       r[0] = detail::ternaryFloatOp(
-          g[0], x, y, "pow backward",
+          g[0], x, y, "pow backward (base)",
           [](auto gv, auto xv, auto yv) COHORT_KERNEL_FN {
             using A = decltype(gv);
             return yv == A(0) ? A(0) : gv * yv * vm::pow(xv, yv - A(1));
@@ -316,7 +325,7 @@ Tensor pow(const Tensor& a, const Tensor& b) {
           detail::kComputeBoundGrain);
     if (ctx.needsInputGrad(1))
       r[1] = detail::ternaryFloatOp(
-          g[0], x, y, "pow backward",
+          g[0], x, y, "pow backward (exponent)",
           [](auto gv, auto xv, auto yv) COHORT_KERNEL_FN {
             using A = decltype(gv);
             return (xv == A(0)) & (yv >= A(0)) ? A(0) : gv * vm::pow(xv, yv) * vm::log(xv);
@@ -397,6 +406,11 @@ inline A clampValue(A x, A lo, A hi, bool hasLo, bool hasHi) {
 
 void clampKernel(const Tensor& out, const Tensor& x, const std::optional<Scalar>& lo, const std::optional<Scalar>& hi,
                  const char* op) {
+  if (!out.device().isCpu()) {
+    Tensor o = out;
+    dispatch::kernel<dispatch::ClampKernel>(op, out.device())(o, x, lo, hi);
+    return;
+  }
   COHORT_DISPATCH_NUMERIC(out.dtype(), op, [&]<typename T>() {
     using A = Acc<T>;
     const A l = lo ? lo->to<A>() : A(0), h = hi ? hi->to<A>() : A(0);
@@ -411,6 +425,17 @@ void clampKernel(const Tensor& out, const Tensor& x, const std::optional<Scalar>
 Tensor clampGrad(const Tensor& g, const Tensor& x, const std::optional<Scalar>& lo, const std::optional<Scalar>& hi) {
   const double l = lo ? lo->toDouble() : -std::numeric_limits<double>::infinity();
   const double h = hi ? hi->toDouble() : std::numeric_limits<double>::infinity();
+  if (!g.device().isCpu()) {
+    // binaryFloatOp's preparation, then the device's kernel with the bounds.
+    checkBinary(g, x, "clamp backward");
+    DType dt = resultType(g, x);
+    if (!isFloating(dt)) dt = DType::Float32;
+    Tensor out = empty(broadcastShapes(g.sizes(), x.sizes(), "clamp backward"), {.dtype = dt, .device = g.device()});
+    Tensor gc = g.dtype() == dt ? g : g.detach().to(dt);
+    Tensor xc = x.dtype() == dt ? x : x.detach().to(dt);
+    dispatch::kernel<dispatch::ClampGradKernel>("clamp backward", g.device())(out, gc, xc, l, h);
+    return out;
+  }
   return binaryFloatOp(g, x, "clamp backward", [l, h](auto gv, auto xv) COHORT_KERNEL_FN {
     using A = decltype(gv);
     return (xv >= static_cast<A>(l)) & (xv <= static_cast<A>(h)) ? gv : A(0);

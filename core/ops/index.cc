@@ -3,11 +3,13 @@
 // Index tensors are int64 or int32 and are read in place (no conversion copy). Every index is
 // range-checked before anything is written, so a bad index gives an IndexError naming the op,
 // the index value and the dim size, never an out-of-bounds access. Backward formulas use the
-// same kernels (index_select <-> index_add, gather <-> scatter_add).
+// same kernels (index_select <-> index_add, gather <-> scatter_add). Tensors on other devices go to
+// their kernels (detail/index_dispatch.h) where the CPU code would touch data.
 #include <algorithm>
 #include <cstring>
 
 #include <cohort/core/autograd/function.h>
+#include <cohort/core/ops/detail/index_dispatch.h>
 #include <cohort/core/ops/ops.h>
 #include <cohort/core/tensor/iter.h>
 
@@ -41,6 +43,8 @@ void checkIndexRange(const IT* idx, int64_t n, int64_t size, int64_t dim, const 
 
 // out[o, i, r] = a[o, index[i], r] for a contiguous a viewed as [outer, len, inner].
 Tensor indexSelectKernel(const Tensor& a, int64_t dim, const Tensor& index) {
+  if (!a.device().isCpu())
+    return dispatch::kernel<dispatch::IndexSelectKernel>("indexSelect", a.device())(a, dim, index);
   Tensor ac = a.contiguous();
   Tensor ic = index.contiguous();
   const int64_t n = ic.numel();
@@ -72,6 +76,9 @@ Tensor indexSelectKernel(const Tensor& a, int64_t dim, const Tensor& index) {
 
 // zeros(shape)[o, index[i], r] += g[o, i, r]: the backward of index_select.
 Tensor indexAddIntoZeros(const Shape& shape, DType dt, int64_t dim, const Tensor& index, const Tensor& g) {
+  if (!g.device().isCpu())
+    return dispatch::kernel<dispatch::IndexAddIntoZerosKernel>("indexSelect backward", g.device())(shape, dt, dim,
+                                                                                                   index, g);
   Tensor out = zeros(shape, {.dtype = dt});
   Tensor gc = g.to(dt).contiguous();
   Tensor ic = index.contiguous();
@@ -167,6 +174,7 @@ Shape stridesOr1(const Tensor& t) { return t.dim() == 0 ? Shape{1} : t.strides()
 Shape sizesOr1(const Tensor& t) { return t.dim() == 0 ? Shape{1} : t.sizes(); }
 
 Tensor gatherKernel(const Tensor& a, int64_t dim, const Tensor& index) {
+  if (!a.device().isCpu()) return dispatch::kernel<dispatch::GatherKernel>("gather", a.device())(a, dim, index);
   Tensor ic = index.contiguous();
   Tensor out = empty(index.sizes(), {.dtype = a.dtype(), .device = a.device()});
   const int64_t len = sizesOr1(a)[dim];
@@ -186,6 +194,10 @@ Tensor gatherKernel(const Tensor& a, int64_t dim, const Tensor& index) {
 
 // out (contiguous, shape of self) += src at the indexed positions.
 void scatterAddInto(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src, const char* op) {
+  if (!out.device().isCpu()) {
+    dispatch::kernel<dispatch::ScatterAddKernel>("scatterAdd", out.device())(out, dim, index, src, op);
+    return;
+  }
   Tensor ic = index.contiguous();
   const int64_t len = sizesOr1(out)[dim];
   COHORT_DISPATCH_INDEX(index.dtype(), op, [&]<typename IT>() {
@@ -206,6 +218,8 @@ void scatterAddInto(Tensor& out, int64_t dim, const Tensor& index, const Tensor&
 
 // Keeps a[..., i, j] where (lower ? j - i <= k : j - i >= k), zeroes the rest.
 Tensor triangleKernel(const Tensor& a, int64_t k, bool lower) {
+  if (!a.device().isCpu())
+    return dispatch::kernel<dispatch::TriangleKernel>(lower ? "tril" : "triu", a.device())(a, k, lower);
   Tensor ac = a.contiguous();
   Tensor out = empty(a.sizes(), {.dtype = a.dtype(), .device = a.device()});
   if (out.numel() == 0) return out;
@@ -292,7 +306,7 @@ Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
   Shape inShape = a.sizes();
   DType dt = a.dtype();
   autograd::record("gather", {a}, {out}, {index}, [inShape, dt, dim](Ctx& ctx, const GradList& g) -> GradList {
-    Tensor gi = zeros(inShape, {.dtype = dt});
+    Tensor gi = zeros(inShape, {.dtype = dt, .device = g[0].device()});
     Tensor gc = g[0].to(dt);
     scatterAddInto(gi, dim, ctx.saved(0), gc, "gather backward");
     return {gi};
@@ -326,7 +340,7 @@ Tensor scatterAdd(const Tensor& a, int64_t dim, const Tensor& index, const Tenso
       Tensor gs = gatherKernel(g[0], dim, idx);
       if (gs.sizes() != srcShape) {
         // src is larger than index: its elements outside index's extent got no use.
-        Tensor full = zeros(srcShape, {.dtype = gs.dtype()});
+        Tensor full = zeros(srcShape, {.dtype = gs.dtype(), .device = gs.device()});
         Tensor region = full;
         for (int64_t d = 0; d < idx.dim(); ++d) region = region.narrow(d, 0, idx.sizes()[d]);
         region.copy_(gs);
@@ -347,7 +361,9 @@ Tensor maskedFill(const Tensor& a, const Tensor& mask, Scalar value) {
         fmt::format("maskedFill: mask must be bool, got {} (shape {})", mask.dtype(), shapeStr(mask.sizes())));
   Shape shape = broadcastShapes(a.sizes(), mask.sizes(), "maskedFill");
   Tensor out = empty(shape, {.dtype = a.dtype(), .device = a.device()});
-  if (out.numel() > 0) {
+  if (!out.device().isCpu()) {
+    dispatch::kernel<dispatch::BinaryScalarKernel>("maskedFill", out.device())(out, a, mask, value);
+  } else if (out.numel() > 0) {
     COHORT_DISPATCH(a.dtype(), "maskedFill", [&]<typename T>() {
       const T v = static_cast<T>(value.to<Acc<T>>());
       std::array<char*, 3> ptrs{static_cast<char*>(out.dataPtr()), static_cast<char*>(a.dataPtr()),
@@ -387,6 +403,8 @@ Tensor oneHot(const Tensor& indices, int64_t numClasses) {
   requireIndexDType(indices, "oneHot");
   if (numClasses < -1)
     throw ValueError(fmt::format("oneHot: numClasses must be -1 (infer) or non-negative, got {}", numClasses));
+  if (!indices.device().isCpu())
+    return dispatch::kernel<dispatch::OneHotKernel>("oneHot", indices.device())(indices, numClasses);
   Tensor ic = indices.contiguous();
   const int64_t n = ic.numel();
   return COHORT_DISPATCH_INDEX(indices.dtype(), "oneHot", [&]<typename IT>() -> Tensor {

@@ -64,19 +64,57 @@ void checkCast(const char* op, DType result, const Tensor& self) {
                                  op, result, self.dtype(), shapeStr(self.sizes())));
 }
 
+// The device kernels of the updates, by the names of the out-of-place ops with the same formula
+// (a scalar converts to the compute type as the CPU lambdas' static_cast does).
+auto binaryOn(const char* name) {
+  return [name](Tensor& out, const std::array<Tensor, 2>& in) {
+    dispatch::kernel<dispatch::BinaryKernel>(name, out.device())(out, in[0], in[1]);
+  };
+}
+auto binaryScalarOn(const char* name, double s) {
+  return [name, s](Tensor& out, const std::array<Tensor, 2>& in) {
+    dispatch::kernel<dispatch::BinaryScalarKernel>(name, out.device())(out, in[0], in[1], Scalar(s));
+  };
+}
+auto scalarOn(const char* name, double s) {
+  return [name, s](Tensor& out, const std::array<Tensor, 1>& in) {
+    dispatch::kernel<dispatch::ScalarKernel>(name, out.device())(out, in[0], Scalar(s));
+  };
+}
+auto ternaryScalarOn(const char* name, double s) {
+  return [name, s](Tensor& out, const std::array<Tensor, 3>& in) {
+    dispatch::kernel<dispatch::TernaryScalarKernel>(name, out.device())(out, in[0], in[1], in[2], Scalar(s));
+  };
+}
+
 DType withScalar(DType t, Scalar s) {
   if (!isFloating(t) && !s.isIntegral()) return DType::Float32;
   if (t == DType::Bool && !s.isBool()) return DType::Int64;
   return t;
 }
 
-// self = f(self, others...) computed in `compute`.
-template <size_t N, typename F>
-void applyInplace(Tensor& self, const std::array<Tensor, N>& others, DType compute, const char* op, F&& f) {
+// self = f(self, others...) computed in `compute`. On other devices `onDevice(out, {x, others...})`
+// runs the device's kernel of the same formula (out may be x).
+template <size_t N, typename F, typename OnDevice>
+void applyInplace(Tensor& self, const std::array<Tensor, N>& others, DType compute, const char* op, F&& f,
+                  OnDevice&& onDevice) {
   checkCast(op, compute, self);
   bool same = compute == self.dtype();
   for (const Tensor& o : others) same = same && o.dtype() == self.dtype();
   autograd::NoGradGuard ng;
+  if (!self.device().isCpu()) {
+    std::array<Tensor, N + 1> ins;
+    ins[0] = same ? self : self.to(compute);
+    for (size_t i = 0; i < N; ++i) ins[i + 1] = others[i].dtype() == compute ? others[i] : others[i].to(compute);
+    if (same) {
+      onDevice(self, ins);
+    } else {
+      Tensor tmp = empty(self.sizes(), {.dtype = compute, .device = self.device()});
+      onDevice(tmp, ins);
+      self.copy_(tmp);
+    }
+    return;
+  }
   if (same) {
     COHORT_DISPATCH(self.dtype(), op, [&]<typename T>() {
       if constexpr (N == 0) detail::mapKernel<T, T, 1>(self, {self}, f);
@@ -105,10 +143,13 @@ Tensor& Tensor::add_(const Tensor& o, Scalar alpha) {
   precheck("add_", *this, {&o});
   DType dt = withScalar(promoteTypes(dtype(), o.dtype()), alpha);
   double al = alpha.toDouble();
-  if (al == 1.0) applyInplace<1>(*this, {o}, dt, "add_", [](auto x, auto y) COHORT_KERNEL_FN { return x + y; });
+  if (al == 1.0)
+    applyInplace<1>(
+        *this, {o}, dt, "add_", [](auto x, auto y) COHORT_KERNEL_FN { return x + y; }, binaryOn("add"));
   else
-    applyInplace<1>(*this, {o}, dt, "add_",
-                    [al](auto x, auto y) COHORT_KERNEL_FN { return x + static_cast<decltype(x)>(al) * y; });
+    applyInplace<1>(
+        *this, {o}, dt, "add_", [al](auto x, auto y) COHORT_KERNEL_FN { return x + static_cast<decltype(x)>(al) * y; },
+        binaryScalarOn("add", al));
   autograd::recordInplace("add_", *this, {o}, {}, [al](Ctx&, const GradList& g) -> GradList {
     return {g[0], al == 1.0 ? g[0] : g[0] * al};
   });
@@ -119,7 +160,9 @@ Tensor& Tensor::add_(Scalar v) {
   precheck("add_", *this, {});
   DType dt = withScalar(dtype(), v);
   const double s = v.toDouble();
-  applyInplace<0>(*this, {}, dt, "add_", [s](auto x) COHORT_KERNEL_FN { return x + static_cast<decltype(x)>(s); });
+  applyInplace<0>(
+      *this, {}, dt, "add_", [s](auto x) COHORT_KERNEL_FN { return x + static_cast<decltype(x)>(s); },
+      scalarOn("add", s));
   autograd::recordInplace("add_", *this, {}, {}, [](Ctx&, const GradList& g) -> GradList { return {g[0]}; });
   return *this;
 }
@@ -130,10 +173,13 @@ Tensor& Tensor::sub_(const Tensor& o, Scalar alpha) {
   precheck("sub_", *this, {&o});
   DType dt = withScalar(promoteTypes(dtype(), o.dtype()), alpha);
   double al = alpha.toDouble();
-  if (al == 1.0) applyInplace<1>(*this, {o}, dt, "sub_", [](auto x, auto y) COHORT_KERNEL_FN { return x - y; });
+  if (al == 1.0)
+    applyInplace<1>(
+        *this, {o}, dt, "sub_", [](auto x, auto y) COHORT_KERNEL_FN { return x - y; }, binaryOn("sub"));
   else
-    applyInplace<1>(*this, {o}, dt, "sub_",
-                    [al](auto x, auto y) COHORT_KERNEL_FN { return x - static_cast<decltype(x)>(al) * y; });
+    applyInplace<1>(
+        *this, {o}, dt, "sub_", [al](auto x, auto y) COHORT_KERNEL_FN { return x - static_cast<decltype(x)>(al) * y; },
+        binaryScalarOn("sub", al));
   autograd::recordInplace("sub_", *this, {o}, {}, [al](Ctx&, const GradList& g) -> GradList {
     return {g[0], g[0] * (-al)};
   });
@@ -149,7 +195,8 @@ Tensor& Tensor::mul_(const Tensor& o) {
   // d/d other needs self's value before the update.
   Tensor before;
   if (autograd::needsGrad({&o})) before = detach().clone();
-  applyInplace<1>(*this, {o}, dt, "mul_", [](auto x, auto y) COHORT_KERNEL_FN { return x * y; });
+  applyInplace<1>(
+      *this, {o}, dt, "mul_", [](auto x, auto y) COHORT_KERNEL_FN { return x * y; }, binaryOn("mul"));
   autograd::recordInplace("mul_", *this, {o}, {o, before}, [](Ctx& ctx, const GradList& g) -> GradList {
     GradList r(2);
     if (ctx.needsInputGrad(0)) r[0] = g[0] * ctx.saved(0);
@@ -163,7 +210,9 @@ Tensor& Tensor::mul_(Scalar v) {
   precheck("mul_", *this, {});
   DType dt = withScalar(dtype(), v);
   double sv = v.toDouble();
-  applyInplace<0>(*this, {}, dt, "mul_", [sv](auto x) COHORT_KERNEL_FN { return x * static_cast<decltype(x)>(sv); });
+  applyInplace<0>(
+      *this, {}, dt, "mul_", [sv](auto x) COHORT_KERNEL_FN { return x * static_cast<decltype(x)>(sv); },
+      scalarOn("mul", sv));
   autograd::recordInplace("mul_", *this, {}, {}, [sv](Ctx&, const GradList& g) -> GradList { return {g[0] * sv}; });
   return *this;
 }
@@ -172,7 +221,8 @@ Tensor& Tensor::div_(const Tensor& o) {
   precheck("div_", *this, {&o});
   DType dt = promoteTypes(dtype(), o.dtype());
   if (!isFloating(dt)) dt = DType::Float32;  // true division
-  applyInplace<1>(*this, {o}, dt, "div_", [](auto x, auto y) COHORT_KERNEL_FN { return x / y; });
+  applyInplace<1>(
+      *this, {o}, dt, "div_", [](auto x, auto y) COHORT_KERNEL_FN { return x / y; }, binaryOn("div"));
   // self is saved after the update: d/d other = -g * self_before / other^2 = -g * self_after / other.
   autograd::recordInplace("div_", *this, {o}, {o, *this}, [](Ctx& ctx, const GradList& g) -> GradList {
     GradList r(2);
@@ -188,7 +238,9 @@ Tensor& Tensor::div_(Scalar v) {
   precheck("div_", *this, {});
   DType dt = isFloating(dtype()) ? dtype() : DType::Float32;
   double sv = v.toDouble();
-  applyInplace<0>(*this, {}, dt, "div_", [sv](auto x) COHORT_KERNEL_FN { return x / static_cast<decltype(x)>(sv); });
+  applyInplace<0>(
+      *this, {}, dt, "div_", [sv](auto x) COHORT_KERNEL_FN { return x / static_cast<decltype(x)>(sv); },
+      scalarOn("div", sv));
   autograd::recordInplace("div_", *this, {}, {}, [sv](Ctx&, const GradList& g) -> GradList { return {g[0] / sv}; });
   return *this;
 }
@@ -199,8 +251,10 @@ Tensor& Tensor::addcmul_(const Tensor& t1, const Tensor& t2, Scalar value) {
   precheck("addcmul_", *this, {&t1, &t2});
   DType dt = withScalar(promoteTypes(promoteTypes(dtype(), t1.dtype()), t2.dtype()), value);
   double v = value.toDouble();
-  applyInplace<2>(*this, {t1, t2}, dt, "addcmul_",
-                  [v](auto x, auto a, auto b) COHORT_KERNEL_FN { return x + static_cast<decltype(x)>(v) * a * b; });
+  applyInplace<2>(
+      *this, {t1, t2}, dt, "addcmul_",
+      [v](auto x, auto a, auto b) COHORT_KERNEL_FN { return x + static_cast<decltype(x)>(v) * a * b; },
+      ternaryScalarOn("addcmul_", v));
   autograd::recordInplace("addcmul_", *this, {t1, t2}, {t1, t2}, [v](Ctx& ctx, const GradList& g) -> GradList {
     GradList r(3);
     r[0] = g[0];
@@ -219,8 +273,10 @@ Tensor& Tensor::addcdiv_(const Tensor& t1, const Tensor& t2, Scalar value) {
                                  "tensors",
                                  dtype(), t1.dtype(), t2.dtype()));
   double v = value.toDouble();
-  applyInplace<2>(*this, {t1, t2}, dt, "addcdiv_",
-                  [v](auto x, auto a, auto b) COHORT_KERNEL_FN { return x + static_cast<decltype(x)>(v) * a / b; });
+  applyInplace<2>(
+      *this, {t1, t2}, dt, "addcdiv_",
+      [v](auto x, auto a, auto b) COHORT_KERNEL_FN { return x + static_cast<decltype(x)>(v) * a / b; },
+      ternaryScalarOn("addcdiv_", v));
   autograd::recordInplace("addcdiv_", *this, {t1, t2}, {t1, t2}, [v](Ctx& ctx, const GradList& g) -> GradList {
     GradList r(3);
     r[0] = g[0];
@@ -240,13 +296,18 @@ Tensor& Tensor::lerp_(const Tensor& end, Scalar weight) {
   double w = weight.toDouble();
   // torch's formula: from the nearer end, so weight 1 gives exactly `end`.
   if (std::abs(w) < 0.5)
-    applyInplace<1>(*this, {end}, dt, "lerp_",
-                    [w](auto x, auto e) COHORT_KERNEL_FN { return x + static_cast<decltype(x)>(w) * (e - x); });
+    applyInplace<1>(
+        *this, {end}, dt, "lerp_",
+        [w](auto x, auto e) COHORT_KERNEL_FN { return x + static_cast<decltype(x)>(w) * (e - x); },
+        binaryScalarOn("lerp_", w));
   else
-    applyInplace<1>(*this, {end}, dt, "lerp_", [w](auto x, auto e) COHORT_KERNEL_FN {
-      using A = decltype(x);
-      return e - (e - x) * (A(1) - static_cast<A>(w));
-    });
+    applyInplace<1>(
+        *this, {end}, dt, "lerp_",
+        [w](auto x, auto e) COHORT_KERNEL_FN {
+          using A = decltype(x);
+          return e - (e - x) * (A(1) - static_cast<A>(w));
+        },
+        binaryScalarOn("lerp_", w));
   autograd::recordInplace("lerp_", *this, {end}, {}, [w](Ctx&, const GradList& g) -> GradList {
     return {g[0] * (1.0 - w), g[0] * w};
   });
@@ -277,10 +338,15 @@ Tensor& Tensor::clamp_(std::optional<Scalar> lo, std::optional<Scalar> hi) {
 Tensor& Tensor::sqrt_() {
   precheck("sqrt_", *this, {});
   checkCast("sqrt_", DType::Float32, *this);
-  applyInplace<0>(*this, {}, dtype(), "sqrt_", [](auto x) COHORT_KERNEL_FN {
-    if constexpr (std::is_floating_point_v<decltype(x)>) return std::sqrt(x);
-    else return x;  // unreachable: checkCast refused non-floating tensors
-  });
+  applyInplace<0>(
+      *this, {}, dtype(), "sqrt_",
+      [](auto x) COHORT_KERNEL_FN {
+        if constexpr (std::is_floating_point_v<decltype(x)>) return std::sqrt(x);
+        else return x;  // unreachable: checkCast refused non-floating tensors
+      },
+      [](Tensor& out, const std::array<Tensor, 1>& in) {
+        dispatch::kernel<dispatch::UnaryKernel>("sqrt", out.device())(out, in[0]);
+      });
   autograd::recordInplace("sqrt_", *this, {}, {*this}, [](Ctx& ctx, const GradList& g) -> GradList {
     return {detail::binaryFloatOp(g[0], ctx.saved(0), "sqrt_ backward",
                                   [](auto gv, auto y) COHORT_KERNEL_FN { return gv / (y + y); })};
@@ -295,30 +361,36 @@ Tensor& Tensor::maskedFill_(const Tensor& mask, Scalar value) {
                                  shapeStr(mask.sizes())));
   {
     autograd::NoGradGuard ng;
-    COHORT_DISPATCH(dtype(), "maskedFill_", [&]<typename T>() {
-      const T v = static_cast<T>(value.to<Acc<T>>());
-      const Shape& shape = sizes();
-      if (numel() == 0) return;
-      std::array<char*, 2> ptrs{static_cast<char*>(dataPtr()), static_cast<char*>(mask.dataPtr())};
-      std::array<Shape, 2> strides{detail::broadcastByteStrides(*this, shape),
-                                   detail::broadcastByteStrides(mask, shape)};
-      detail::forEachStrided<2>(shape, ptrs, strides,
-                                [v](std::array<char*, 2> p, const std::array<int64_t, 2>& s, int64_t n) {
-                                  if (s[0] == sizeof(T) && s[1] == 1) {
-                                    T* o = reinterpret_cast<T*>(p[0]);
-                                    const uint8_t* m =
-                                        reinterpret_cast<const uint8_t*>(p[1]);  // bool storage; uint8 vectorizes
-                                    for (int64_t i = 0; i < n; ++i) o[i] = m[i] != 0 ? v : o[i];
-                                  } else {
-                                    for (int64_t i = 0; i < n; ++i)
-                                      if (*reinterpret_cast<const bool*>(p[1] + i * s[1]))
-                                        *reinterpret_cast<T*>(p[0] + i * s[0]) = v;
-                                  }
-                                });
-    });
+    if (!device().isCpu()) {
+      // where(mask, value, self) into self; the value converts as fill_ converts it.
+      Tensor v = full({}, value, {.dtype = dtype(), .device = device()});
+      dispatch::kernel<dispatch::WhereKernel>("where", device())(*this, mask, v, *this);
+    } else {
+      COHORT_DISPATCH(dtype(), "maskedFill_", [&]<typename T>() {
+        const T v = static_cast<T>(value.to<Acc<T>>());
+        const Shape& shape = sizes();
+        if (numel() == 0) return;
+        std::array<char*, 2> ptrs{static_cast<char*>(dataPtr()), static_cast<char*>(mask.dataPtr())};
+        std::array<Shape, 2> strides{detail::broadcastByteStrides(*this, shape),
+                                     detail::broadcastByteStrides(mask, shape)};
+        detail::forEachStrided<2>(shape, ptrs, strides,
+                                  [v](std::array<char*, 2> p, const std::array<int64_t, 2>& s, int64_t n) {
+                                    if (s[0] == sizeof(T) && s[1] == 1) {
+                                      T* o = reinterpret_cast<T*>(p[0]);
+                                      const uint8_t* m =
+                                          reinterpret_cast<const uint8_t*>(p[1]);  // bool storage; uint8 vectorizes
+                                      for (int64_t i = 0; i < n; ++i) o[i] = m[i] != 0 ? v : o[i];
+                                    } else {
+                                      for (int64_t i = 0; i < n; ++i)
+                                        if (*reinterpret_cast<const bool*>(p[1] + i * s[1]))
+                                          *reinterpret_cast<T*>(p[0] + i * s[0]) = v;
+                                    }
+                                  });
+      });
+    }
   }
   autograd::recordInplace("maskedFill_", *this, {mask}, {mask}, [](Ctx& ctx, const GradList& g) -> GradList {
-    return {where(ctx.saved(0), zeros({}, {.dtype = g[0].dtype()}), g[0]), Tensor()};
+    return {where(ctx.saved(0), zeros({}, {.dtype = g[0].dtype(), .device = g[0].device()}), g[0]), Tensor()};
   });
   return *this;
 }

@@ -1,6 +1,7 @@
 // Matrix products through BLAS: mm, bmm, matmul, linear, addmm.
 #include <cohort/core/autograd/function.h>
 #include <cohort/core/blas/blas.h>
+#include <cohort/core/ops/dispatch.h>
 #include <cohort/core/ops/ops.h>
 
 namespace cohort {
@@ -45,6 +46,10 @@ MatArg matArg(const Tensor& t) {
 void gemmInto(const Tensor& a, const Tensor& b, Tensor& c, double alpha, double beta) {
   int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   if (m == 0 || n == 0) return;
+  if (!c.device().isCpu() && k > 0) {
+    dispatch::kernel<dispatch::GemmKernel>("matmul", c.device())(a, b, c, alpha, beta);
+    return;
+  }
   if (k == 0) {
     if (beta == 0) c.zero_();
     else c.mul_(beta);
@@ -64,7 +69,7 @@ void gemmInto(const Tensor& a, const Tensor& b, Tensor& c, double alpha, double 
   if (dt == DType::Float16 || dt == DType::BFloat16) {
     // Half-width matrices compute in float32 and round once.
     Tensor a32 = a.to(DType::Float32), b32 = b.to(DType::Float32);
-    Tensor c32 = beta == 0 ? empty({m, n}) : c.to(DType::Float32);
+    Tensor c32 = beta == 0 ? empty({m, n}, {.device = c.device()}) : c.to(DType::Float32);
     gemmInto(a32, b32, c32, alpha, beta);
     c.copy_(c32);
     return;
@@ -90,6 +95,8 @@ void checkFloatOrSame(const Tensor& a, const Tensor& b, const char* op) {
   if (a.dtype() != b.dtype())
     throw ValueError(
         fmt::format("{}: expected both inputs to have the same dtype, got {} and {}", op, a.dtype(), b.dtype()));
+  if (a.device() != b.device())
+    throw ValueError(fmt::format("{}: inputs are on different devices ({} and {})", op, a.device(), b.device()));
 }
 
 }  // namespace
@@ -102,7 +109,7 @@ Tensor mm(const Tensor& a, const Tensor& b) {
   if (a.size(1) != b.size(0))
     throw ValueError(fmt::format("mm: shapes {} and {} cannot be multiplied ({} != {})", shapeStr(a.sizes()),
                                  shapeStr(b.sizes()), a.size(1), b.size(0)));
-  Tensor c = empty({a.size(0), b.size(1)}, {.dtype = a.dtype()});
+  Tensor c = empty({a.size(0), b.size(1)}, {.dtype = a.dtype(), .device = a.device()});
   {
     autograd::NoGradGuard ng;
     gemmInto(a, b, c, 1.0, 0.0);
@@ -125,8 +132,12 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
     throw ValueError(
         fmt::format("bmm: shapes {} and {} cannot be multiplied", shapeStr(a.sizes()), shapeStr(b.sizes())));
   int64_t batch = a.size(0);
-  Tensor c = empty({batch, a.size(1), b.size(2)}, {.dtype = a.dtype()});
-  {
+  Tensor c = empty({batch, a.size(1), b.size(2)}, {.dtype = a.dtype(), .device = a.device()});
+  if (!c.device().isCpu()) {
+    autograd::NoGradGuard ng;
+    if (a.size(2) == 0) c.zero_();
+    else dispatch::kernel<dispatch::BatchedGemmKernel>("bmm", c.device())(a, b, c);
+  } else {
     autograd::NoGradGuard ng;
     for (int64_t i = 0; i < batch; ++i) {
       Tensor ci = c.select(0, i);
@@ -200,12 +211,13 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
     throw ValueError(fmt::format("linear: input of shape {} does not match weight of shape {} (expected last dim {})",
                                  shapeStr(input.sizes()), shapeStr(weight.sizes()), weight.size(1)));
   int64_t out = weight.size(0);
-  if (bias.defined() && (bias.dim() != 1 || bias.size(0) != out || bias.dtype() != input.dtype()))
-    throw ValueError(fmt::format("linear: bias must be [{}] of {}, got shape {} ({})", out, input.dtype(),
-                                 shapeStr(bias.sizes()), bias.dtype()));
+  if (bias.defined() &&
+      (bias.dim() != 1 || bias.size(0) != out || bias.dtype() != input.dtype() || bias.device() != input.device()))
+    throw ValueError(fmt::format("linear: bias must be [{}] of {} on {}, got shape {} ({} on {})", out, input.dtype(),
+                                 input.device(), shapeStr(bias.sizes()), bias.dtype(), bias.device()));
   Tensor x2 = input.dim() == 2 ? input : input.detach().reshape({-1, input.size(-1)});
   int64_t rows = x2.size(0);
-  Tensor y = empty({rows, out}, {.dtype = input.dtype()});
+  Tensor y = empty({rows, out}, {.dtype = input.dtype(), .device = input.device()});
   {
     autograd::NoGradGuard ng;
     double beta = 0.0;
@@ -258,7 +270,7 @@ Tensor addmm(const Tensor& self, const Tensor& a, const Tensor& b, Scalar beta, 
   if (broadcastShapes(self.sizes(), outShape, "addmm") != outShape)
     throw ValueError(
         fmt::format("addmm: self of shape {} does not broadcast to {}", shapeStr(self.sizes()), shapeStr(outShape)));
-  Tensor c = empty(outShape, {.dtype = a.dtype()});
+  Tensor c = empty(outShape, {.dtype = a.dtype(), .device = a.device()});
   double be = beta.toDouble(), al = alpha.toDouble();
   {
     autograd::NoGradGuard ng;

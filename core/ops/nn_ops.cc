@@ -9,6 +9,9 @@
 #include <vector>
 
 #include <cohort/core/autograd/function.h>
+#include <cohort/core/ops/detail/index_dispatch.h>
+#include <cohort/core/ops/detail/nn_dispatch.h>
+#include <cohort/core/ops/detail/reduce_dispatch.h>
 #include <cohort/core/ops/detail/reduce_impl.h>
 #include <cohort/core/ops/detail/vec_math.h>
 #include <cohort/core/ops/functional.h>
@@ -197,18 +200,27 @@ Tensor softmaxImpl(const Tensor& x, int64_t dim, const char* op) {
   requireFloat(x, op, "the input");
   detail::ReducePlan p = detail::planReduce(x, {dim}, true, op);
   const int64_t O = p.outer, R = p.reduced, I = p.inner;
-  Tensor y = empty(x.sizes(), {.dtype = x.dtype()});
-  COHORT_DISPATCH_FLOAT(x.dtype(), op, [&]<typename T>() {
-    if (y.numel() == 0) return;
-    if constexpr (std::is_same_v<T, float>) {
-      if (I == 1) return softmaxRowsF32<Log>(p.src.data<float>(), y.data<float>(), O, R);
-    }
-    softmaxKernel<T, Log>(p.src.data<T>(), y.data<T>(), O, R, I);
-  });
+  Tensor y = empty(x.sizes(), {.dtype = x.dtype(), .device = x.device()});
+  if (!x.device().isCpu()) {
+    dispatch::kernel<cohort::detail::SoftmaxKernel>(op, x.device())(y, p.src, O, R, I);
+  } else {
+    COHORT_DISPATCH_FLOAT(x.dtype(), op, [&]<typename T>() {
+      if (y.numel() == 0) return;
+      if constexpr (std::is_same_v<T, float>) {
+        if (I == 1) return softmaxRowsF32<Log>(p.src.data<float>(), y.data<float>(), O, R);
+      }
+      softmaxKernel<T, Log>(p.src.data<T>(), y.data<T>(), O, R, I);
+    });
+  }
   autograd::record(op, {x}, {y}, {y}, [O, R, I, op](Ctx& ctx, const GradList& g) -> GradList {
     Tensor yv = ctx.saved(0);
     Tensor gc = g[0].contiguous();
-    Tensor dx = empty(yv.sizes(), {.dtype = yv.dtype()});
+    Tensor dx = empty(yv.sizes(), {.dtype = yv.dtype(), .device = yv.device()});
+    if (!yv.device().isCpu()) {
+      dispatch::kernel<cohort::detail::SoftmaxBackwardKernel>(Log ? "logSoftmax backward" : "softmax backward",
+                                                              yv.device())(dx, yv, gc, O, R, I);
+      return {dx};
+    }
     COHORT_DISPATCH_FLOAT(yv.dtype(), op, [&]<typename T>() {
       if (dx.numel() == 0) return;
       if constexpr (std::is_same_v<T, float>) {
@@ -283,11 +295,46 @@ void nllForward(const T* x, const I* t, const NllLayout& l, int64_t ignoreIndex,
     }
 }
 
+// nllImpl on a device other than the CPU, through its kernels: the same loss and gradient.
+Tensor nllDevice(const Tensor& input, const Tensor& x, const Tensor& t, const NllLayout& l, Reduction reduction,
+                 int64_t ignoreIndex, const char* op, Tensor* validMask, int64_t* validCount) {
+  const Device dev = input.device();
+  Tensor perPos = empty(t.sizes(), {.dtype = input.dtype(), .device = dev});
+  Tensor valid = validMask ? empty(t.sizes(), {.dtype = input.dtype(), .device = dev}) : Tensor();
+  const int64_t count = dispatch::kernel<cohort::detail::NllForwardKernel>("nllLoss", dev)(perPos, valid, x, t, l.n,
+                                                                                           l.c, l.d, ignoreIndex, op);
+  if (validMask) *validMask = valid;
+  if (validCount) *validCount = count;
+  Tensor out = perPos;
+  if (reduction != Reduction::None) {
+    // Sum in double; Mean scales by 1 / the number of non-ignored targets (0 * inf = NaN, as torch).
+    const double scale = reduction == Reduction::Mean ? 1.0 / static_cast<double>(count) : 1.0;
+    out = empty({}, {.dtype = input.dtype(), .device = dev});
+    dispatch::kernel<cohort::detail::PlannedReduceKernel>("mean", dev)(out, perPos.reshape({perPos.numel()}), 1,
+                                                                       perPos.numel(), 1, scale);
+  }
+  Shape inShape = input.sizes();
+  autograd::record(op, {input}, {out}, {t},
+                   [l, reduction, count, ignoreIndex, inShape](Ctx& ctx, const GradList& g) -> GradList {
+                     Tensor tt = ctx.saved(0);
+                     Tensor gc = g[0].contiguous();
+                     Tensor dx = empty(inShape, {.dtype = gc.dtype(), .device = gc.device()});
+                     const double scale = reduction == Reduction::Mean ? 1.0 / static_cast<double>(count) : 1.0;
+                     dispatch::kernel<cohort::detail::NllBackwardKernel>("nllLoss backward",
+                                                                         gc.device())(dx, tt, gc, l.n, l.c, l.d,
+                                                                                      ignoreIndex, scale,
+                                                                                      reduction == Reduction::None);
+                     return {dx};
+                   });
+  return out;
+}
+
 Tensor nllImpl(const Tensor& input, const Tensor& target, Reduction reduction, int64_t ignoreIndex, const char* op,
-               Tensor* validMask = nullptr) {
+               Tensor* validMask = nullptr, int64_t* validCount = nullptr) {
   NllLayout l = nllLayout(input, target, op);
   Tensor x = input.contiguous();
   Tensor t = target.contiguous();
+  if (!input.device().isCpu()) return nllDevice(input, x, t, l, reduction, ignoreIndex, op, validMask, validCount);
   Tensor perPos = empty(target.sizes(), {.dtype = input.dtype()});
   std::vector<uint8_t> valid(static_cast<size_t>(l.n * l.d));
   COHORT_DISPATCH_FLOAT(input.dtype(), op, [&]<typename T>() {
@@ -297,6 +344,7 @@ Tensor nllImpl(const Tensor& input, const Tensor& target, Reduction reduction, i
   });
   int64_t count = 0;
   for (uint8_t v : valid) count += v;
+  if (validCount) *validCount = count;
   if (validMask) {
     *validMask = empty(target.sizes(), {.dtype = input.dtype()});
     COHORT_DISPATCH_FLOAT(input.dtype(), op, [&]<typename T>() {
@@ -433,14 +481,16 @@ Tensor crossEntropy(const Tensor& input, const Tensor& target, CrossEntropyOptio
   // torch's label smoothing: (1 - e) * nll + e / C * smooth, where smooth = -sum_c logp over
   // non-ignored positions, reduced like nll (Mean divides by the non-ignored count).
   Tensor valid;
-  Tensor nll = nllImpl(logp, target, opts.reduction, opts.ignoreIndex, op, &valid);
+  int64_t validCount = 0;
+  Tensor nll = nllImpl(logp, target, opts.reduction, opts.ignoreIndex, op, &valid, &validCount);
   const double e = opts.labelSmoothing;
   const double nClasses = static_cast<double>(input.sizes()[classDim]);
   Tensor smooth = -(sum(logp, {classDim}) * valid);
   if (opts.reduction == Reduction::Sum) {
     smooth = sum(smooth);
   } else if (opts.reduction == Reduction::Mean) {
-    smooth = sum(smooth) / sum(valid).item<double>();
+    // Other devices take the count the nll kernel brought back rather than wait for the device again.
+    smooth = sum(smooth) / (input.device().isCpu() ? sum(valid).item<double>() : static_cast<double>(validCount));
   }
   return nll * (1.0 - e) + smooth * (e / nClasses);
 }
@@ -520,7 +570,8 @@ Tensor mseLoss(const Tensor& input, const Tensor& target, Reduction reduction) {
   requireFloat(input, "mseLoss", "the input");
   requireFloat(target, "mseLoss", "the target");
   broadcastShapes(input.sizes(), target.sizes(), "mseLoss");
-  if (reduction != Reduction::None && input.sizes() == target.sizes() && input.dtype() == target.dtype() &&
+  if (input.device().isCpu() && target.device().isCpu() && reduction != Reduction::None &&
+      input.sizes() == target.sizes() && input.dtype() == target.dtype() &&
       (input.dtype() == DType::Float32 || input.dtype() == DType::Float64) && input.numel() > 0)
     return fusedMseLoss(input, target, reduction);
   Tensor d = input - target;
@@ -557,12 +608,17 @@ Tensor layerNorm(const Tensor& x, const Shape& normalizedShape, const Tensor& we
   Tensor wc = weight.defined() ? weight.contiguous() : Tensor();
   Tensor bc = bias.defined() ? bias.contiguous() : Tensor();
   const DType statType = x.dtype() == DType::Float64 ? DType::Float64 : DType::Float32;
-  Tensor y = empty(x.sizes(), {.dtype = x.dtype()});
-  Tensor meanT = empty({M}, {.dtype = statType}), rstdT = empty({M}, {.dtype = statType});
-  COHORT_DISPATCH_FLOAT(x.dtype(), op, [&]<typename T>() {
-    layerNormForward<T>(xc.data<T>(), wc.defined() ? wc.data<T>() : nullptr, bc.defined() ? bc.data<T>() : nullptr,
-                        y.data<T>(), meanT.data<Acc<T>>(), rstdT.data<Acc<T>>(), M, N, eps);
-  });
+  Tensor y = empty(x.sizes(), {.dtype = x.dtype(), .device = x.device()});
+  Tensor meanT = empty({M}, {.dtype = statType, .device = x.device()});
+  Tensor rstdT = empty({M}, {.dtype = statType, .device = x.device()});
+  if (!x.device().isCpu()) {
+    dispatch::kernel<cohort::detail::LayerNormKernel>(op, x.device())(y, meanT, rstdT, xc, wc, bc, M, N, eps);
+  } else {
+    COHORT_DISPATCH_FLOAT(x.dtype(), op, [&]<typename T>() {
+      layerNormForward<T>(xc.data<T>(), wc.defined() ? wc.data<T>() : nullptr, bc.defined() ? bc.data<T>() : nullptr,
+                          y.data<T>(), meanT.data<Acc<T>>(), rstdT.data<Acc<T>>(), M, N, eps);
+    });
+  }
   autograd::record(op, {x, weight, bias}, {y}, {x, weight, meanT, rstdT},
                    [M, N, normShape = normalizedShape, hasW = weight.defined(),
                     hasB = bias.defined()](Ctx& ctx, const GradList& g) -> GradList {
@@ -570,9 +626,16 @@ Tensor layerNorm(const Tensor& x, const Shape& normalizedShape, const Tensor& we
                      Tensor ms = ctx.saved(2), rs = ctx.saved(3);
                      Tensor gc = g[0].contiguous();
                      GradList r(3);
-                     if (ctx.needsInputGrad(0)) r[0] = empty(xs.sizes(), {.dtype = xs.dtype()});
-                     if (hasW && ctx.needsInputGrad(1)) r[1] = empty(ws.sizes(), {.dtype = xs.dtype()});
-                     if (hasB && ctx.needsInputGrad(2)) r[2] = empty(normShape, {.dtype = xs.dtype()});
+                     const TensorOptions like{.dtype = xs.dtype(), .device = xs.device()};
+                     if (ctx.needsInputGrad(0)) r[0] = empty(xs.sizes(), like);
+                     if (hasW && ctx.needsInputGrad(1)) r[1] = empty(ws.sizes(), like);
+                     if (hasB && ctx.needsInputGrad(2)) r[2] = empty(normShape, like);
+                     if (!xs.device().isCpu()) {
+                       dispatch::kernel<cohort::detail::LayerNormBackwardKernel>("layerNorm backward",
+                                                                                 xs.device())(r[0], r[1], r[2], xs, ws,
+                                                                                              gc, ms, rs, M, N);
+                       return r;
+                     }
                      COHORT_DISPATCH_FLOAT(xs.dtype(), "layerNorm backward", [&]<typename T>() {
                        layerNormBackward<T>(xs.data<T>(), hasW ? ws.data<T>() : nullptr, gc.data<T>(),
                                             ms.data<Acc<T>>(), rs.data<Acc<T>>(), M, N,
@@ -598,27 +661,33 @@ Tensor embedding(const Tensor& indices, const Tensor& weight) {
   Shape outShape = indices.sizes();
   outShape.push_back(dim);
   Tensor idx = indices.contiguous();
-  Tensor w = weight.contiguous();
-  Tensor out = empty(outShape, {.dtype = weight.dtype()});
+  const bool onCpu = weight.device().isCpu();
+  Tensor w = onCpu ? weight.contiguous() : weight;
+  Tensor out = onCpu ? empty(outShape, {.dtype = weight.dtype()})
+                     : dispatch::kernel<dispatch::EmbeddingKernel>(op, weight.device())(idx, weight);
   const int64_t n = idx.numel();
-  COHORT_DISPATCH_INDEX(idx.dtype(), op, [&]<typename Ix>() {
-    const Ix* ip = idx.data<Ix>();
-    const char* src = static_cast<const char*>(w.dataPtr());
-    char* dst = static_cast<char*>(out.dataPtr());
-    const size_t rowBytes = static_cast<size_t>(dim) * w.elementSize();
-    for (int64_t k = 0; k < n; ++k) {
-      const int64_t i = static_cast<int64_t>(ip[k]);
-      if (i < 0 || i >= num)
-        throw IndexError(fmt::format("{}: index {} is out of range for a weight of shape {} (indices shape {})", op, i,
-                                     shapeStr(weight.sizes()), shapeStr(indices.sizes())));
-      if (rowBytes) std::memcpy(dst + k * rowBytes, src + i * rowBytes, rowBytes);
-    }
-  });
+  if (onCpu)
+    COHORT_DISPATCH_INDEX(idx.dtype(), op, [&]<typename Ix>() {
+      const Ix* ip = idx.data<Ix>();
+      const char* src = static_cast<const char*>(w.dataPtr());
+      char* dst = static_cast<char*>(out.dataPtr());
+      const size_t rowBytes = static_cast<size_t>(dim) * w.elementSize();
+      for (int64_t k = 0; k < n; ++k) {
+        const int64_t i = static_cast<int64_t>(ip[k]);
+        if (i < 0 || i >= num)
+          throw IndexError(fmt::format("{}: index {} is out of range for a weight of shape {} (indices shape {})", op,
+                                       i, shapeStr(weight.sizes()), shapeStr(indices.sizes())));
+        if (rowBytes) std::memcpy(dst + k * rowBytes, src + i * rowBytes, rowBytes);
+      }
+    });
   Shape wShape = weight.sizes();
   autograd::record(op, {indices, weight}, {out}, {idx}, [wShape, n, dim](Ctx& ctx, const GradList& g) -> GradList {
     // Rows scatter-add into the weight gradient (repeated indices accumulate).
     Tensor ix = ctx.saved(0);
     Tensor gc = g[0].contiguous();
+    if (!gc.device().isCpu())
+      return {Tensor(),
+              dispatch::kernel<dispatch::EmbeddingBackwardKernel>("embedding backward", gc.device())(ix, gc, wShape)};
     Tensor gw = empty(wShape, {.dtype = gc.dtype()});
     COHORT_DISPATCH_FLOAT(gc.dtype(), "embedding backward", [&]<typename T>() {
       using C = Acc<T>;
@@ -651,10 +720,15 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
   Generator& g = gen ? *gen : defaultGenerator();
   const int64_t n = x.numel();
   // The mask holds 0 or 1/(1-p) in x's dtype; x * mask is then differentiable through mul.
-  Tensor mask = empty(x.sizes(), {.dtype = x.dtype()});
+  Tensor mask = empty(x.sizes(), {.dtype = x.dtype(), .device = x.device()});
   const uint64_t c = g.reserve(static_cast<uint64_t>((n + 3) / 4));
   const uint64_t seed = g.seed();
   const float keep = static_cast<float>(1.0 - p);
+  // Other devices draw the same Philox blocks from the same generator: the same mask as here.
+  if (!x.device().isCpu()) {
+    dispatch::kernel<dispatch::DropoutMaskKernel>(op, x.device())(mask, seed, c, p);
+    return x * mask;
+  }
   COHORT_DISPATCH_FLOAT(x.dtype(), op, [&]<typename T>() {
     T* m = mask.data<T>();
     const T scale = static_cast<T>(1.0 / (1.0 - p));

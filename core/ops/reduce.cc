@@ -20,8 +20,10 @@
 #endif
 
 #include <cohort/core/autograd/function.h>
+#include <cohort/core/ops/detail/reduce_dispatch.h>
 #include <cohort/core/ops/detail/reduce_impl.h>
 #include <cohort/core/ops/detail/vec_math.h>
+#include <cohort/core/ops/dispatch.h>
 #include <cohort/core/tensor/iter.h>
 
 namespace cohort {
@@ -270,18 +272,30 @@ void requireFloat(const Tensor& a, const char* op) {
                                  op, a.dtype(), shapeStr(a.sizes())));
 }
 
-// out = f(x, a, b) elementwise in x's dtype, with a and b broadcast to x's shape.
+// out = f(x, a, b) elementwise in x's dtype, with a and b broadcast to x's shape. Other devices
+// run the same map as the kernel `kind` (reduce_dispatch.h) with `param`.
 template <typename F>
-Tensor map3(const Tensor& x, const Tensor& a, const Tensor& b, const char* op, F&& f) {
-  Tensor out = empty(x.sizes(), {.dtype = x.dtype()});
+Tensor map3(const Tensor& x, const Tensor& a, const Tensor& b, const char* op, ReduceGradMap kind, double param,
+            F&& f) {
+  Tensor out = empty(x.sizes(), {.dtype = x.dtype(), .device = x.device()});
+  if (!x.device().isCpu()) {
+    dispatch::kernel<ReduceGradMapKernel>("reduce backward", x.device())(out, x, a.to(x.dtype()), b.to(x.dtype()), kind,
+                                                                         param);
+    return out;
+  }
   COHORT_DISPATCH_FLOAT(x.dtype(), op, [&]<typename T>() {
     mapKernel<T, T, 3>(out, {x, a.to(x.dtype()), b.to(x.dtype())}, f);
   });
   return out;
 }
 template <typename F>
-Tensor map2(const Tensor& x, const Tensor& a, const char* op, F&& f) {
-  Tensor out = empty(x.sizes(), {.dtype = x.dtype()});
+Tensor map2(const Tensor& x, const Tensor& a, const char* op, ReduceGradMap kind, double param, F&& f) {
+  Tensor out = empty(x.sizes(), {.dtype = x.dtype(), .device = x.device()});
+  if (!x.device().isCpu()) {
+    dispatch::kernel<ReduceGradMapKernel>("reduce backward", x.device())(out, x, a.to(x.dtype()), Tensor(), kind,
+                                                                         param);
+    return out;
+  }
   COHORT_DISPATCH_FLOAT(x.dtype(), op, [&]<typename T>() { mapKernel<T, T, 2>(out, {x, a.to(x.dtype())}, f); });
   return out;
 }
@@ -289,14 +303,15 @@ Tensor map2(const Tensor& x, const Tensor& a, const char* op, F&& f) {
 // Gradient for reductions that pick extreme elements: g is split evenly among the elements
 // where pick(x) equals the kept result m (amax, amin, norm inf); `sign` multiplies by sgn(x).
 Tensor evenSplitGrad(const Tensor& x, const Tensor& m, const Tensor& g, const Shape& dims, bool absolute) {
-  Tensor hits = map2(x, m, "amax backward", [absolute](auto v, auto mv) {
+  const double absFlag = absolute ? 1.0 : 0.0;
+  Tensor hits = map2(x, m, "amax backward", ReduceGradMap::Hits, absFlag, [absolute](auto v, auto mv) {
     using V = decltype(v);
     V a = absolute ? (v < V(0) ? -v : v) : v;
     return a == mv ? V(1) : V(0);
   });
   Tensor count = sum(hits, dims, true);
   Tensor share = g / count;
-  return map3(x, m, share, "amax backward", [absolute](auto v, auto mv, auto s) {
+  return map3(x, m, share, "amax backward", ReduceGradMap::Share, absFlag, [absolute](auto v, auto mv, auto s) {
     using V = decltype(v);
     V a = absolute ? (v < V(0) ? -v : v) : v;
     if (a != mv) return V(0);
@@ -315,14 +330,18 @@ Tensor sum(const Tensor& a, const Shape& dims, bool keepdim) {
   detail::ReducePlan p = detail::planReduce(a, dims, keepdim, "sum");
   // Integers and bools sum to int64, as in PyTorch.
   DType outType = isFloating(a.dtype()) ? a.dtype() : DType::Int64;
-  Tensor out = empty(p.outShape, {.dtype = outType});
-  COHORT_DISPATCH(a.dtype(), "sum", [&]<typename T>() {
-    if constexpr (kIsFloat<T>) {
-      detail::reduceKernel<T, T>(p, out.data<T>(), detail::SumOp<T, T, detail::Identity>{});
-    } else {
-      detail::reduceKernel<T, int64_t>(p, out.data<int64_t>(), detail::SumOp<T, int64_t, detail::Identity>{});
-    }
-  });
+  Tensor out = empty(p.outShape, {.dtype = outType, .device = a.device()});
+  if (!a.device().isCpu()) {
+    dispatch::kernel<detail::PlannedReduceKernel>("sum", a.device())(out, p.src, p.outer, p.reduced, p.inner, 1.0);
+  } else {
+    COHORT_DISPATCH(a.dtype(), "sum", [&]<typename T>() {
+      if constexpr (kIsFloat<T>) {
+        detail::reduceKernel<T, T>(p, out.data<T>(), detail::SumOp<T, T, detail::Identity>{});
+      } else {
+        detail::reduceKernel<T, int64_t>(p, out.data<int64_t>(), detail::SumOp<T, int64_t, detail::Identity>{});
+      }
+    });
+  }
   Shape inShape = a.sizes(), kept = p.keptShape;
   autograd::record("sum", {a}, {out}, {}, [inShape, kept](Ctx&, const GradList& g) -> GradList {
     return {g[0].reshape(kept).expand(inShape)};
@@ -338,10 +357,14 @@ Tensor mean(const Tensor& a, const Shape& dims, bool keepdim) {
   const int64_t count = p.reduced;
   // An empty reduction divides 0 by 0: NaN, as in PyTorch.
   const double scale = count == 0 ? std::numeric_limits<double>::quiet_NaN() : 1.0 / static_cast<double>(count);
-  Tensor out = empty(p.outShape, {.dtype = a.dtype()});
-  COHORT_DISPATCH_FLOAT(a.dtype(), "mean", [&]<typename T>() {
-    detail::reduceKernel<T, T>(p, out.data<T>(), detail::SumOp<T, T, detail::Identity>{{}, scale});
-  });
+  Tensor out = empty(p.outShape, {.dtype = a.dtype(), .device = a.device()});
+  if (!a.device().isCpu()) {
+    dispatch::kernel<detail::PlannedReduceKernel>("mean", a.device())(out, p.src, p.outer, p.reduced, p.inner, scale);
+  } else {
+    COHORT_DISPATCH_FLOAT(a.dtype(), "mean", [&]<typename T>() {
+      detail::reduceKernel<T, T>(p, out.data<T>(), detail::SumOp<T, T, detail::Identity>{{}, scale});
+    });
+  }
   Shape inShape = a.sizes(), kept = p.keptShape;
   autograd::record("mean", {a}, {out}, {}, [inShape, kept, count](Ctx&, const GradList& g) -> GradList {
     return {(g[0] / static_cast<double>(count)).reshape(kept).expand(inShape)};
@@ -375,10 +398,14 @@ template <bool IsMax>
 Tensor extreme(const Tensor& a, const Shape& dims, bool keepdim, const char* op) {
   detail::ReducePlan p = detail::planReduce(a, dims, keepdim, op);
   detail::requireNonEmptyReduction(p, a, dims, op);
-  Tensor out = empty(p.outShape, {.dtype = a.dtype()});
-  COHORT_DISPATCH(a.dtype(), op, [&]<typename T>() {
-    detail::reduceKernel<T, T>(p, out.data<T>(), detail::ExtremeOp<T, IsMax, detail::Identity>{});
-  });
+  Tensor out = empty(p.outShape, {.dtype = a.dtype(), .device = a.device()});
+  if (!a.device().isCpu()) {
+    dispatch::kernel<detail::PlannedReduceKernel>(op, a.device())(out, p.src, p.outer, p.reduced, p.inner, 0.0);
+  } else {
+    COHORT_DISPATCH(a.dtype(), op, [&]<typename T>() {
+      detail::reduceKernel<T, T>(p, out.data<T>(), detail::ExtremeOp<T, IsMax, detail::Identity>{});
+    });
+  }
   Shape kept = p.keptShape, rdims = dims;
   autograd::record(op, {a}, {out}, {a, out}, [kept, rdims](Ctx& ctx, const GradList& g) -> GradList {
     // Ties share the gradient evenly, as torch.amax does.
@@ -508,15 +535,20 @@ Tensor varStd(const Tensor& a, const Shape& dims, int64_t correction, bool keepd
         fmt::format("{}: correction must be >= 0, got {} (input shape {})", op, correction, shapeStr(a.sizes())));
   // Like PyTorch: divide by max(0, N - correction); too few elements give inf or NaN.
   const double divisor = static_cast<double>(std::max<int64_t>(0, p.reduced - correction));
-  Tensor out = empty(p.outShape, {.dtype = a.dtype()});
-  COHORT_DISPATCH_FLOAT(a.dtype(), op, [&]<typename T>() {
-    if (p.outer * p.inner == 0) return;
-    if constexpr (std::is_same_v<T, float> || detail::kIsHalf<T>) {
-      if (p.inner == 1 && p.reduced >= 2 * detail::kLanes)
-        return varRows<T>(static_cast<const T*>(p.src.dataPtr()), p.outer, p.reduced, out.data<T>(), divisor, takeSqrt);
-    }
-    varKernel<T>(p, out.data<T>(), divisor, takeSqrt);
-  });
+  Tensor out = empty(p.outShape, {.dtype = a.dtype(), .device = a.device()});
+  if (!a.device().isCpu()) {
+    dispatch::kernel<detail::PlannedReduceKernel>(op, a.device())(out, p.src, p.outer, p.reduced, p.inner, divisor);
+  } else {
+    COHORT_DISPATCH_FLOAT(a.dtype(), op, [&]<typename T>() {
+      if (p.outer * p.inner == 0) return;
+      if constexpr (std::is_same_v<T, float> || detail::kIsHalf<T>) {
+        if (p.inner == 1 && p.reduced >= 2 * detail::kLanes)
+          return varRows<T>(static_cast<const T*>(p.src.dataPtr()), p.outer, p.reduced, out.data<T>(), divisor,
+                            takeSqrt);
+      }
+      varKernel<T>(p, out.data<T>(), divisor, takeSqrt);
+    });
+  }
   Shape kept = p.keptShape, rdims = dims;
   autograd::record(op, {a}, {out}, {a, out}, [kept, rdims, divisor, takeSqrt](Ctx& ctx, const GradList& g) -> GradList {
     Tensor x = ctx.saved(0);
@@ -525,16 +557,17 @@ Tensor varStd(const Tensor& a, const Shape& dims, int64_t correction, bool keepd
     if (takeSqrt) {
       // d std = d var / (2 std); a zero std gives a zero gradient, as in PyTorch.
       Tensor s = ctx.saved(1).reshape(kept);
-      gk = detail::map2(gk, s, "std backward", [](auto gv, auto sv) {
+      gk = detail::map2(gk, s, "std backward", detail::ReduceGradMap::StdScale, 0.0, [](auto gv, auto sv) {
         using V = decltype(gv);
         return sv == V(0) ? V(0) : gv / (V(2) * sv);
       });
     }
     const double scale = 2.0 / divisor;
-    return {detail::map3(x, mu, gk, "var backward", [scale](auto xv, auto mv, auto gv) {
-      using V = decltype(xv);
-      return static_cast<V>(scale) * (xv - mv) * gv;
-    })};
+    return {
+        detail::map3(x, mu, gk, "var backward", detail::ReduceGradMap::Var, scale, [scale](auto xv, auto mv, auto gv) {
+          using V = decltype(xv);
+          return static_cast<V>(scale) * (xv - mv) * gv;
+        })};
   });
   return out;
 }
@@ -598,38 +631,43 @@ Tensor norm(const Tensor& a, double p, const Shape& dims, bool keepdim) {
   const bool isInf = std::isinf(p);
   // inf-norms of an empty set: torch gives 0 for +inf; -inf has no identity.
   if (isInf && p < 0) detail::requireNonEmptyReduction(plan, a, dims, "norm");
-  Tensor out = empty(plan.outShape, {.dtype = a.dtype()});
-  COHORT_DISPATCH_FLOAT(a.dtype(), "norm", [&]<typename T>() {
-    T* o = out.data<T>();
-    if (isInf && p > 0) {
-      if (plan.reduced == 0) {
-        for (int64_t k = 0; k < out.numel(); ++k) o[k] = T(0.0f);
+  Tensor out = empty(plan.outShape, {.dtype = a.dtype(), .device = a.device()});
+  if (!a.device().isCpu()) {
+    dispatch::kernel<detail::PlannedReduceKernel>("norm", a.device())(out, plan.src, plan.outer, plan.reduced,
+                                                                      plan.inner, p);
+  } else {
+    COHORT_DISPATCH_FLOAT(a.dtype(), "norm", [&]<typename T>() {
+      T* o = out.data<T>();
+      if (isInf && p > 0) {
+        if (plan.reduced == 0) {
+          for (int64_t k = 0; k < out.numel(); ++k) o[k] = T(0.0f);
+        } else {
+          detail::reduceKernel<T, T>(plan, o, detail::ExtremeOp<T, true, AbsMap>{});
+        }
+      } else if (isInf) {
+        detail::reduceKernel<T, T>(plan, o, detail::ExtremeOp<T, false, AbsMap>{});
+      } else if (p == 2) {
+        PowSumOp<T, SquareMap> op;
+        op.root = 0.5;
+        detail::reduceKernel<T, T>(plan, o, op);
+      } else if (p == 1) {
+        detail::reduceKernel<T, T>(plan, o, PowSumOp<T, AbsMap>{});
+      } else if (p == 0) {
+        detail::reduceKernel<T, T>(plan, o, PowSumOp<T, NonZeroMap>{});
       } else {
-        detail::reduceKernel<T, T>(plan, o, detail::ExtremeOp<T, true, AbsMap>{});
+        PowSumOp<T, AbsPowMap> op;
+        op.map = AbsPowMap{p};
+        op.root = 1.0 / p;
+        detail::reduceKernel<T, T>(plan, o, op);
       }
-    } else if (isInf) {
-      detail::reduceKernel<T, T>(plan, o, detail::ExtremeOp<T, false, AbsMap>{});
-    } else if (p == 2) {
-      PowSumOp<T, SquareMap> op;
-      op.root = 0.5;
-      detail::reduceKernel<T, T>(plan, o, op);
-    } else if (p == 1) {
-      detail::reduceKernel<T, T>(plan, o, PowSumOp<T, AbsMap>{});
-    } else if (p == 0) {
-      detail::reduceKernel<T, T>(plan, o, PowSumOp<T, NonZeroMap>{});
-    } else {
-      PowSumOp<T, AbsPowMap> op;
-      op.map = AbsPowMap{p};
-      op.root = 1.0 / p;
-      detail::reduceKernel<T, T>(plan, o, op);
-    }
-  });
+    });
+  }
   Shape kept = plan.keptShape, rdims = dims;
   autograd::record("norm", {a}, {out}, {a, out}, [kept, rdims, p, isInf](Ctx& ctx, const GradList& g) -> GradList {
     Tensor x = ctx.saved(0), n = ctx.saved(1).reshape(kept), gk = g[0].reshape(kept);
     if (isInf) return {detail::evenSplitGrad(x, n, gk, rdims, true)};
     if (p == 0) return {zerosLike(x)};
-    return {detail::map3(x, n, gk, "norm backward", [p](auto xv, auto nv, auto gv) {
+    return {detail::map3(x, n, gk, "norm backward", detail::ReduceGradMap::Norm, p, [p](auto xv, auto nv, auto gv) {
       using V = decltype(xv);
       V sgn = xv > V(0) ? V(1) : (xv < V(0) ? V(-1) : V(0));
       if (p == 1) return sgn * gv;

@@ -7,7 +7,9 @@
 #include <type_traits>
 
 #include <cohort/core/autograd/function.h>
+#include <cohort/core/ops/detail/reduce_dispatch.h>
 #include <cohort/core/ops/detail/reduce_impl.h>
+#include <cohort/core/ops/dispatch.h>
 #include <cohort/core/tensor/iter.h>
 
 namespace cohort {
@@ -149,11 +151,16 @@ template <bool IsMax>
 std::pair<Tensor, Tensor> extremeDim(const Tensor& a, int64_t dim, bool keepdim, bool wantValues, const char* op) {
   detail::ReducePlan p = detail::planReduce(a, {dim}, keepdim, op);
   detail::requireNonEmptyReduction(p, a, {dim}, op);
-  Tensor values = wantValues ? empty(p.outShape, {.dtype = a.dtype()}) : Tensor();
-  Tensor indices = empty(p.outShape, {.dtype = DType::Int64});
-  COHORT_DISPATCH(a.dtype(), op, [&]<typename T>() {
-    if (p.outer * p.inner > 0) argKernel<T, IsMax>(p, wantValues ? values.data<T>() : nullptr, indices.data<int64_t>());
-  });
+  Tensor values = wantValues ? empty(p.outShape, {.dtype = a.dtype(), .device = a.device()}) : Tensor();
+  Tensor indices = empty(p.outShape, {.dtype = DType::Int64, .device = a.device()});
+  if (!a.device().isCpu()) {
+    dispatch::kernel<detail::ArgReduceKernel>(op, a.device())(values, indices, p.src, p.outer, p.reduced, p.inner);
+  } else {
+    COHORT_DISPATCH(a.dtype(), op, [&]<typename T>() {
+      if (p.outer * p.inner > 0)
+        argKernel<T, IsMax>(p, wantValues ? values.data<T>() : nullptr, indices.data<int64_t>());
+    });
+  }
   if (wantValues) {
     Shape inShape = a.sizes(), kept = p.keptShape;
     int64_t R = p.reduced, I = p.inner;
@@ -161,6 +168,11 @@ std::pair<Tensor, Tensor> extremeDim(const Tensor& a, int64_t dim, bool keepdim,
       // The whole gradient goes to the returned index.
       Tensor idx = ctx.saved(0).contiguous();
       Tensor gc = g[0].contiguous();
+      if (!gc.device().isCpu()) {
+        Tensor grad = empty(inShape, {.dtype = gc.dtype(), .device = gc.device()});
+        dispatch::kernel<detail::ArgScatterKernel>("max backward", gc.device())(grad, idx, gc, R, I);
+        return {grad};
+      }
       Tensor grad = zeros(inShape, {.dtype = gc.dtype()});
       const int64_t n = idx.numel();
       const int64_t* ip = idx.data<int64_t>();

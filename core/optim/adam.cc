@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include <cohort/core/ops/ops.h>
+#include <cohort/core/optim/detail/fused_step.h>
 
 namespace cohort::optim {
 
@@ -51,58 +52,46 @@ void Adam::checkOptions(const GroupOptions& o) const {
 
 namespace {
 
-struct AdamScalars {
-  double decay;  // AdamW: 1 - lr * wd
-  double wd;     // Adam: coupled weight decay
-  double beta1, oneMinusBeta1, beta2, oneMinusBeta2;
-  double bc2Sqrt;  // sqrt(1 - beta2^step)
-  double eps;
-  double negStepSize;  // -lr / (1 - beta1^step)
-};
+using detail::AdamScalars;
+using detail::HostMath;
 
-// One fused pass over contiguous tensors, in torch's operation order (see adam.h).
+// One fused pass over contiguous tensors, in torch's operation order (see adam.h), with the
+// arithmetic of detail/update_math.h (the CUDA kernel's: bit-identical results).
 template <typename T, bool kDecoupled, bool kAmsgrad>
 void adamKernel(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v, T* __restrict vmax, int64_t n,
-                const AdamScalars& s, bool maximize) {
+                const AdamScalars& s) {
   using A = Acc<T>;
   const A decay = static_cast<A>(s.decay), wd = static_cast<A>(s.wd);
   const A b1 = static_cast<A>(s.beta1), omb1 = static_cast<A>(s.oneMinusBeta1);
   const A b2 = static_cast<A>(s.beta2), omb2 = static_cast<A>(s.oneMinusBeta2);
   const A bc2 = static_cast<A>(s.bc2Sqrt), eps = static_cast<A>(s.eps), negStep = static_cast<A>(s.negStepSize);
-  const A sign = maximize ? A(-1) : A(1);
+  const A sign = s.maximize ? A(-1) : A(1);
   for (int64_t i = 0; i < n; ++i) {
-    A pv = static_cast<A>(p[i]);
-    A gv = sign * static_cast<A>(g[i]);
-    if constexpr (kDecoupled) {
-      pv = pv * decay;
-    } else {
-      gv = gv + wd * pv;
-    }
-    A mv = static_cast<A>(m[i]) * b1 + omb1 * gv;
-    A vv = static_cast<A>(v[i]) * b2 + omb2 * gv * gv;
+    const A pv = static_cast<A>(p[i]);
+    const A gv = detail::adamGrad<HostMath>(static_cast<A>(g[i]), pv, sign, wd, kDecoupled);
+    const A mv = detail::adamExpAvg<HostMath>(static_cast<A>(m[i]), gv, b1, omb1);
+    const A vv = detail::adamExpAvgSq<HostMath>(static_cast<A>(v[i]), gv, b2, omb2);
     m[i] = static_cast<T>(mv);
     v[i] = static_cast<T>(vv);
     A denomSrc = vv;
     if constexpr (kAmsgrad) {
-      A mx = static_cast<A>(vmax[i]);
-      mx = mx > vv ? mx : vv;
+      const A mx = detail::adamMax(static_cast<A>(vmax[i]), vv);
       vmax[i] = static_cast<T>(mx);
       denomSrc = mx;
     }
-    A denom = std::sqrt(denomSrc) / bc2 + eps;
-    p[i] = static_cast<T>(pv + negStep * mv / denom);
+    const A denom = detail::adamDenom<HostMath>(denomSrc, bc2, eps);
+    p[i] = static_cast<T>(detail::adamApply<HostMath>(pv, mv, denom, negStep, decay, kDecoupled));
   }
 }
 
 template <typename T>
-void adamDispatch(bool decoupled, bool amsgrad, T* p, const T* g, T* m, T* v, T* vmax, int64_t n, const AdamScalars& s,
-                  bool maximize) {
-  if (decoupled) {
-    if (amsgrad) adamKernel<T, true, true>(p, g, m, v, vmax, n, s, maximize);
-    else adamKernel<T, true, false>(p, g, m, v, vmax, n, s, maximize);
+void adamDispatch(T* p, const T* g, T* m, T* v, T* vmax, int64_t n, const AdamScalars& s) {
+  if (s.decoupled) {
+    if (s.amsgrad) adamKernel<T, true, true>(p, g, m, v, vmax, n, s);
+    else adamKernel<T, true, false>(p, g, m, v, vmax, n, s);
   } else {
-    if (amsgrad) adamKernel<T, false, true>(p, g, m, v, vmax, n, s, maximize);
-    else adamKernel<T, false, false>(p, g, m, v, vmax, n, s, maximize);
+    if (s.amsgrad) adamKernel<T, false, true>(p, g, m, v, vmax, n, s);
+    else adamKernel<T, false, false>(p, g, m, v, vmax, n, s);
   }
 }
 
@@ -113,6 +102,7 @@ Tensor& stateTensor(ParamState& st, const char* key, const Tensor& param, const 
     if (t.sizes() != param.sizes())
       throw ValueError(fmt::format("{}: state '{}' has shape {}, the parameter {}", op, key, shapeStr(t.sizes()),
                                    shapeStr(param.sizes())));
+    if (t.device() != param.device()) t = t.to(param.device());  // e.g. state loaded on the CPU
     if (t.dtype() != param.dtype() || !t.isContiguous()) t = t.to(param.dtype()).contiguous();  // e.g. after Module::to
     return t;
   }
@@ -148,10 +138,17 @@ void Adam::stepGroup(ParamGroup& group) {
     s.bc2Sqrt = std::sqrt(bc2);
     s.eps = eps;
     s.negStepSize = -(lr / bc1);
-    COHORT_DISPATCH_FLOAT(param.dtype(), op, [&]<typename T>() {
-      adamDispatch<T>(decoupled_, amsgrad, p.data<T>(), g.data<T>(), m.data<T>(), v.data<T>(),
-                      vmax.defined() ? vmax.data<T>() : nullptr, p.numel(), s, maximize);
-    });
+    s.decoupled = decoupled_;
+    s.amsgrad = amsgrad;
+    s.maximize = maximize;
+    if (!param.device().isCpu()) {
+      dispatch::kernel<detail::AdamStepKernel>(op, param.device())(p, g, m, v, vmax, s);
+    } else {
+      COHORT_DISPATCH_FLOAT(param.dtype(), op, [&]<typename T>() {
+        adamDispatch<T>(p.data<T>(), g.data<T>(), m.data<T>(), v.data<T>(), vmax.defined() ? vmax.data<T>() : nullptr,
+                        p.numel(), s);
+      });
+    }
     if (!p.isSameAs(param)) param.copy_(p);
     param.bumpVersion();
   }

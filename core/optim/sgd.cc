@@ -1,6 +1,7 @@
 #include <cohort/core/optim/sgd.h>
 
 #include <cohort/core/ops/ops.h>
+#include <cohort/core/optim/detail/fused_step.h>
 
 namespace cohort::optim {
 
@@ -35,30 +36,32 @@ void SGD::checkOptions(const GroupOptions& o) const {
 
 namespace {
 
-// One fused pass over a contiguous parameter; T is the storage type, A the compute type.
+using detail::HostMath;
+
+// One fused pass over a contiguous parameter; T is the storage type, A the compute type. The
+// arithmetic is detail/update_math.h's, as in the CUDA kernel (bit-identical results).
 template <typename T>
-void sgdKernel(T* p, const T* g, T* buf, int64_t n, double lrD, double momD, double dampD, double wdD, bool nesterov,
-               bool maximize, bool firstStep) {
+void sgdKernel(T* p, const T* g, T* buf, int64_t n, const detail::SgdScalars& s) {
   using A = Acc<T>;
-  const A negLr = static_cast<A>(-lrD), wd = static_cast<A>(wdD), mom = static_cast<A>(momD);
-  const A damp = static_cast<A>(1.0 - dampD);
-  const A sign = maximize ? A(-1) : A(1);
+  const A negLr = static_cast<A>(-s.lr), wd = static_cast<A>(s.weightDecay), mom = static_cast<A>(s.momentum);
+  const A damp = static_cast<A>(1.0 - s.dampening);
+  const A sign = s.maximize ? A(-1) : A(1);
   if (buf == nullptr) {
     for (int64_t i = 0; i < n; ++i) {
       A pv = static_cast<A>(p[i]);
-      A d = sign * static_cast<A>(g[i]) + wd * pv;
-      p[i] = static_cast<T>(pv + negLr * d);
+      A d = detail::sgdDirection<HostMath>(static_cast<A>(g[i]), pv, sign, wd);
+      p[i] = static_cast<T>(detail::sgdApply<HostMath>(pv, negLr, d));
     }
     return;
   }
   for (int64_t i = 0; i < n; ++i) {
     A pv = static_cast<A>(p[i]);
-    A d = sign * static_cast<A>(g[i]) + wd * pv;
-    A b = firstStep ? d : static_cast<A>(buf[i]) * mom + damp * d;
+    A d = detail::sgdDirection<HostMath>(static_cast<A>(g[i]), pv, sign, wd);
+    A b = s.firstStep ? d : detail::sgdBuffer<HostMath>(static_cast<A>(buf[i]), d, mom, damp);
     buf[i] = static_cast<T>(b);
     b = static_cast<A>(static_cast<T>(b));  // torch keeps buf in T and reads it back
-    A upd = nesterov ? d + mom * b : b;
-    p[i] = static_cast<T>(pv + negLr * upd);
+    A upd = s.nesterov ? detail::sgdNesterov<HostMath>(d, b, mom) : b;
+    p[i] = static_cast<T>(detail::sgdApply<HostMath>(pv, negLr, upd));
   }
 }
 
@@ -87,15 +90,26 @@ void SGD::stepGroup(ParamGroup& group) {
         if (b.sizes() != param.sizes())
           throw ValueError(fmt::format("SGD.step: momentum buffer of shape {} for a parameter of shape {}",
                                        shapeStr(b.sizes()), shapeStr(param.sizes())));
+        if (b.device() != param.device()) b = b.to(param.device());  // e.g. state loaded on the CPU
         if (b.dtype() != param.dtype() || !b.isContiguous()) b = b.to(param.dtype()).contiguous();
         buf = b;
       }
     }
     ++st.step;
-    COHORT_DISPATCH_FLOAT(param.dtype(), "SGD.step", [&]<typename T>() {
-      sgdKernel<T>(p.data<T>(), g.data<T>(), buf.defined() ? buf.data<T>() : nullptr, p.numel(), lr, momentum,
-                   dampening, wd, nesterov, maximize, first);
-    });
+    const detail::SgdScalars s{.lr = lr,
+                               .momentum = momentum,
+                               .dampening = dampening,
+                               .weightDecay = wd,
+                               .nesterov = nesterov,
+                               .maximize = maximize,
+                               .firstStep = first};
+    if (!param.device().isCpu()) {
+      dispatch::kernel<detail::SgdStepKernel>("SGD.step", param.device())(p, g, buf, s);
+    } else {
+      COHORT_DISPATCH_FLOAT(param.dtype(), "SGD.step", [&]<typename T>() {
+        sgdKernel<T>(p.data<T>(), g.data<T>(), buf.defined() ? buf.data<T>() : nullptr, p.numel(), s);
+      });
+    }
     if (!p.isSameAs(param)) param.copy_(p);
     param.bumpVersion();
   }

@@ -19,6 +19,15 @@ Tensor finish(Tensor t, const TensorOptions& opts) {
   return t;
 }
 
+// Factories that compute their values element by element (ranges, identity, random draws) build
+// them on the host and move them: a device tensor gets exactly the CPU's values, random streams
+// included, at the cost of one copy (these run at initialisation, or on small index tensors).
+TensorOptions hostOptions(TensorOptions opts) {
+  opts.device = Device::cpu();
+  opts.requiresGrad = false;
+  return opts;
+}
+
 }  // namespace
 
 Tensor empty(const Shape& shape, TensorOptions opts) {
@@ -54,6 +63,7 @@ Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions opts) {
   if (st == 0) throw ValueError("arange: step must be nonzero");
   if ((e - s) / st < 0)
     throw ValueError(fmt::format("arange: upper bound {} and lower bound {} are inconsistent with step {}", e, s, st));
+  if (!opts.device.isCpu()) return finish(arange(start, end, step, hostOptions(opts)).to(opts.device), opts);
   int64_t n = static_cast<int64_t>(std::ceil((e - s) / st));
   Tensor t = empty({n}, {.dtype = opts.dtype, .device = opts.device});
   COHORT_DISPATCH(opts.dtype, "arange", [&]<typename T>() {
@@ -65,6 +75,7 @@ Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions opts) {
 
 Tensor linspace(double start, double end, int64_t steps, TensorOptions opts) {
   if (steps < 0) throw ValueError(fmt::format("linspace: number of steps must be non-negative, got {}", steps));
+  if (!opts.device.isCpu()) return finish(linspace(start, end, steps, hostOptions(opts)).to(opts.device), opts);
   Tensor t = empty({steps}, {.dtype = opts.dtype, .device = opts.device});
   double step = steps > 1 ? (end - start) / static_cast<double>(steps - 1) : 0.0;
   COHORT_DISPATCH(opts.dtype, "linspace", [&]<typename T>() {
@@ -83,6 +94,7 @@ Tensor linspace(double start, double end, int64_t steps, TensorOptions opts) {
 Tensor eye(int64_t n, int64_t m, TensorOptions opts) {
   if (m < 0) m = n;
   if (n < 0) throw ValueError(fmt::format("eye: n must be non-negative, got {}", n));
+  if (!opts.device.isCpu()) return finish(eye(n, m, hostOptions(opts)).to(opts.device), opts);
   bool rg = opts.requiresGrad;
   opts.requiresGrad = false;
   Tensor t = zeros({n, m}, opts);
@@ -100,6 +112,7 @@ Tensor fromVector(const std::vector<T>& values, const Shape& shape, TensorOption
   if (shapeNumel(s) != static_cast<int64_t>(values.size()))
     throw ValueError(fmt::format("fromVector: {} values do not fill shape {} ({} elements)", values.size(), shapeStr(s),
                                  shapeNumel(s)));
+  if (!opts.device.isCpu()) return finish(fromVector(values, s, hostOptions(opts)).to(opts.device), opts);
   bool rg = opts.requiresGrad;
   opts.requiresGrad = false;
   Tensor t = empty(s, opts);
@@ -185,10 +198,10 @@ Tensor& fillRandom(Tensor& t, Generator* gen, const char* op, Fill&& fill) {
     throw ValueError(fmt::format("{}: expected a floating-point tensor, got {}", op, t.dtype()));
   autograd::checkInplace(op, t);
   Generator& g = gen ? *gen : defaultGenerator();
-  if (t.isContiguous()) {
+  if (t.isContiguous() && t.device().isCpu()) {
     fill(t, g);
     t.bumpVersion();
-  } else {
+  } else {  // drawn on the host (device tensors get the CPU's stream), then copied in
     Tensor tmp = empty(t.sizes(), {.dtype = t.dtype()});
     fill(tmp, g);
     t.copy_(tmp);
@@ -219,6 +232,7 @@ Tensor randn(const Shape& shape, TensorOptions opts, Generator* gen) {
 
 Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts, Generator* gen) {
   if (high <= low) throw ValueError(fmt::format("randint: high ({}) must be greater than low ({})", high, low));
+  if (!opts.device.isCpu()) return randint(low, high, shape, hostOptions(opts), gen).to(opts.device);
   Tensor t = empty(shape, {.dtype = opts.dtype, .device = opts.device});
   Generator& g = gen ? *gen : defaultGenerator();
   int64_t n = t.numel();

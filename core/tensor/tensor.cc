@@ -178,11 +178,13 @@ void Tensor::requireScalar() const {
   if (numel() != 1)
     throw ValueError(fmt::format("item: a tensor with {} elements (shape {}) cannot be converted to a scalar", numel(),
                                  shapeStr(sizes())));
-  COHORT_CHECK_T(NotSupportedError, device().isCpu(), "item: tensor is on {}; move it to cpu first", device());
 }
 
+// On a device the element is copied to the host first (the copy waits for the work queued on the
+// tensor's stream, so the value is the one computed).
 double Tensor::itemDouble() const {
   requireScalar();
+  if (!device().isCpu()) return detach().to(Device::cpu()).itemDouble();
   return COHORT_DISPATCH(dtype(), "item", [&]<typename T>() -> double {
     return static_cast<double>(static_cast<Acc<T>>(*static_cast<const T*>(dataPtr())));
   });
@@ -190,6 +192,7 @@ double Tensor::itemDouble() const {
 
 int64_t Tensor::itemInt64() const {
   requireScalar();
+  if (!device().isCpu()) return detach().to(Device::cpu()).itemInt64();
   return COHORT_DISPATCH(dtype(), "item", [&]<typename T>() -> int64_t {
     const auto v = static_cast<Acc<T>>(*static_cast<const T*>(dataPtr()));
     if constexpr (std::is_floating_point_v<decltype(v)>) {
@@ -204,7 +207,7 @@ int64_t Tensor::itemInt64() const {
 template <typename T>
 std::vector<T> Tensor::toVector() const {
   requireDefined("toVector");
-  Tensor c = contiguous();
+  Tensor c = device().isCpu() ? contiguous() : detach().to(Device::cpu());
   std::vector<T> out(static_cast<size_t>(c.numel()));
   COHORT_DISPATCH(c.dtype(), "toVector", [&]<typename S>() {
     const S* p = static_cast<const S*>(c.dataPtr());

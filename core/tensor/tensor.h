@@ -246,7 +246,7 @@ class Tensor {
 
  private:
   void requireDefined(const char* what) const;
-  void requireScalar() const;  // item's checks: defined, one element, on the CPU
+  void requireScalar() const;  // item's checks: defined, one element
   std::shared_ptr<TensorImpl> impl_;
 };
 

@@ -3,6 +3,7 @@
 #include <numeric>
 
 #include <cohort/core/autograd/function.h>
+#include <cohort/core/ops/detail/elementwise_dispatch.h>
 #include <cohort/core/ops/ops.h>
 #include <cohort/core/tensor/iter.h>
 
@@ -155,7 +156,7 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
   Shape orig = sizes();
   DType dt = dtype();
   autograd::record("slice", {*this}, {out}, {}, [orig, dt, d, start, end, step](Ctx&, const GradList& g) -> GradList {
-    Tensor gi = zeros(orig, {.dtype = dt});
+    Tensor gi = zeros(orig, {.dtype = dt, .device = g[0].device()});
     gi.slice(d, start, end, step).copy_(g[0]);
     return {gi};
   });
@@ -190,7 +191,7 @@ Tensor Tensor::select(int64_t d, int64_t index) const {
   Shape orig = sizes();
   DType dt = dtype();
   autograd::record("select", {*this}, {out}, {}, [orig, dt, d, index](Ctx&, const GradList& g) -> GradList {
-    Tensor gi = zeros(orig, {.dtype = dt});
+    Tensor gi = zeros(orig, {.dtype = dt, .device = g[0].device()});
     gi.select(d, index).copy_(g[0]);
     return {gi};
   });
@@ -340,28 +341,31 @@ Tensor Tensor::asStrided(const Shape& sz, const Shape& st, int64_t offset) const
 Tensor& Tensor::copy_(const Tensor& src) {
   requireDefined("copy_");
   src.requireDefined("copy_ (source)");
-  if (!device().isCpu() || !src.device().isCpu())
-    throw NotSupportedError(
-        fmt::format("copy_: copies between {} and {} are not supported in this build", src.device(), device()));
   broadcastShapes(src.sizes(), sizes(), "copy_");
   if (broadcastShapes(src.sizes(), sizes(), "copy_") != sizes())
     throw ValueError(fmt::format("copy_: source of shape {} does not broadcast to destination shape {}",
                                  shapeStr(src.sizes()), shapeStr(sizes())));
   {
     autograd::NoGradGuard ng;
+    // From another device: the source, made contiguous on its own device, moves whole (the
+    // runtime's copy), then converts and broadcasts on this one.
+    Tensor from = src;
+    if (src.device() != device()) from = src.detach().contiguous().to(device());
     // Fast path: same dtype, both contiguous, same shape.
-    const bool flat = src.isContiguous() && isContiguous() && src.sizes() == sizes();
-    if (src.dtype() == dtype() && flat) {
-      if (numel() > 0 && dataPtr() != src.dataPtr()) std::memcpy(dataPtr(), src.dataPtr(), nbytes());
-    } else if (flat && src.dtype() == DType::Float32 && dtype() == DType::Float16) {
+    const bool flat = from.isContiguous() && isContiguous() && from.sizes() == sizes();
+    if (!device().isCpu()) {
+      dispatch::kernel<dispatch::CopyKernel>("copy_", device())(*this, from);
+    } else if (from.dtype() == dtype() && flat) {
+      if (numel() > 0 && dataPtr() != from.dataPtr()) std::memcpy(dataPtr(), from.dataPtr(), nbytes());
+    } else if (flat && from.dtype() == DType::Float32 && dtype() == DType::Float16) {
       // Vectorized float <-> half (F16C), bit-identical to the per-element conversion below.
-      floatToHalfN(src.data<float>(), data<Half>(), numel());
-    } else if (flat && src.dtype() == DType::Float16 && dtype() == DType::Float32) {
-      halfToFloatN(src.data<Half>(), data<float>(), numel());
+      floatToHalfN(from.data<float>(), data<Half>(), numel());
+    } else if (flat && from.dtype() == DType::Float16 && dtype() == DType::Float32) {
+      halfToFloatN(from.data<Half>(), data<float>(), numel());
     } else {
       COHORT_DISPATCH(dtype(), "copy_", [&]<typename D>() {
-        COHORT_DISPATCH(src.dtype(), "copy_", [&]<typename S>() {
-          detail::mapKernel<D, S, 1>(*this, {src}, [](Acc<S> v) {
+        COHORT_DISPATCH(from.dtype(), "copy_", [&]<typename S>() {
+          detail::mapKernel<D, S, 1>(*this, {from}, [](Acc<S> v) {
             if constexpr (std::is_same_v<D, bool>) return v != Acc<S>(0);
             else return static_cast<Acc<D>>(v);
           });
@@ -371,15 +375,23 @@ Tensor& Tensor::copy_(const Tensor& src) {
   }
   Shape srcShape = src.sizes();
   DType srcType = src.dtype();
-  autograd::recordInplace("copy_", *this, {src}, {}, [srcShape, srcType](Ctx&, const GradList& g) -> GradList {
-    return {Tensor(), g[0]};
-  });
+  Device srcDevice = src.device();
+  autograd::recordInplace("copy_", *this, {src}, {},
+                          [srcShape, srcType, srcDevice](Ctx&, const GradList& g) -> GradList {
+                            // The source's gradient lives on the source's device.
+                            return {Tensor(), g[0].device() == srcDevice ? g[0] : g[0].to(srcDevice)};
+                          });
   return *this;
 }
 
 Tensor& Tensor::fill_(Scalar v) {
   requireDefined("fill_");
   autograd::checkInplace("fill_", *this);
+  if (!device().isCpu()) {
+    dispatch::kernel<dispatch::FillKernel>("fill_", device())(*this, v);
+    autograd::recordInplace("fill_", *this, {}, {}, [](Ctx&, const GradList&) -> GradList { return {Tensor()}; });
+    return *this;
+  }
   COHORT_DISPATCH(dtype(), "fill_", [&]<typename T>() {
     T value = static_cast<T>(v.to<Acc<T>>());
     if (numel() == 0) return;
@@ -435,9 +447,7 @@ Tensor Tensor::to(DType dt) const {
 Tensor Tensor::to(Device d) const {
   requireDefined("to");
   if (d == device()) return *this;
-  Tensor src = device().isCpu() ? contiguous() : *this;
-  COHORT_CHECK_T(NotSupportedError, src.isContiguous(), "to: non-contiguous tensors on {} cannot be copied yet",
-                 device());
+  Tensor src = detach().contiguous();                            // on a device, copy_'s kernel gathers it
   Tensor out = empty(sizes(), {.dtype = dtype(), .device = d});  // throws the clear "no CUDA" errors
   DeviceType rtType = d.isCpu() ? device().type() : d.type();
   DeviceRuntime* rt = deviceRuntime(rtType);

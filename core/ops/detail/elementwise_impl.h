@@ -3,9 +3,14 @@
  * promoted dtype and broadcast shape, convert inputs to the compute dtype, dispatch on dtype and
  * run the functor through detail::mapKernel. Functors receive Acc<T> values (float for half
  * types) and are generic lambdas (`[](auto x, auto y) { return x + y; }`).
+ *
+ * Tensors on other devices run the kernel registered for the device under the op name passed here
+ * (dispatch.h), with the output allocated and the inputs converted as for the CPU: so each name
+ * must stand for one functor (gelu's two forms are "gelu" and "gelu_tanh").
  */
 #pragma once
 
+#include <cohort/core/ops/detail/elementwise_dispatch.h>
 #include <cohort/core/ops/ops.h>
 #include <cohort/core/tensor/iter.h>
 
@@ -30,6 +35,10 @@ Tensor binaryOp(const Tensor& a, const Tensor& b, const char* op, F&& f, int64_t
   Tensor out = empty(shape, {.dtype = dt, .device = a.device()});
   Tensor ac = a.dtype() == dt ? a : a.detach().to(dt);
   Tensor bc = b.dtype() == dt ? b : b.detach().to(dt);
+  if (!out.device().isCpu()) {
+    dispatch::kernel<dispatch::BinaryKernel>(op, out.device())(out, ac, bc);
+    return out;
+  }
   COHORT_DISPATCH(dt, op, [&]<typename T>() { mapKernel<T, T, 2>(out, {ac, bc}, f, parallelGrain); });
   return out;
 }
@@ -44,6 +53,10 @@ Tensor binaryOpWithScalar(const Tensor& a, const Tensor& b, Scalar s, const char
   Tensor out = empty(shape, {.dtype = dt, .device = a.device()});
   Tensor ac = a.dtype() == dt ? a : a.detach().to(dt);
   Tensor bc = b.dtype() == dt ? b : b.detach().to(dt);
+  if (!out.device().isCpu()) {
+    dispatch::kernel<dispatch::BinaryScalarKernel>(op, out.device())(out, ac, bc, s);
+    return out;
+  }
   COHORT_DISPATCH(dt, op, [&]<typename T>() {
     const Acc<T> sv = s.to<Acc<T>>();
     mapKernel<T, T, 2>(out, {ac, bc}, [&](Acc<T> x, Acc<T> y) COHORT_KERNEL_FN { return f(x, y, sv); });
@@ -58,6 +71,10 @@ Tensor scalarOp(const Tensor& a, Scalar s, const char* op, F&& f) {
   DType dt = scalarResultType(a, s);
   Tensor out = empty(a.sizes(), {.dtype = dt, .device = a.device()});
   Tensor ac = a.dtype() == dt ? a : a.detach().to(dt);
+  if (!out.device().isCpu()) {
+    dispatch::kernel<dispatch::ScalarKernel>(op, out.device())(out, ac, s);
+    return out;
+  }
   COHORT_DISPATCH(dt, op, [&]<typename T>() {
     const Acc<T> sv = s.to<Acc<T>>();
     mapKernel<T, T, 1>(out, {ac}, [&](Acc<T> x) COHORT_KERNEL_FN { return f(x, sv); });
@@ -69,6 +86,10 @@ template <typename F>
 Tensor unaryOp(const Tensor& a, const char* op, F&& f) {
   if (!a.defined()) throw ValueError(fmt::format("{}: the input tensor is undefined", op));
   Tensor out = empty(a.sizes(), {.dtype = a.dtype(), .device = a.device()});
+  if (!out.device().isCpu()) {
+    dispatch::kernel<dispatch::UnaryKernel>(op, out.device())(out, a);
+    return out;
+  }
   COHORT_DISPATCH(a.dtype(), op, [&]<typename T>() { mapKernel<T, T, 1>(out, {a}, f); });
   return out;
 }
@@ -81,6 +102,10 @@ Tensor unaryFloatOp(const Tensor& a, const char* op, F&& f) {
   if (!a.defined()) throw ValueError(fmt::format("{}: the input tensor is undefined", op));
   Tensor x = isFloating(a.dtype()) ? a : a.detach().to(DType::Float32);
   Tensor out = empty(x.sizes(), {.dtype = x.dtype(), .device = x.device()});
+  if (!out.device().isCpu()) {
+    dispatch::kernel<dispatch::UnaryKernel>(op, out.device())(out, x);
+    return out;
+  }
   COHORT_DISPATCH_FLOAT(x.dtype(), op, [&]<typename T>() { mapKernel<T, T, 1>(out, {x}, f, kComputeBoundGrain); });
   return out;
 }
@@ -99,6 +124,10 @@ Tensor compareOp(const Tensor& a, const Tensor& b, const char* op, F&& f) {
   Tensor out = empty(shape, {.dtype = DType::Bool, .device = a.device()});
   Tensor ac = a.dtype() == dt ? a : a.detach().to(dt);
   Tensor bc = b.dtype() == dt ? b : b.detach().to(dt);
+  if (!out.device().isCpu()) {
+    dispatch::kernel<dispatch::BinaryKernel>(op, out.device())(out, ac, bc);
+    return out;
+  }
   COHORT_DISPATCH(dt, op, [&]<typename T>() { mapKernel<bool, T, 2>(out, {ac, bc}, f); });
   return out;
 }
@@ -117,6 +146,10 @@ Tensor ternaryOp(const Tensor& a, const Tensor& b, const Tensor& c, const char* 
   Tensor ac = a.dtype() == dt ? a : a.detach().to(dt);
   Tensor bc = b.dtype() == dt ? b : b.detach().to(dt);
   Tensor cc = c.dtype() == dt ? c : c.detach().to(dt);
+  if (!out.device().isCpu()) {
+    dispatch::kernel<dispatch::TernaryKernel>(op, out.device())(out, ac, bc, cc);
+    return out;
+  }
   COHORT_DISPATCH(dt, op, [&]<typename T>() { mapKernel<T, T, 3>(out, {ac, bc, cc}, f); });
   return out;
 }
@@ -134,6 +167,10 @@ Tensor ternaryFloatOp(const Tensor& a, const Tensor& b, const Tensor& c, const c
   Tensor ac = a.dtype() == dt ? a : a.detach().to(dt);
   Tensor bc = b.dtype() == dt ? b : b.detach().to(dt);
   Tensor cc = c.dtype() == dt ? c : c.detach().to(dt);
+  if (!out.device().isCpu()) {
+    dispatch::kernel<dispatch::TernaryKernel>(op, out.device())(out, ac, bc, cc);
+    return out;
+  }
   COHORT_DISPATCH_FLOAT(dt, op, [&]<typename T>() { mapKernel<T, T, 3>(out, {ac, bc, cc}, f, parallelGrain); });
   return out;
 }
@@ -149,6 +186,10 @@ Tensor binaryFloatOp(const Tensor& a, const Tensor& b, const char* op, F&& f, in
   Tensor out = empty(shape, {.dtype = dt, .device = a.device()});
   Tensor ac = a.dtype() == dt ? a : a.detach().to(dt);
   Tensor bc = b.dtype() == dt ? b : b.detach().to(dt);
+  if (!out.device().isCpu()) {
+    dispatch::kernel<dispatch::BinaryKernel>(op, out.device())(out, ac, bc);
+    return out;
+  }
   COHORT_DISPATCH_FLOAT(dt, op, [&]<typename T>() { mapKernel<T, T, 2>(out, {ac, bc}, f, parallelGrain); });
   return out;
 }

@@ -1,0 +1,67 @@
+// Shared by the CUDA tests: skipping without a GPU, and comparing a CUDA result with the CPU's.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <cohort/cohort.h>
+#include <cohort/core/cuda/cuda.h>
+
+namespace cohort::testing {
+
+#define COHORT_REQUIRE_GPU()                                                                       \
+  do {                                                                                             \
+    if (!::cohort::cuda::isAvailable())                                                            \
+      GTEST_SKIP() << "no CUDA device (this build " << (COHORT_USE_CUDA ? "has" : "has no")        \
+                   << " CUDA): the GPU tests run on a machine with a GPU, see README 'GPU tests'"; \
+  } while (0)
+
+// Every element of `got` (any device) within atol + rtol * |want| of `want` (CPU), shapes and
+// dtypes equal; equal values (infinities included) and NaN against NaN pass. On failure: the
+// count, and the worst element with its flat index and both values.
+inline void expectClose(const Tensor& got, const Tensor& want, double atol, double rtol, const std::string& what = "") {
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  ASSERT_EQ(got.dtype(), want.dtype()) << what;
+  std::vector<double> g = got.to(Device::cpu()).to(DType::Float64).contiguous().toVector<double>();
+  std::vector<double> w = want.to(Device::cpu()).to(DType::Float64).contiguous().toVector<double>();
+  double worst = -1;
+  size_t at = 0, bad = 0;
+  for (size_t i = 0; i < w.size(); ++i) {
+    if (g[i] == w[i] || (std::isnan(g[i]) && std::isnan(w[i]))) continue;
+    const double excess = std::abs(g[i] - w[i]) - (atol + rtol * std::abs(w[i]));
+    if (excess <= 0) continue;
+    ++bad;
+    const double e = std::isnan(excess) ? INFINITY : excess;
+    if (e > worst) {
+      worst = e;
+      at = i;
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << w.size() << " elements off; worst at flat index " << at
+                     << ": got " << (bad ? g[at] : 0.0) << ", want " << (bad ? w[at] : 0.0) << " (atol " << atol
+                     << ", rtol " << rtol << ")";
+}
+
+// Same bytes (after moving `got` to the CPU): bit-identical results.
+inline void expectBitEqual(const Tensor& got, const Tensor& want, const std::string& what = "") {
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  ASSERT_EQ(got.dtype(), want.dtype()) << what;
+  Tensor g = got.to(Device::cpu()).contiguous(), w = want.contiguous();
+  if (w.numel() == 0) return;
+  const auto* pg = static_cast<const unsigned char*>(g.dataPtr());
+  const auto* pw = static_cast<const unsigned char*>(w.dataPtr());
+  size_t es = w.elementSize();
+  for (int64_t i = 0; i < w.numel(); ++i)
+    if (std::memcmp(pg + i * es, pw + i * es, es) != 0) {
+      ADD_FAILURE() << what << ": first difference at flat index " << i << ": got "
+                    << g.to(DType::Float64).contiguous().toVector<double>()[static_cast<size_t>(i)] << ", want "
+                    << w.to(DType::Float64).contiguous().toVector<double>()[static_cast<size_t>(i)];
+      return;
+    }
+}
+
+}  // namespace cohort::testing
