@@ -82,6 +82,13 @@ class Backend {
   // DistError on every rank. The default is plain memory and involves no peer.
   virtual Tensor allocateCommBuffer(const Shape& sizes, DType dtype, Millis timeout);
 
+  // Called by ProcessGroup on every rank of this group, in the same order, when a subgroup is
+  // made (newGroup, split): `color` is the subgroup's (negative on ranks outside it), `key` the
+  // rank's place in it, `child` the subgroup's backend for the same device type on its members
+  // (null elsewhere). A backend that can derive the subgroup's transport from its own does it
+  // here (nccl: ncclCommSplit, collective over this group); the default does nothing.
+  virtual void splitInto(int /*color*/, int /*key*/, Backend* /*child*/) {}
+
   // Stops all transport activity: pending and future ops fail with `reason`. Used when a peer is
   // known dead or on timeout, so no thread stays blocked. Idempotent.
   virtual void abort(const std::string& /*reason*/) {}
@@ -108,6 +115,10 @@ struct BackendOptions {
   // when the group already exchanged them (empty: a backend that needs them exchanges them).
   std::string nodeId{};
   std::vector<std::string> nodeIds{};
+  // The group's own store (the backend's `store` is it under "backend/<name>/"), where
+  // ProcessGroup publishes what each rank issued: the communicator backends' watchdog reads it
+  // to name the ranks that never reached an op (watchdog/watchdog.h). May be null.
+  StorePtr groupStore{};
 };
 
 // Where a backend that has the choice (shm, mpi) runs its collectives, from

@@ -88,46 +88,107 @@ ProcessGroup::~ProcessGroup() {
   progress_.reset();
 }
 
+// The CPU backend "auto" stands for: shm on one node, hierarchical across nodes when some node
+// has several ranks, else gloo.
+std::string ProcessGroup::chooseCpuBackend(const std::vector<std::string>& nodeIds) const {
+  const NodeLayout layout = NodeLayout::fromIds(nodeIds);
+  const bool oneNode = layout.numNodes() == 1;
+  const bool sharedNode = layout.maxNodeSize() > 1;
+  std::string name, why;
+  if (oneNode && hasBackend("shm")) {
+    name = "shm";
+    why = "every rank is on one node";
+  } else if (!oneNode && sharedNode && hasBackend("hierarchical")) {
+    name = "hierarchical";
+    why = "several nodes, some with several ranks";
+  } else if (hasBackend("gloo")) {
+    name = "gloo";
+    why = oneNode ? "every rank is on one node, but this build has no shm backend"
+                  : (sharedNode ? "several nodes, but this build has no hierarchical backend" : "one rank per node");
+  } else {
+    auto names = availableBackends();
+    throw NotSupportedError(
+        fmt::format("process group '{}': backend \"auto\" needs gloo, which this build lacks (available: {})",
+                    opts_.name, names.empty() ? std::string("none") : fmt::format("{}", fmt::join(names, ", "))));
+  }
+  if (rank_ == 0) {
+    COHORT_LOG(Info, "process group '{}': backend auto chose {} for CPU tensors: {} ({} ranks on {} nodes)", opts_.name,
+               name, why, size_, layout.numNodes());
+  }
+  return name;
+}
+
+// Which backend serves which device, from ProcessGroupOptions::backend (as c10d's
+// init_process_group): "auto" (CPU: chooseCpuBackend; CUDA: nccl when built), one registered name
+// (it serves every device type it supports: "gloo" CPU tensors, "nccl" CUDA tensors only, as
+// c10d's "nccl"), or a list "cpu:gloo,cuda:nccl" (each device type at most once; a name there may
+// be "auto" for the CPU's choice).
 void ProcessGroup::initBackends() {
-  std::string name = opts_.backend;
+  const std::string& spec = opts_.backend;
+  std::vector<std::pair<std::optional<DeviceType>, std::string>> wanted;  // nullopt: whatever it serves
+  if (spec.find(':') != std::string::npos) {
+    std::set<DeviceType> seen;
+    std::istringstream in(spec);
+    std::string item;
+    while (std::getline(in, item, ',')) {
+      const size_t colon = item.find(':');
+      const std::string dev = colon == std::string::npos ? "" : item.substr(0, colon);
+      const std::string name = colon == std::string::npos ? "" : item.substr(colon + 1);
+      DeviceType type;
+      if (dev == "cpu") {
+        type = DeviceType::CPU;
+      } else if (dev == "cuda") {
+        type = DeviceType::CUDA;
+      } else {
+        throw ValueError(fmt::format("process group '{}': backend \"{}\": each entry must be cpu:<backend> or "
+                                     "cuda:<backend>, got \"{}\"",
+                                     opts_.name, spec, item));
+      }
+      if (name.empty() || !seen.insert(type).second) {
+        throw ValueError(
+            fmt::format("process group '{}': backend \"{}\": {} must name one backend, once", opts_.name, spec, dev));
+      }
+      wanted.emplace_back(type, name);
+    }
+  } else if (spec == "auto") {
+    wanted.emplace_back(DeviceType::CPU, "auto");
+    // As c10d's default: CUDA tensors go to NCCL when this build has it. The backend makes its
+    // communicator at the first CUDA op, so a CPU-only job pays nothing for it.
+    if (hasBackend("nccl")) wanted.emplace_back(DeviceType::CUDA, "nccl");
+  } else {
+    wanted.emplace_back(std::nullopt, spec);
+  }
+
   std::vector<std::string> nodeIds;
-  if (name == "auto" || name == "hierarchical") {
+  const bool needNodes = std::any_of(wanted.begin(), wanted.end(),
+                                     [](const auto& w) { return w.second == "auto" || w.second == "hierarchical"; });
+  if (needNodes) {
     nodeIds = exchangeNodeIds(*store_, "node/", rank_, size_, localNodeId(opts_.nodeId), opts_.timeout);
   }
-  if (name == "auto") {
-    const NodeLayout layout = NodeLayout::fromIds(nodeIds);
-    const bool oneNode = layout.numNodes() == 1;
-    const bool sharedNode = layout.maxNodeSize() > 1;
-    std::string why;
-    if (oneNode && hasBackend("shm")) {
-      name = "shm";
-      why = "every rank is on one node";
-    } else if (!oneNode && sharedNode && hasBackend("hierarchical")) {
-      name = "hierarchical";
-      why = "several nodes, some with several ranks";
-    } else if (hasBackend("gloo")) {
-      name = "gloo";
-      why = oneNode ? "every rank is on one node, but this build has no shm backend"
-                    : (sharedNode ? "several nodes, but this build has no hierarchical backend" : "one rank per node");
-    } else {
-      auto names = availableBackends();
-      throw NotSupportedError(
-          fmt::format("process group '{}': backend \"auto\" needs gloo, which this build lacks (available: {})",
-                      opts_.name, names.empty() ? std::string("none") : fmt::format("{}", fmt::join(names, ", "))));
+  for (auto& [type, requested] : wanted) {
+    std::string name = requested == "auto" ? chooseCpuBackend(nodeIds) : requested;
+    BackendOptions bo;
+    bo.groupName = opts_.name;
+    bo.timeout = opts_.timeout;
+    bo.globalRanks = globalRanks_;
+    bo.nodeId = opts_.nodeId;
+    bo.nodeIds = nodeIds;
+    bo.groupStore = store_;
+    auto backendStore = std::make_shared<PrefixStore>("backend/" + name, store_);
+    BackendPtr b = createBackend(name, backendStore, rank_, size_, bo);
+    if (type) {
+      setBackend(*type, std::move(b));
+      continue;
     }
-    if (rank_ == 0) {
-      COHORT_LOG(Info, "process group '{}': backend auto chose {} for CPU tensors: {} ({} ranks on {} nodes)",
-                 opts_.name, name, why, size_, layout.numNodes());
+    bool any = false;
+    for (DeviceType t : {DeviceType::CPU, DeviceType::CUDA}) {
+      if (b->supportsDevice(t)) {
+        backends_[t] = b;
+        any = true;
+      }
     }
+    if (!any) throw ValueError(fmt::format("process group '{}': backend {} serves no device", opts_.name, name));
   }
-  BackendOptions bo;
-  bo.groupName = opts_.name;
-  bo.timeout = opts_.timeout;
-  bo.globalRanks = globalRanks_;
-  bo.nodeId = opts_.nodeId;
-  bo.nodeIds = std::move(nodeIds);
-  auto backendStore = std::make_shared<PrefixStore>("backend/" + name, store_);
-  setBackend(DeviceType::CPU, createBackend(name, backendStore, rank_, size_, bo));
 }
 
 void ProcessGroup::setBackend(DeviceType type, BackendPtr backend) {
@@ -507,7 +568,11 @@ Tensor ProcessGroup::allocateCommBuffer(const Shape& sizes, DType dtype) {
 }
 
 WorkPtr ProcessGroup::barrier(const BarrierOptions& opts) {
-  const BackendPtr& b = backendFor(OpType::Barrier, DeviceType::CPU);
+  // The CPU backend when there is one (the host waits at a barrier either way); a group with only
+  // a CUDA backend ("nccl") runs it there, as c10d does (a one-element allreduce).
+  const DeviceType where =
+      backends_.count(DeviceType::CPU) || backends_.empty() ? DeviceType::CPU : backends_.begin()->first;
+  const BackendPtr& b = backendFor(OpType::Barrier, where);
   auto work = startWork(
       OpType::Barrier, opts.timeout, [](std::string&, std::string&) {}, [&] { return fp(OpType::Barrier, {})(); });
   return launch(work, b, [&] { b->barrier(opts, work); });
@@ -571,8 +636,22 @@ std::shared_ptr<ProcessGroup> ProcessGroup::newGroup(const std::vector<int>& ran
     }
   }
   auto it = std::find(ranks.begin(), ranks.end(), rank_);
-  if (it == ranks.end()) return nullptr;
-  return makeSubgroup(fmt::format("sub{}", k), ranks, static_cast<int>(it - ranks.begin()), std::move(opts));
+  const bool member = it != ranks.end();
+  const int subRank = member ? static_cast<int>(it - ranks.begin()) : -1;
+  auto sub = member ? makeSubgroup(fmt::format("sub{}", k), ranks, subRank, std::move(opts)) : nullptr;
+  splitBackends(member ? 0 : -1, subRank, sub.get());
+  return sub;
+}
+
+void ProcessGroup::splitBackends(int color, int key, ProcessGroup* sub) {
+  for (const auto& [type, b] : backends_) {
+    Backend* child = nullptr;
+    if (sub) {
+      auto c = sub->backends_.find(type);
+      if (c != sub->backends_.end()) child = c->second.get();
+    }
+    b->splitInto(color, key, child);
+  }
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key, ProcessGroupOptions opts) {
@@ -582,7 +661,10 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key, ProcessGro
   std::vector<std::string> keys;
   for (int r = 0; r < size_; ++r) keys.push_back(base + std::to_string(r));
   store_->wait(keys, opts_.timeout);
-  if (color < 0) return nullptr;
+  if (color < 0) {
+    splitBackends(-1, -1, nullptr);
+    return nullptr;
+  }
   std::vector<std::pair<int, int>> members;  // (key, rank)
   for (int r = 0; r < size_; ++r) {
     std::istringstream in(store_->getString(keys[r]));
@@ -597,7 +679,9 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key, ProcessGro
     if (r == rank_) subRank = static_cast<int>(ranks.size());
     ranks.push_back(r);
   }
-  return makeSubgroup(fmt::format("sub{}c{}", k, color), ranks, subRank, std::move(opts));
+  auto sub = makeSubgroup(fmt::format("sub{}c{}", k, color), ranks, subRank, std::move(opts));
+  splitBackends(color, subRank, sub.get());
+  return sub;
 }
 
 }  // namespace cohort::dist

@@ -50,9 +50,15 @@ DebugLevel debugLevelFromEnv();  // COHORT_DEBUG=OFF|INFO|DETAIL
 struct ProcessGroupOptions {
   std::string name = "world";
   Millis timeout = kDefaultGroupTimeout;
-  // Backend for CPU tensors: "auto" picks shm when every rank is on one node (and shm is built),
-  // hierarchical when there are several nodes and some node has several ranks, else gloo; or a
-  // registered name ("gloo", "mpi", "shm", "hierarchical"). Subgroups choose again for their ranks.
+  // Backends, as c10d's init_process_group takes them:
+  //  - "auto": for CPU tensors shm when every rank is on one node (and shm is built), hierarchical
+  //    when there are several nodes and some node has several ranks, else gloo; for CUDA tensors
+  //    nccl when this build has it;
+  //  - a registered name ("gloo", "mpi", "shm", "hierarchical", "nccl", "fake"): it serves the
+  //    device types it supports ("nccl": CUDA tensors only, as c10d's "nccl");
+  //  - per device type: "cpu:gloo,cuda:nccl" ("cpu:auto" for the CPU choice above).
+  // Ops go to the backend of their tensors' device type (a barrier to the CPU one when there is
+  // one). Subgroups choose again for their ranks.
   std::string backend = "auto";
   // This rank's node for grouping ranks by host; empty: COHORT_NODE_ID, else the hostname.
   // Ranks that are threads of one process set it to simulate several nodes.
@@ -115,6 +121,9 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
  private:
   ProcessGroup(StorePtr store, int rank, int size, ProcessGroupOptions opts, std::vector<int> globalRanks);
   void initBackends();
+  std::string chooseCpuBackend(const std::vector<std::string>& nodeIds) const;
+  // Backend::splitInto on each of this group's backends, on every rank (members and not).
+  void splitBackends(int color, int key, ProcessGroup* sub);
   std::shared_ptr<ProcessGroup> makeSubgroup(const std::string& prefix, const std::vector<int>& parentRanks,
                                              int subRank, ProcessGroupOptions opts);
   // Checks the backend serving `device` supports `op` (NotSupportedError otherwise).

@@ -120,6 +120,11 @@ void Work::wait() {
     rethrowIfFailed();
     return;
   }
+  if (deviceWait_) {  // stream-ordered (setDeviceWait): the host does not wait for the device
+    deviceWait_();
+    rethrowIfFailed();
+    return;
+  }
   if (waitUntilDone(std::max(deadline_, std::chrono::steady_clock::now()) + kBackendGrace)) {
     rethrowIfFailed();
     return;
@@ -157,6 +162,8 @@ void Work::abortOnce() {
 
 std::vector<Tensor> Work::result() {
   wait();
+  // After a stream-ordered wait the op may still be pending: outputs_ is not ours to read yet.
+  if (deviceWait_ && !isCompleted()) return deviceOutputs_;
   return outputs_;
 }
 

@@ -118,6 +118,21 @@ class Work {
   void setAbort(CompletionKey, AbortFn fn) { abort_ = std::move(fn); }
   void setAbortBackend(CompletionKey, std::weak_ptr<Backend> backend) { abortBackend_ = std::move(backend); }
 
+  // For device backends (nccl): makes wait() stream-ordered, as c10d's WorkNCCL. While the op is
+  // pending, wait() calls `fn` — which makes the caller's current stream wait for the op's end
+  // (an event) — and returns without blocking the host; result() then returns `outputs`, whose
+  // values are ready for work queued on that stream after the wait. The Work itself completes
+  // later, when the backend's watchdog sees the op done; an op that failed by the time wait() is
+  // called throws as usual, and one that fails later fails every later op and wait of the group
+  // (watchdog/watchdog.h). wait(timeout) still blocks the host (an explicit timeout asks for it).
+  // Set before the Work is handed to the caller.
+  using DeviceWaitFn = std::function<void()>;
+  void setDeviceWait(CompletionKey, DeviceWaitFn fn, std::vector<Tensor> outputs) {
+    deviceWait_ = std::move(fn);
+    deviceOutputs_ = std::move(outputs);
+  }
+  bool waitsOnDevice() const { return deviceWait_ != nullptr; }
+
   // Point-to-point ops carry no group sequence number; their label says who and which tag
   // ("to rank 1, tag 7") and describe() shows it.
   void setLabel(CompletionKey, std::string label) { label_ = std::move(label); }
@@ -146,6 +161,8 @@ class Work {
   uint64_t observerToken_ = 0;
   std::atomic<bool> observed_{false};
   AbortFn abort_;
+  DeviceWaitFn deviceWait_;
+  std::vector<Tensor> deviceOutputs_;  // result() after a stream-ordered wait()
   std::weak_ptr<Backend> abortBackend_;
   std::once_flag abortOnce_;
   void abortOnce();

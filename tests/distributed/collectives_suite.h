@@ -394,6 +394,10 @@ TEST_P(Collectives, BarrierAndSequenceNumbers) {
 TEST_P(Collectives, TaggedSendRecv) {
   const int n = size();
   if (n < 2) GTEST_SKIP() << "send/recv needs two ranks";
+  const std::string& backend = std::get<0>(GetParam());
+  if (backend == "fake" || backend == "nccl") {
+    GTEST_SKIP() << backend << " does not send tags (as NCCL): messages between two ranks match in issue order";
+  }
   world_->run([&](int r) {
     auto& pg = world_->pg(r);
     uint64_t seqBefore = pg.sequenceNumber();
