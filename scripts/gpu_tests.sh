@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Runs cohort's GPU tests and GPU benchmarks, on a machine with an NVIDIA GPU, from a build tree
+# configured with CUDA (./scripts/test.sh makes one; without a GPU these tests skip and say why).
+#
+#   ./scripts/gpu_tests.sh [--bin DIR] [--out DIR] [--no-bench] [-- gtest args]
+#
+#   --bin DIR   folder holding the test and bench programs (default build/tests and build/bench)
+#   --out DIR   where logs and the benchmark JSON go (default gpu-results/)
+#
+# Every test binary of tests/core/cuda/ and tests/distributed/nccl/ runs with its own log; then
+# bench/cuda_gemm (cohort's matmul against cuBLAS called directly). The exit status is non-zero
+# when any test fails; a binary running past COHORT_GPU_TEST_TIMEOUT seconds (300) is stopped and
+# counts as failed. docs/benchmarks.md records the figures of such runs.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+tests_dir=build/tests
+bench_dir=build/bench
+out=gpu-results
+bench=1
+gtest_args=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --bin) tests_dir=$2; bench_dir=$2; shift ;;
+    --out) out=$2; shift ;;
+    --no-bench) bench=0 ;;
+    --) shift; gtest_args=("$@"); break ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    *) echo "gpu_tests.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+mkdir -p "$out"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
+
+status=0
+names=$(ls tests/core/cuda/*_test.cc tests/distributed/nccl/*_test.cc 2>/dev/null | xargs -n1 basename | sed 's/\.cc$//')
+for name in $names; do
+  bin=$tests_dir/$name
+  if [[ ! -x $bin ]]; then
+    echo "== $name: not built ($bin missing)" | tee -a "$out/summary.txt"
+    status=1
+    continue
+  fi
+  start=$SECONDS
+  timeout "${COHORT_GPU_TEST_TIMEOUT:-300}" "$bin" --gtest_brief=1 "${gtest_args[@]}" >"$out/$name.log" 2>&1
+  rc=$?
+  secs=$((SECONDS - start))
+  summary=$(grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$out/$name.log" | tr '\n' ' ')
+  echo "== $name: rc=$rc (${secs} s) $summary" | tee -a "$out/summary.txt"
+  grep -E "^\[  FAILED  \]|Failure|error" "$out/$name.log" | head -40
+  [[ $rc -ne 0 ]] && status=1
+done
+
+if [[ $bench -eq 1 && -x $bench_dir/cuda_gemm ]]; then
+  "$bench_dir/cuda_gemm" --peak-tflops "${COHORT_GPU_PEAK_TFLOPS:-989}" 2>&1 | tee "$out/cuda_gemm.json"
+fi
+exit $status
