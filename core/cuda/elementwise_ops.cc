@@ -216,7 +216,7 @@ void copyK(Tensor& out, const Tensor& src) {
 
 // ---- registration -----------------------------------------------------------------------------------
 
-const bool registered = [] {
+const bool kRegistered = [] {
   using namespace dispatch;
   constexpr DeviceType kCuda = DeviceType::CUDA;
   auto unary = [](const char* name, UnaryKernel* fn) { Register<UnaryKernel>(name, kCuda, fn); };

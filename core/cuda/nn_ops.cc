@@ -157,17 +157,17 @@ void layerNormBackwardCuda(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& x, 
 
 constexpr DeviceType kCuda = DeviceType::CUDA;
 
-const dispatch::Register<nnd::SoftmaxKernel> regSoftmax{"softmax", kCuda, &softmaxCuda<false>};
-const dispatch::Register<nnd::SoftmaxKernel> regLogSoftmax{"logSoftmax", kCuda, &softmaxCuda<true>};
-const dispatch::Register<nnd::SoftmaxBackwardKernel> regSoftmaxBackward{"softmax backward", kCuda,
-                                                                        &softmaxBackwardCuda<false>};
-const dispatch::Register<nnd::SoftmaxBackwardKernel> regLogSoftmaxBackward{"logSoftmax backward", kCuda,
-                                                                           &softmaxBackwardCuda<true>};
-const dispatch::Register<nnd::NllForwardKernel> regNll{"nllLoss", kCuda, &nllForwardCuda};
-const dispatch::Register<nnd::NllBackwardKernel> regNllBackward{"nllLoss backward", kCuda, &nllBackwardCuda};
-const dispatch::Register<nnd::LayerNormKernel> regLayerNorm{"layerNorm", kCuda, &layerNormCuda};
-const dispatch::Register<nnd::LayerNormBackwardKernel> regLayerNormBackward{"layerNorm backward", kCuda,
-                                                                            &layerNormBackwardCuda};
+const dispatch::Register<nnd::SoftmaxKernel> kRegSoftmax{"softmax", kCuda, &softmaxCuda<false>};
+const dispatch::Register<nnd::SoftmaxKernel> kRegLogSoftmax{"logSoftmax", kCuda, &softmaxCuda<true>};
+const dispatch::Register<nnd::SoftmaxBackwardKernel> kRegSoftmaxBackward{"softmax backward", kCuda,
+                                                                         &softmaxBackwardCuda<false>};
+const dispatch::Register<nnd::SoftmaxBackwardKernel> kRegLogSoftmaxBackward{"logSoftmax backward", kCuda,
+                                                                            &softmaxBackwardCuda<true>};
+const dispatch::Register<nnd::NllForwardKernel> kRegNll{"nllLoss", kCuda, &nllForwardCuda};
+const dispatch::Register<nnd::NllBackwardKernel> kRegNllBackward{"nllLoss backward", kCuda, &nllBackwardCuda};
+const dispatch::Register<nnd::LayerNormKernel> kRegLayerNorm{"layerNorm", kCuda, &layerNormCuda};
+const dispatch::Register<nnd::LayerNormBackwardKernel> kRegLayerNormBackward{"layerNorm backward", kCuda,
+                                                                             &layerNormBackwardCuda};
 
 }  // namespace
 }  // namespace cohort::cuda::detail

@@ -142,19 +142,19 @@ using cohort::detail::PlannedReduceKernel;
 using cohort::detail::ReduceGradMapKernel;
 constexpr DeviceType kCuda = DeviceType::CUDA;
 
-const dispatch::Register<PlannedReduceKernel> regSum{"sum", kCuda, &reduceCuda<ReduceOp::Sum>};
-const dispatch::Register<PlannedReduceKernel> regMean{"mean", kCuda, &reduceCuda<ReduceOp::Mean>};
-const dispatch::Register<PlannedReduceKernel> regAmax{"amax", kCuda, &reduceCuda<ReduceOp::Amax>};
-const dispatch::Register<PlannedReduceKernel> regAmin{"amin", kCuda, &reduceCuda<ReduceOp::Amin>};
-const dispatch::Register<PlannedReduceKernel> regNorm{"norm", kCuda, &reduceCuda<ReduceOp::Norm>};
-const dispatch::Register<PlannedReduceKernel> regVar{"var", kCuda, &reduceCuda<ReduceOp::Var>};
-const dispatch::Register<PlannedReduceKernel> regStd{"std", kCuda, &reduceCuda<ReduceOp::Std>};
-const dispatch::Register<ArgReduceKernel> regMax{"max", kCuda, &argReduceCuda<true>};
-const dispatch::Register<ArgReduceKernel> regMin{"min", kCuda, &argReduceCuda<false>};
-const dispatch::Register<ArgReduceKernel> regArgmax{"argmax", kCuda, &argReduceCuda<true>};
-const dispatch::Register<ArgReduceKernel> regArgmin{"argmin", kCuda, &argReduceCuda<false>};
-const dispatch::Register<ArgScatterKernel> regMaxBackward{"max backward", kCuda, &argScatterCuda};
-const dispatch::Register<ReduceGradMapKernel> regGradMap{"reduce backward", kCuda, &gradMapCuda};
+const dispatch::Register<PlannedReduceKernel> kRegSum{"sum", kCuda, &reduceCuda<ReduceOp::Sum>};
+const dispatch::Register<PlannedReduceKernel> kRegMean{"mean", kCuda, &reduceCuda<ReduceOp::Mean>};
+const dispatch::Register<PlannedReduceKernel> kRegAmax{"amax", kCuda, &reduceCuda<ReduceOp::Amax>};
+const dispatch::Register<PlannedReduceKernel> kRegAmin{"amin", kCuda, &reduceCuda<ReduceOp::Amin>};
+const dispatch::Register<PlannedReduceKernel> kRegNorm{"norm", kCuda, &reduceCuda<ReduceOp::Norm>};
+const dispatch::Register<PlannedReduceKernel> kRegVar{"var", kCuda, &reduceCuda<ReduceOp::Var>};
+const dispatch::Register<PlannedReduceKernel> kRegStd{"std", kCuda, &reduceCuda<ReduceOp::Std>};
+const dispatch::Register<ArgReduceKernel> kRegMax{"max", kCuda, &argReduceCuda<true>};
+const dispatch::Register<ArgReduceKernel> kRegMin{"min", kCuda, &argReduceCuda<false>};
+const dispatch::Register<ArgReduceKernel> kRegArgmax{"argmax", kCuda, &argReduceCuda<true>};
+const dispatch::Register<ArgReduceKernel> kRegArgmin{"argmin", kCuda, &argReduceCuda<false>};
+const dispatch::Register<ArgScatterKernel> kRegMaxBackward{"max backward", kCuda, &argScatterCuda};
+const dispatch::Register<ReduceGradMapKernel> kRegGradMap{"reduce backward", kCuda, &gradMapCuda};
 
 }  // namespace
 }  // namespace cohort::cuda::detail

@@ -106,9 +106,9 @@ void FakeCommunicator::stopStream(bool runHook) {
   }
   cv_.notify_all();
   {
-    std::lock_guard<std::mutex> lock(world_->mu);  // no waiter between its check and its wait
+    std::lock_guard<std::mutex> lock(world_->mu_);  // no waiter between its check and its wait
   }
-  world_->cv.notify_all();
+  world_->cv_.notify_all();
   // Once abort returns, the stream touches no buffer again.
   if (stream_.joinable() && stream_.get_id() != std::this_thread::get_id()) stream_.join();
 }
@@ -153,10 +153,10 @@ bool FakeCommunicator::runTask(Task& task) {
     std::vector<uint8_t> msg(bytes);
     if (bytes) std::memcpy(msg.data(), op.send, bytes);
     {
-      std::lock_guard<std::mutex> lock(world_->mu);
-      world_->mail[{rank_, op.peer}].push_back(std::move(msg));
+      std::lock_guard<std::mutex> lock(world_->mu_);
+      world_->mail_[{rank_, op.peer}].push_back(std::move(msg));
     }
-    world_->cv.notify_all();
+    world_->cv_.notify_all();
   }
   for (const CommOp& op : task.ops) {
     if (op.kind == CommOpKind::Send) continue;
@@ -169,9 +169,9 @@ bool FakeCommunicator::runTask(Task& task) {
 bool FakeCommunicator::receive(const CommOp& op) {
   std::vector<uint8_t> msg;
   {
-    std::unique_lock<std::mutex> lock(world_->mu);
-    auto& box = world_->mail[{op.peer, rank_}];
-    world_->cv.wait(lock, [&] { return aborted() || !box.empty(); });
+    std::unique_lock<std::mutex> lock(world_->mu_);
+    auto& box = world_->mail_[{op.peer, rank_}];
+    world_->cv_.wait(lock, [&] { return aborted() || !box.empty(); });
     if (aborted()) return false;
     msg = std::move(box.front());
     box.erase(box.begin());
@@ -195,8 +195,8 @@ bool FakeCommunicator::collective(const CommOp& op) {
   std::vector<uint8_t> mine(inBytes);
   if (inBytes) std::memcpy(mine.data(), op.send, inBytes);
 
-  std::unique_lock<std::mutex> lock(world_->mu);
-  FakeCommWorld::Slot& slot = world_->slots[index];  // std::map: the reference stays valid
+  std::unique_lock<std::mutex> lock(world_->mu_);
+  FakeCommWorld::Slot& slot = world_->slots_[index];  // std::map: the reference stays valid
   if (slot.data.empty()) {
     slot.data.resize(static_cast<size_t>(n));
     slot.op = op;
@@ -216,8 +216,8 @@ bool FakeCommunicator::collective(const CommOp& op) {
   }
   slot.data[static_cast<size_t>(rank_)] = std::move(mine);
   ++slot.arrived;
-  world_->cv.notify_all();
-  world_->cv.wait(lock, [&] { return aborted() || slot.arrived == n; });
+  world_->cv_.notify_all();
+  world_->cv_.wait(lock, [&] { return aborted() || slot.arrived == n; });
   if (aborted()) return false;
   lock.unlock();
 
@@ -252,7 +252,7 @@ bool FakeCommunicator::collective(const CommOp& op) {
   }
 
   lock.lock();
-  if (++slot.consumed == n) world_->slots.erase(index);
+  if (++slot.consumed == n) world_->slots_.erase(index);
   return true;
 }
 

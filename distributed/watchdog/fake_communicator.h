@@ -122,10 +122,10 @@ class FakeCommWorld : public std::enable_shared_from_this<FakeCommWorld> {
     std::vector<std::vector<uint8_t>> data;  // per rank: its input
   };
   const int size_;
-  std::mutex mu;
-  std::condition_variable cv;
-  std::map<uint64_t, Slot> slots;
-  std::map<std::pair<int, int>, std::vector<std::vector<uint8_t>>> mail;  // (src, dst) -> messages, oldest first
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<uint64_t, Slot> slots_;
+  std::map<std::pair<int, int>, std::vector<std::vector<uint8_t>>> mail_;  // (src, dst) -> messages, oldest first
 };
 
 }  // namespace cohort::dist

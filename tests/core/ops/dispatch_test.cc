@@ -21,8 +21,8 @@ void fakeUnary(Tensor&, const Tensor&) { ++gCalls; }
 void fakeBinary(Tensor&, const Tensor&, const Tensor&) { gCalls += 10; }
 
 TEST(Dispatch, FindsTheKernelRegisteredForOpSignatureAndDevice) {
-  static const dispatch::Register<dispatch::UnaryKernel> r1{"test.op", DeviceType::CUDA, &fakeUnary};
-  static const dispatch::Register<dispatch::BinaryKernel> r2{"test.op", DeviceType::CUDA, &fakeBinary};
+  static const dispatch::Register<dispatch::UnaryKernel> kUnary{"test.op", DeviceType::CUDA, &fakeUnary};
+  static const dispatch::Register<dispatch::BinaryKernel> kBinary{"test.op", DeviceType::CUDA, &fakeBinary};
   Tensor t;
   gCalls = 0;
   dispatch::kernel<dispatch::UnaryKernel>("test.op", Device::cuda(3))(t, t);
@@ -37,7 +37,7 @@ TEST(Dispatch, FindsTheKernelRegisteredForOpSignatureAndDevice) {
 }
 
 TEST(Dispatch, RegisteringTwiceIsAnError) {
-  static const dispatch::Register<dispatch::UnaryKernel> r{"test.twice", DeviceType::CUDA, &fakeUnary};
+  static const dispatch::Register<dispatch::UnaryKernel> kOnce{"test.twice", DeviceType::CUDA, &fakeUnary};
   EXPECT_THROW(dispatch::registerRaw(std::type_index(typeid(dispatch::UnaryKernel)), "test.twice", DeviceType::CUDA,
                                      reinterpret_cast<void*>(&fakeUnary)),
                Error);
