@@ -189,12 +189,22 @@ void GlooBackend::runGuarded(const WorkPtr& work, const std::function<std::vecto
   if (kind != Kind::None) {
     // Close the connections before diagnosing (which waits a little for the peers' reports), so
     // peers blocked on this rank fail and report now.
+    bool first = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      first = broken_ == nullptr;
+      if (first) diagnosing_ = true;
+    }
     breakWith(std::make_exception_ptr(DistError(work->describe() + " failed: " + detail)));
     error = kind == Kind::Timeout ? work->timeoutError(detail)
             : kind == Kind::Peer  ? work->peerError(detail)
                                   : work->distError(detail);
-    std::lock_guard<std::mutex> lock(mu_);
-    broken_ = error;  // later ops quote the diagnosed error
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      broken_ = error;  // later ops quote the diagnosed error
+      if (first) diagnosing_ = false;
+    }
+    brokenCv_.notify_all();
   }
   work->fail(completionKey(), error);
 }
@@ -222,7 +232,9 @@ void GlooBackend::breakWith(std::exception_ptr error) {
 std::exception_ptr GlooBackend::brokenError() const {
   std::string first;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    // Bounded: the diagnosis reads the store, which may itself be gone.
+    brokenCv_.wait_for(lock, std::chrono::seconds(2), [&] { return !diagnosing_; });
     try {
       std::rethrow_exception(broken_);
     } catch (const std::exception& e) {

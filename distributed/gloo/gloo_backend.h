@@ -102,8 +102,13 @@ class GlooBackend : public Backend {
   std::shared_ptr<::gloo::Context> context_;
   std::string group_;
 
-  mutable std::mutex mu_;  // broken_, leaked_, leakedTensors_
+  mutable std::mutex mu_;  // broken_, diagnosing_, leaked_, leakedTensors_
   std::exception_ptr broken_;
+  // The op that broke the group is diagnosing its error (asking the store which ranks are
+  // missing, up to half a second); ops failed meanwhile as "aborted by an earlier error" wait for
+  // that diagnosed error to quote it (brokenError), so every op names the missing ranks.
+  bool diagnosing_ = false;
+  mutable std::condition_variable brokenCv_;
   // Buffers of point-to-point ops that failed: gloo may still hold them, so they (and their
   // tensors' memory) live as long as the backend.
   std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> leaked_;
