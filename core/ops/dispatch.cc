@@ -1,7 +1,6 @@
 #include <map>
 #include <mutex>
 #include <set>
-#include <tuple>
 
 #include <cohort/core/ops/dispatch.h>
 #include <cohort/core/util/check.h>
@@ -9,11 +8,31 @@
 namespace cohort::dispatch {
 namespace {
 
-using Key = std::tuple<std::type_index, std::string, DeviceType>;
+// Ordered by (signature, device type, op name). Lookups compare against a string_view, so the
+// per-op lookup on a device allocates nothing.
+struct Key {
+  std::type_index signature;
+  DeviceType device;
+  std::string op;
+};
+struct KeyView {
+  std::type_index signature;
+  DeviceType device;
+  std::string_view op;
+};
+struct KeyLess {
+  using is_transparent = void;
+  template <typename A, typename B>
+  bool operator()(const A& a, const B& b) const {
+    if (a.signature != b.signature) return a.signature < b.signature;
+    if (a.device != b.device) return a.device < b.device;
+    return std::string_view(a.op) < std::string_view(b.op);
+  }
+};
 
 struct Table {
   std::mutex mu;
-  std::map<Key, void*, std::less<>> kernels;
+  std::map<Key, void*, KeyLess> kernels;
 };
 
 Table& table() {
@@ -26,7 +45,7 @@ Table& table() {
 void registerRaw(std::type_index signature, std::string_view op, DeviceType device, void* fn) {
   Table& t = table();
   std::lock_guard<std::mutex> lock(t.mu);
-  auto [it, inserted] = t.kernels.emplace(Key{signature, std::string(op), device}, fn);
+  auto [it, inserted] = t.kernels.emplace(Key{signature, device, std::string(op)}, fn);
   COHORT_CHECK(inserted, "dispatch: a kernel for '{}' on device type {} with this signature is already registered", op,
                static_cast<int>(device));
 }
@@ -34,7 +53,7 @@ void registerRaw(std::type_index signature, std::string_view op, DeviceType devi
 void* findRaw(std::type_index signature, std::string_view op, DeviceType device) {
   Table& t = table();
   std::lock_guard<std::mutex> lock(t.mu);
-  auto it = t.kernels.find(Key{signature, std::string(op), device});
+  auto it = t.kernels.find(KeyView{signature, device, op});
   return it == t.kernels.end() ? nullptr : it->second;
 }
 
@@ -43,7 +62,7 @@ std::vector<std::string> opsWithKernels(DeviceType device) {
   std::lock_guard<std::mutex> lock(t.mu);
   std::set<std::string> names;
   for (const auto& [key, fn] : t.kernels)
-    if (std::get<2>(key) == device) names.insert(std::get<1>(key));
+    if (key.device == device) names.insert(key.op);
   return {names.begin(), names.end()};
 }
 

@@ -20,6 +20,19 @@ namespace cohort::testing {
                    << " CUDA): the GPU tests run on a machine with a GPU, see README 'GPU tests'"; \
   } while (0)
 
+// The float dtypes every kernel test runs through.
+inline const std::vector<DType> kFloatTypes = {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16};
+
+// Test inputs, the same on every call with one seed: floats uniform in [lo, hi), integers in
+// [0, 100), bools true with probability 1/2.
+inline Tensor values(const Shape& s, DType dt, uint64_t seed = 1, double lo = -4, double hi = 4) {
+  Generator g(seed);
+  Tensor u = rand(s, {}, &g);
+  if (isFloating(dt)) return (u * (hi - lo) + lo).to(dt);
+  if (dt == DType::Bool) return gt(u, scalarTensor(0.5));
+  return (u * 100.0).to(DType::Int64).to(dt);
+}
+
 // Every element of `got` (any device) within atol + rtol * |want| of `want` (CPU), shapes and
 // dtypes equal; equal values (infinities included) and NaN against NaN pass. On failure: the
 // count, and the worst element with its flat index and both values.

@@ -29,19 +29,11 @@
 namespace cohort {
 namespace {
 
-const std::vector<DType> kFloatTypes = {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16};
+using testing::kFloatTypes;
+using testing::values;
 const std::vector<DType> kIntTypes = {DType::Int64, DType::Int32, DType::UInt8};
 const std::vector<DType> kAllTypes = {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16,
                                       DType::Int64,   DType::Int32,   DType::UInt8,   DType::Bool};
-
-// Values in [lo, hi) (float types; ints: [0, 100)) or random bools, the same on every call with one seed.
-Tensor values(const Shape& s, DType dt, uint64_t seed = 1, double lo = -4, double hi = 4) {
-  Generator g(seed);
-  Tensor u = rand(s, {}, &g);
-  if (isFloating(dt)) return (u * (hi - lo) + lo).to(dt);
-  if (dt == DType::Bool) return gt(u, scalarTensor(0.5));
-  return (u * 100.0).to(DType::Int64).to(dt);
-}
 
 Tensor cuda(const Tensor& t) { return t.to(Device::cuda()); }
 

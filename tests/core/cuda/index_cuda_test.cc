@@ -19,18 +19,10 @@ namespace {
 
 using testing::expectBitEqual;
 
-const std::vector<DType> kFloatTypes = {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16};
+using testing::kFloatTypes;
+using testing::values;
 const std::vector<DType> kAllTypes = {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16,
                                       DType::Int64,   DType::Int32,   DType::UInt8,   DType::Bool};
-
-// Values in [-4, 4) (float types) or small integers / alternating bools, the same on every call with one seed.
-Tensor values(const Shape& s, DType dt, uint64_t seed = 1) {
-  Generator g(seed);
-  Tensor u = rand(s, {}, &g);
-  if (isFloating(dt)) return (u * 8.0 - 4.0).to(dt);
-  if (dt == DType::Bool) return u.gt(scalarTensor(0.5));
-  return (u * 100.0).to(DType::Int64).to(dt);
-}
 
 Tensor cuda(const Tensor& t) { return t.to(Device::cuda()); }
 

@@ -20,17 +20,13 @@ namespace {
 
 using testing::expectBitEqual;
 
-const std::vector<DType> kFloatTypes = {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16};
-
-Tensor values(const Shape& s, DType dt, uint64_t seed) {
-  Generator g(seed);
-  return (rand(s, {}, &g) * 2.0 - 1.0).to(dt);
-}
+using testing::kFloatTypes;
+using testing::values;
 
 // Parameters of several shapes: an odd size, a transposed (non-contiguous) one, a 0-d and an empty one.
 std::vector<Tensor> makeParams(DType dt, Device device) {
-  std::vector<Tensor> ps = {values({37, 13}, dt, 1), values({9, 4}, dt, 2).transpose(0, 1), values({}, dt, 3),
-                            values({0, 5}, dt, 4)};
+  std::vector<Tensor> ps = {values({37, 13}, dt, 1, -1, 1), values({9, 4}, dt, 2, -1, 1).transpose(0, 1),
+                            values({}, dt, 3, -1, 1), values({0, 5}, dt, 4, -1, 1)};
   for (Tensor& p : ps) {
     if (device.isCuda()) p = p.to(device);
     p.setRequiresGrad();
@@ -48,7 +44,7 @@ void runSteps(const MakeOpt& make, const std::string& what) {
     auto optGpu = make(gpu);
     for (int step = 0; step < 10; ++step) {
       for (size_t i = 0; i < cpu.size(); ++i) {
-        Tensor g = values(cpu[i].sizes(), dt, 100 + 10 * step + i);
+        Tensor g = values(cpu[i].sizes(), dt, 100 + 10 * step + i, -1, 1);
         cpu[i].setGrad(g);
         gpu[i].setGrad(g.to(Device::cuda()));
       }

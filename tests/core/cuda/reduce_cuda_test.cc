@@ -32,17 +32,10 @@ using testing::expectBitEqual;
 
 using testing::expectClose;
 
-const std::vector<DType> kFloatTypes = {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16};
+using testing::kFloatTypes;
+using testing::values;
 const std::vector<DType> kIntTypes = {DType::Int64, DType::Int32, DType::UInt8, DType::Bool};
 
-// Values in [-4, 4) (float types) or small integers / bools, the same for one seed.
-Tensor values(const Shape& s, DType dt, uint64_t seed = 1) {
-  Generator g(seed);
-  Tensor u = rand(s, {}, &g);
-  if (isFloating(dt)) return (u * 8.0 - 4.0).to(dt);
-  if (dt == DType::Bool) return u.gt(scalarTensor(0.5));
-  return (u * 100.0).to(DType::Int64).to(dt);
-}
 // Small integers stored in a float type: many ties for max/min/argmax.
 Tensor tied(const Shape& s, DType dt, uint64_t seed = 2) {
   Generator g(seed);
