@@ -17,32 +17,16 @@ repeat="${REPEAT:-3}"
 read -r -a args <<<"${ARGS:-}"
 py=/usr/bin/python3  # Debian's python3-torch; the python3 first on PATH may lack torch
 
-if [[ ! -f "$build/CMakeCache.txt" ]]; then
-  # shellcheck source=scripts/configure.sh
-  source "$root/scripts/configure.sh"
-  cohort_configure "$build" >/dev/null
-fi
-nice -n 19 cmake --build "$build" -j "${JOBS:-1}" --target cohort_bench_dist_autograd
-
-with_torch=1
-if [[ -n "${NO_TORCH:-}" ]]; then
-  with_torch=0
-elif ! "$py" -c 'import torch.distributed.autograd' 2>/dev/null; then
-  echo "bench_dist_autograd: $py has no torch.distributed.autograd; printing cohort's column alone" >&2
-  with_torch=0
-fi
+# shellcheck source=scripts/bench_lib.sh
+source "$root/scripts/bench_lib.sh"
+bench_build "$build" cohort_bench_dist_autograd
+with_torch=$(bench_with_torch "$py" torch.distributed.autograd bench_dist_autograd)
 
 results="$(mktemp)"
-echo "# $(date -u '+%F %T UTC'), $(nproc --all) cores, load $(cut -d' ' -f1-3 /proc/loadavg), commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-run() {
-  "$@" | while IFS= read -r line; do
-    [[ "$line" == \{* ]] || { echo "$line" >&2; continue; }
-    echo "$line" | tee -a "$results"
-  done
-}
+bench_header
 for ((round = 1; round <= repeat; round++)); do
-  run "$build/bench/dist_autograd" "${args[@]}"
-  if [[ $with_torch == 1 ]]; then run "$py" "$root/bench/dist_autograd_torch.py" "${args[@]}"; fi
+  bench_run "$build/bench/dist_autograd" "${args[@]}"
+  if [[ $with_torch == 1 ]]; then bench_run "$py" "$root/bench/dist_autograd_torch.py" "${args[@]}"; fi
 done
 
 python3 - "$results" <<'PY'

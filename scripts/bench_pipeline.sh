@@ -23,33 +23,17 @@ read -r -a torch_args <<<"${TORCH_ARGS:-}"
 py=/usr/bin/python3  # Debian's python3-torch; the python3 first on PATH may lack torch
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 
-if [[ ! -f "$build/CMakeCache.txt" ]]; then
-  # shellcheck source=scripts/configure.sh
-  source "$root/scripts/configure.sh"
-  cohort_configure "$build" >/dev/null
-fi
-nice -n 19 cmake --build "$build" -j "${JOBS:-2}" --target cohort_bench_pipeline
-
-with_torch=1
-if [[ -n "${NO_TORCH:-}" ]]; then
-  with_torch=0
-elif ! "$py" -c 'import torch.distributed.pipeline.sync' 2>/dev/null; then
-  echo "bench_pipeline: $py has no torch.distributed.pipeline.sync; printing cohort's rows alone" >&2
-  with_torch=0
-fi
+# shellcheck source=scripts/bench_lib.sh
+source "$root/scripts/bench_lib.sh"
+JOBS="${JOBS:-2}" bench_build "$build" cohort_bench_pipeline
+with_torch=$(bench_with_torch "$py" torch.distributed.pipeline.sync bench_pipeline)
 
 results="$(mktemp)"
 trap 'rm -f "$results"' EXIT
-echo "# $(date -u '+%F %T UTC'), $(nproc --all) cores, load $(cut -d' ' -f1-3 /proc/loadavg), commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-run() {
-  "$@" | while IFS= read -r line; do
-    [[ "$line" == \{* ]] || { echo "$line" >&2; continue; }
-    echo "$line" | tee -a "$results"
-  done
-}
+bench_header
 for ((round = 1; round <= repeat; round++)); do
-  run "$build/bench/pipeline" "${args[@]}" "${cohort_args[@]}"
-  if [[ $with_torch == 1 ]]; then run "$py" "$root/bench/pipeline_torch.py" "${args[@]}" "${torch_args[@]}"; fi
+  bench_run "$build/bench/pipeline" "${args[@]}" "${cohort_args[@]}"
+  if [[ $with_torch == 1 ]]; then bench_run "$py" "$root/bench/pipeline_torch.py" "${args[@]}" "${torch_args[@]}"; fi
 done
 echo "# done, load $(cut -d' ' -f1-3 /proc/loadavg)"
 

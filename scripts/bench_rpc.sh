@@ -23,37 +23,21 @@ common=(--reps "$reps" --iters "${ITERS:-2000}" --concurrent "${CONCURRENT:-1000
 py=/usr/bin/python3  # Debian's python3-torch; the python3 first on PATH may lack torch
 read -r -a cohort_args <<<"${COHORT_ARGS:-}"
 
-if [[ ! -f "$build/CMakeCache.txt" ]]; then
-  generator=(); command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
-  launcher=(); command -v ccache >/dev/null 2>&1 && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-  cmake -S "$root" -B "$build" "${generator[@]}" "${launcher[@]}" -DCMAKE_BUILD_TYPE=Release \
-    -DCOHORT_BUILD_BENCHMARKS=ON >/dev/null
-fi
-nice -n 19 cmake --build "$build" -j "${JOBS:-1}" --target cohort_bench_rpc
-
-with_torch=1
-if [[ -n "${NO_TORCH:-}" ]]; then
-  with_torch=0
-elif ! "$py" -c 'import torch.distributed.rpc' 2>/dev/null; then
-  echo "bench_rpc: $py has no torch.distributed.rpc; printing cohort's column alone" >&2
-  with_torch=0
-fi
+# shellcheck source=scripts/bench_lib.sh
+source "$root/scripts/bench_lib.sh"
+bench_build "$build" cohort_bench_rpc
+with_torch=$(bench_with_torch "$py" torch.distributed.rpc bench_rpc)
 
 out="${OUT:-$(mktemp -d)}"
 mkdir -p "$out"
 results="$out/results.jsonl"
 : >"$results"
-echo "# $(date -u '+%F %T UTC'), $(nproc --all) cores, load $(cut -d' ' -f1-3 /proc/loadavg), commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)" |
-  tee "$out/meta.txt"
+bench_header | tee "$out/meta.txt"
 
 # Runs one program; its JSON line gets the round and the 1-minute load.
 run() {
   local round="$1"; shift
-  local load; load="$(cut -d' ' -f1 /proc/loadavg)"
-  "$@" | while IFS= read -r line; do
-    [[ "$line" == \{* ]] || { echo "$line" >&2; continue; }
-    echo "${line%\}}, \"round\": $round, \"load\": $load}" | tee -a "$results"
-  done
+  BENCH_EXTRA=", \"round\": $round, \"load\": $(cut -d' ' -f1 /proc/loadavg)" bench_run "$@"
 }
 
 for ((round = 1; round <= repeat; round++)); do
