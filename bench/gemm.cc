@@ -19,7 +19,14 @@
  * medians. The summary compares cohort::mm with the best candidate (the goal: >= 90% at
  * float32 1024^3).
  *
- * Usage: gemm [--sizes 256,512,1024,2048] [--mlp on|off] [--rounds 3] [--dtypes f32,f64]
+ * bf16 / f16 (--dtypes bf16,f16): cohort::mm on bfloat16/float16 tensors, cohort::blas::hgemm,
+ * its float32-widening fallback (blas::hgemmFallback), cohort's float32 sgemm on the same shape
+ * (the speed a half GEMM must never fall below), and the raw candidate: oneDNN's matmul primitive
+ * called directly, built once before timing and executed on preallocated memory (the path
+ * PyTorch's CPU bf16 matmul takes, minus PyTorch's per-call overhead). The bar: cohort::mm at
+ * bf16 1024^3 >= 90% of that.
+ *
+ * Usage: gemm [--sizes 256,512,1024,2048] [--mlp on|off] [--rounds 3] [--dtypes f32,f64,bf16,f16]
  *             [--candidates all|none|a,b]
  */
 #include <dlfcn.h>
@@ -44,6 +51,12 @@
 
 #ifdef COHORT_BENCH_HAVE_EIGEN
 #include <Eigen/Core>
+#endif
+#if __has_include(<oneapi/dnnl/dnnl.h>)
+#include <oneapi/dnnl/dnnl.h>
+#define COHORT_BENCH_HAVE_DNNL_API 1
+#else
+#define COHORT_BENCH_HAVE_DNNL_API 0
 #endif
 
 namespace {
@@ -224,6 +237,89 @@ bool callCandidate(const Candidate& c, const GemmShape& sh, const T* a, const T*
   return false;
 }
 
+// ---- raw oneDNN matmul (bf16 / f16) --------------------------------------------------------------
+// oneDNN's matmul primitive for one shape, built before timing; execute() runs it on the buffers
+// given at construction. Declared through oneDNN's headers, called through dlsym (no link).
+class RawDnnlMatmul {
+ public:
+#if COHORT_BENCH_HAVE_DNNL_API
+  RawDnnlMatmul(bool bf16, const GemmShape& sh, const void* a, const void* b, void* c) {
+    void* h = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+      why_ = dlerror();
+      return;
+    }
+    auto sym = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(h, name));
+      if (!fn && why_.empty()) why_ = std::string("no ") + name;
+    };
+    decltype(&dnnl_engine_create) engineCreate;
+    decltype(&dnnl_stream_create) streamCreate;
+    decltype(&dnnl_memory_desc_init_by_strides) mdInit;
+    decltype(&dnnl_matmul_desc_init) matmulInit;
+    decltype(&dnnl_primitive_desc_create) pdCreate;
+    decltype(&dnnl_primitive_desc_query) pdQuery;
+    decltype(&dnnl_primitive_create) primCreate;
+    decltype(&dnnl_memory_create) memCreate;
+    sym(engineCreate, "dnnl_engine_create");
+    sym(streamCreate, "dnnl_stream_create");
+    sym(mdInit, "dnnl_memory_desc_init_by_strides");
+    sym(matmulInit, "dnnl_matmul_desc_init");
+    sym(pdCreate, "dnnl_primitive_desc_create");
+    sym(pdQuery, "dnnl_primitive_desc_query");
+    sym(primCreate, "dnnl_primitive_create");
+    sym(memCreate, "dnnl_memory_create");
+    sym(execute_, "dnnl_primitive_execute");
+    sym(wait_, "dnnl_stream_wait");
+    if (!why_.empty()) return;
+    dnnl_data_type_t dt = bf16 ? dnnl_bf16 : dnnl_f16;
+    dnnl_memory_desc_t ma, mb, mc;
+    dnnl_dims_t aDims = {sh.m, sh.k}, bDims = {sh.k, sh.n}, cDims = {sh.m, sh.n};
+    dnnl_dims_t aStr = {sh.ta ? 1 : sh.lda(), sh.ta ? sh.lda() : 1};
+    dnnl_dims_t bStr = {sh.tb ? 1 : sh.ldb(), sh.tb ? sh.ldb() : 1};
+    dnnl_dims_t cStr = {sh.n, 1};
+    dnnl_matmul_desc_t desc;
+    dnnl_primitive_desc_t pd = nullptr;
+    if (engineCreate(&engine_, dnnl_cpu, 0) != dnnl_success || streamCreate(&stream_, engine_, 0) != dnnl_success ||
+        mdInit(&ma, 2, aDims, dt, aStr) != dnnl_success || mdInit(&mb, 2, bDims, dt, bStr) != dnnl_success ||
+        mdInit(&mc, 2, cDims, dt, cStr) != dnnl_success || matmulInit(&desc, &ma, &mb, nullptr, &mc) != dnnl_success ||
+        pdCreate(&pd, &desc, nullptr, engine_, nullptr) != dnnl_success || primCreate(&prim_, pd) != dnnl_success ||
+        memCreate(&mem_[0], &ma, engine_, const_cast<void*>(a)) != dnnl_success ||
+        memCreate(&mem_[1], &mb, engine_, const_cast<void*>(b)) != dnnl_success ||
+        memCreate(&mem_[2], &mc, engine_, c) != dnnl_success) {
+      why_ = bf16 ? "oneDNN has no bf16 matmul here" : "oneDNN has no f16 matmul here";
+      return;
+    }
+    const char* impl = nullptr;
+    pdQuery(pd, dnnl_query_impl_info_str, 0, &impl);
+    desc_ = std::string("oneDNN 2.6 matmul primitive, prebuilt (") + (impl ? impl : "?") + ")";
+  }
+  void execute() {
+    dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, mem_[0]}, {DNNL_ARG_WEIGHTS, mem_[1]}, {DNNL_ARG_DST, mem_[2]}};
+    execute_(prim_, stream_, 3, args);
+    wait_(stream_);
+  }
+#else
+  RawDnnlMatmul(bool, const GemmShape&, const void*, const void*, void*) {
+    why_ = "the benchmark was built without oneDNN's headers";
+  }
+  void execute() {}
+#endif
+  const std::string& why() const { return why_; }
+  const std::string& desc() const { return desc_; }
+
+ private:
+  std::string why_, desc_;
+#if COHORT_BENCH_HAVE_DNNL_API
+  dnnl_engine_t engine_ = nullptr;
+  dnnl_stream_t stream_ = nullptr;
+  dnnl_primitive_t prim_ = nullptr;
+  dnnl_memory_t mem_[3] = {nullptr, nullptr, nullptr};
+  decltype(&dnnl_primitive_execute) execute_ = nullptr;
+  decltype(&dnnl_stream_wait) wait_ = nullptr;
+#endif
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -264,8 +360,9 @@ int main(int argc, char** argv) {
       if (v == "none") keys.clear();
       else if (v != "all") keys = splitList(v);
     } else {
-      std::fprintf(stderr, "usage: gemm [--sizes 256,512,1024,2048] [--mlp on|off] [--dtypes f32,f64] [--rounds 3] "
-                           "[--candidates all|none|openblas,openblas:Haswell,blis,onednn,eigen,...]\n");
+      std::fprintf(stderr,
+                   "usage: gemm [--sizes 256,512,1024,2048] [--mlp on|off] [--dtypes f32,f64,bf16,f16] [--rounds 3] "
+                   "[--candidates all|none|openblas,openblas:Haswell,blis,onednn,eigen,...]\n");
       return 2;
     }
   }
@@ -330,6 +427,78 @@ int main(int argc, char** argv) {
   };
   std::vector<Summary> summary;
   for (const auto& dt : dtypes) {
+    if (dt != "f32" && dt != "f64" && dt != "bf16" && dt != "f16") {
+      std::fprintf(stderr, "gemm: unknown dtype '%s' in --dtypes (f32, f64, bf16, f16)\n", dt.c_str());
+      return 2;
+    }
+    if (dt == "bf16" || dt == "f16") {
+      const bool bf16 = dt == "bf16";
+      const DType dtype = bf16 ? DType::BFloat16 : DType::Float16;
+      const blas::HalfType ht = bf16 ? blas::HalfType::BFloat16 : blas::HalfType::Float16;
+      for (const GemmShape& sh : shapes) {
+        int reps = repsFor(sh) * rounds;
+        Tensor as = (rand({sh.ta ? sh.k : sh.m, sh.ta ? sh.m : sh.k}) - 0.5).to(dtype);
+        Tensor bs = (rand({sh.tb ? sh.n : sh.k, sh.tb ? sh.k : sh.n}) - 0.5).to(dtype);
+        Tensor a = sh.ta ? as.transpose(0, 1) : as, b = sh.tb ? bs.transpose(0, 1) : bs;
+        Tensor c = zeros({sh.m, sh.n}, {.dtype = dtype});
+        Tensor a32 = as.to(DType::Float32), b32 = bs.to(DType::Float32), c32 = zeros({sh.m, sh.n});
+        blas::Trans ta = sh.ta ? blas::Trans::Yes : blas::Trans::No, tb = sh.tb ? blas::Trans::Yes : blas::Trans::No;
+        const auto* pa = static_cast<const uint16_t*>(as.dataPtr());
+        const auto* pb = static_cast<const uint16_t*>(bs.dataPtr());
+        RawDnnlMatmul raw(bf16, sh, as.dataPtr(), bs.dataPtr(), c.dataPtr());
+        if (!raw.why().empty())
+          std::printf("  raw oneDNN %s matmul not available: %s\n", dt.c_str(), raw.why().c_str());
+        const char* names[5] = {"cohort::mm (allocates its output)", "cohort::blas::hgemm (preallocated output)",
+                                "cohort::blas::hgemmFallback (widened to float32)",
+                                "cohort::blas::sgemm, float32 on the same shape", nullptr};
+        std::string rawName = "raw " + raw.desc();
+        names[4] = rawName.c_str();
+        std::vector<std::vector<double>> t(5), tc(5);
+        auto runSlot = [&](size_t s) {
+          switch (s) {
+            case 0: {
+              Tensor out = mm(a, b);
+              break;
+            }
+            case 1:
+              blas::hgemm(ht, false, ta, tb, sh.m, sh.n, sh.k, 1.f, pa, sh.lda(), pb, sh.ldb(), 0.f, c.dataPtr(), sh.n);
+              break;
+            case 2:
+              blas::hgemmFallback(ht, false, ta, tb, sh.m, sh.n, sh.k, 1.f, pa, sh.lda(), pb, sh.ldb(), 0.f,
+                                  c.dataPtr(), sh.n);
+              break;
+            case 3:
+              blas::sgemm(ta, tb, sh.m, sh.n, sh.k, 1.f, a32.data<float>(), sh.lda(), b32.data<float>(), sh.ldb(), 0.f,
+                          c32.data<float>(), sh.n);
+              break;
+            default: raw.execute();
+          }
+        };
+        const size_t slots = raw.why().empty() ? 5 : 4;
+        for (size_t s = 0; s < slots; ++s) runSlot(s);  // warm-up (builds cohort's primitive)
+        for (int r = 0; r < reps; ++r)
+          for (size_t j = 0; j < slots; ++j) {
+            size_t s = (j + r) % slots;
+            double c0 = cpuNow();
+            auto t0 = Clock::now();
+            runSlot(s);
+            t[s].push_back(seconds(t0));
+            tc[s].push_back(cpuNow() - c0);
+          }
+        std::printf("%s %s  %s (%d repetitions)          GFLOP/s: wall-clock   CPU-time\n", dt.c_str(),
+                    sh.name().c_str(), sh.label.c_str(), reps);
+        std::vector<double> g(5, 0), gc(5, 0);
+        for (size_t s = 0; s < slots; ++s) {
+          g[s] = gflops(sh, median(t[s]));
+          gc[s] = gflops(sh, median(tc[s]));
+          std::printf("  %-58s %8.1f %10.1f\n", names[s], g[s], gc[s]);
+        }
+        summary.push_back({sh, dt, g[0], g[1], g[4], slots == 5 ? rawName : "none", gc[0], gc[2], gc[4],
+                           slots == 5 ? rawName : "none"});
+        std::fflush(stdout);
+      }
+      continue;
+    }
     DType dtype = dt == "f32" ? DType::Float32 : DType::Float64;
     for (const GemmShape& sh : shapes) {
       int reps = repsFor(sh) * rounds;
@@ -421,7 +590,7 @@ int main(int argc, char** argv) {
     }
     double ratio = s.cohortMmCpu / s.bestCpu;
     const char* bar = "";
-    if (s.dtype == "f32" && s.shape.label == "square" && s.shape.n == 1024)
+    if ((s.dtype == "f32" || s.dtype == "bf16") && s.shape.label == "square" && s.shape.n == 1024)
       bar = ratio >= 0.9 ? "PASS (bar 90%)" : "MISS (bar 90%)";
     std::printf("%-4s %-22s %10.1f %11s %8.1f  %-38s %5.0f%%   (%3.0f%%)  %s\n", s.dtype.c_str(),
                 s.shape.name().c_str(), s.cohortMmCpu, fb, s.bestCpu, s.bestNameCpu.c_str(), 100 * ratio,

@@ -9,9 +9,10 @@ packages=(
   build-essential cmake ninja-build ccache
   # core: BLAS (OpenBLAS loaded at run time, cblas.h at build time), fmt, JSON, CLI parsing
   libopenblas-dev libfmt-dev nlohmann-json3-dev libcli11-dev
-  # core: float32 GEMM through oneDNN's dnnl_sgemm (loaded at run time; without it cohort falls back
-  # to OpenBLAS, see core/blas/blas.h and docs/benchmarks.md "GEMM")
-  libdnnl2
+  # core: float32 GEMM through oneDNN's dnnl_sgemm, bfloat16 GEMM through its matmul primitive
+  # (loaded at run time; without it cohort falls back to OpenBLAS and widens half types to float32,
+  # see core/blas/blas.h and docs/benchmarks.md "GEMM"); the -dev package gives the C API's types
+  libdnnl2 libdnnl-dev
   # tests
   libgtest-dev
   # PyTorch reference checks (run with /usr/bin/python3)

@@ -47,6 +47,22 @@ void sgemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha, con
 void dgemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
            const double* b, int64_t ldb, double beta, double* c, int64_t ldc);
 
+// Half-width GEMM: A and B hold bfloat16 or float16 values (raw 16-bit patterns), products
+// accumulate in float32, and C is float32 (cFloat32) or the inputs' half type, rounded once.
+// Same layout, argument checks and k == 0 / alpha == 0 / beta == 0 rules as sgemm.
+// Where oneDNN can run it (its matmul primitive; for bfloat16 on CPUs with AVX512-BF16 it uses
+// those instructions), it runs there: primitives are built once per shape and kept. Elsewhere the
+// inputs are widened to float32 a panel at a time and multiplied by sgemm, so a half GEMM is never
+// much slower than a float32 one (a one-time warning says the fast path is missing).
+enum class HalfType { BFloat16, Float16 };
+void hgemm(HalfType type, bool cFloat32, Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha,
+           const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta, void* c, int64_t ldc);
+// Whether hgemm runs natively (on oneDNN) for `type` here; when not, `why` says why.
+bool hgemmNative(HalfType type, std::string* why = nullptr);
+// hgemm through the float32 fallback whatever oneDNN offers (tests and benchmarks compare the two).
+void hgemmFallback(HalfType type, bool cFloat32, Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha,
+                   const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta, void* c, int64_t ldc);
+
 // The libraries float32 GEMM can run on.
 enum class Backend { OpenBlas, OneDnn };
 // "openblas" / "onednn" (the values COHORT_BLAS takes).

@@ -67,11 +67,12 @@ void gemmInto(const Tensor& a, const Tensor& b, Tensor& c, double alpha, double 
     return;
   }
   if (dt == DType::Float16 || dt == DType::BFloat16) {
-    // Half-width matrices compute in float32 and round once.
-    Tensor a32 = a.to(DType::Float32), b32 = b.to(DType::Float32);
-    Tensor c32 = beta == 0 ? empty({m, n}, {.device = c.device()}) : c.to(DType::Float32);
-    gemmInto(a32, b32, c32, alpha, beta);
-    c.copy_(c32);
+    // Half-width matrices accumulate in float32 and round once (blas::hgemm: oneDNN's matmul,
+    // on AVX512-BF16 for bfloat16, else widened to float32).
+    MatArg A = matArg(a), B = matArg(b);
+    blas::hgemm(dt == DType::BFloat16 ? blas::HalfType::BFloat16 : blas::HalfType::Float16, /*cFloat32=*/false, A.trans,
+                B.trans, m, n, k, static_cast<float>(alpha), static_cast<const uint16_t*>(A.ptr), A.ld,
+                static_cast<const uint16_t*>(B.ptr), B.ld, static_cast<float>(beta), c.dataPtr(), n);
     return;
   }
   COHORT_DISPATCH_NUMERIC(dt, "matmul", [&]<typename T>() {

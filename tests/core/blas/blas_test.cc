@@ -411,6 +411,150 @@ TEST(SgemmEnv, ForcedOneDnn) {
 }
 TEST(SgemmEnv, UnknownValueIsValueError) { expectChildPasses("COHORT_BLAS=mkl", "UnknownValue"); }
 
+// ---- half-width GEMM (blas::hgemm) --------------------------------------------------------------
+
+using blas::HalfType;
+
+uint16_t toHalfBits(HalfType t, float v) {
+  return t == HalfType::BFloat16 ? BFloat16::fromFloat(v) : Half::fromFloat(v);
+}
+float fromHalfBits(HalfType t, uint16_t b) {
+  return t == HalfType::BFloat16 ? static_cast<float>(BFloat16::fromBits(b)) : static_cast<float>(Half::fromBits(b));
+}
+const char* halfStr(HalfType t) { return t == HalfType::BFloat16 ? "bfloat16" : "float16"; }
+
+// One hgemm call (native when `native`, else the widening fallback) checked against a long double
+// reference computed from the very half values passed in. Products of halves are exact in float32,
+// so the float32 accumulation is bounded like sgemm's; a half C adds one rounding of the result.
+void checkHgemm(HalfType t, bool cFloat32, bool native, const Case& c, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  int64_t aRows = c.ta == Trans::No ? c.m : c.k, bRows = c.tb == Trans::No ? c.k : c.n;
+  std::vector<uint16_t> a(std::max<int64_t>(1, aRows * c.lda)), b(std::max<int64_t>(1, bRows * c.ldb));
+  for (auto& x : a) x = toHalfBits(t, u(rng));
+  for (auto& x : b) x = toHalfBits(t, u(rng));
+  size_t cn = static_cast<size_t>(std::max<int64_t>(1, c.m * c.ldc));
+  std::vector<float> c32(cn);
+  std::vector<uint16_t> c16(cn);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (size_t i = 0; i < cn; ++i) {
+    float v = c.beta == 0 ? nan : u(rng);
+    c16[i] = toHalfBits(t, v);
+    c32[i] = cFloat32 ? v : fromHalfBits(t, c16[i]);
+  }
+  const std::vector<float> c32Before = c32;
+  const std::vector<uint16_t> c16Before = c16;
+  void* cp = cFloat32 ? static_cast<void*>(c32.data()) : static_cast<void*>(c16.data());
+  if (native)
+    blas::hgemm(t, cFloat32, c.ta, c.tb, c.m, c.n, c.k, (float)c.alpha, a.data(), c.lda, b.data(), c.ldb, (float)c.beta,
+                cp, c.ldc);
+  else
+    blas::hgemmFallback(t, cFloat32, c.ta, c.tb, c.m, c.n, c.k, (float)c.alpha, a.data(), c.lda, b.data(), c.ldb,
+                        (float)c.beta, cp, c.ldc);
+  auto A = [&](int64_t i, int64_t p) {
+    return fromHalfBits(t, c.ta == Trans::No ? a[i * c.lda + p] : a[p * c.lda + i]);
+  };
+  auto B = [&](int64_t p, int64_t j) {
+    return fromHalfBits(t, c.tb == Trans::No ? b[p * c.ldb + j] : b[j * c.ldb + p]);
+  };
+  const long double eps32 = std::numeric_limits<float>::epsilon();
+  const long double epsHalf = t == HalfType::BFloat16 ? 1.0L / 256 : 1.0L / 2048;  // half an ulp at 1
+  std::string what = std::string(halfStr(t)) + (cFloat32 ? " -> float32" : " -> half") +
+                     (native ? " (hgemm)" : " (fallback)") + " " + str(c);
+  for (int64_t i = 0; i < c.m; ++i) {
+    for (int64_t j = 0; j < c.n; ++j) {
+      long double s = 0, sa = 0;
+      for (int64_t p = 0; p < c.k; ++p) {
+        s += (long double)A(i, p) * B(p, j);
+        sa += std::fabs((long double)A(i, p) * B(p, j));
+      }
+      long double cij = c.beta == 0 ? 0 : (long double)c32Before[i * c.ldc + j];
+      long double want = c.alpha * s + c.beta * cij;
+      long double bound = (c.k + 2) * eps32 * (std::fabs((long double)c.alpha) * sa + std::fabs(c.beta * cij)) + 1e-30L;
+      long double got = cFloat32 ? c32[i * c.ldc + j] : fromHalfBits(t, c16[i * c.ldc + j]);
+      if (!cFloat32) bound += epsHalf * std::fabs(want) + 1e-7L;  // one rounding to the half type
+      ASSERT_TRUE(std::isfinite((double)got) && std::fabs(got - want) <= bound)
+          << what << " at (" << i << "," << j << "): got " << (double)got << " want " << (double)want;
+    }
+    for (int64_t j = c.n; j < c.ldc; ++j) {  // padding columns untouched
+      if (cFloat32) {
+        float g = c32[i * c.ldc + j], was = c32Before[i * c.ldc + j];
+        ASSERT_TRUE(std::isnan(was) ? std::isnan(g) : g == was) << what << " wrote padding";
+      } else {
+        ASSERT_EQ(c16[i * c.ldc + j], c16Before[i * c.ldc + j]) << what << " wrote padding";
+      }
+    }
+  }
+}
+
+TEST(Hgemm, MatchesReferenceOnEveryPath) {
+  unsigned seed = 500;
+  for (HalfType t : {HalfType::BFloat16, HalfType::Float16})
+    for (bool cFloat32 : {false, true})
+      for (bool native : {true, false})
+        for (const Case& c : randomCases(21, 25)) checkHgemm(t, cFloat32, native, c, seed++);
+}
+
+TEST(Hgemm, LargerProductsMatchReference) {
+  // Big enough that oneDNN blocks and threads (where it runs), with padded leading dimensions.
+  unsigned seed = 900;
+  for (HalfType t : {HalfType::BFloat16, HalfType::Float16})
+    for (auto [ta, tb] : {std::pair{Trans::No, Trans::No}, {Trans::No, Trans::Yes}, {Trans::Yes, Trans::No}}) {
+      Case c{ta, tb, 97, 130, 257, 0, 0, 135, 1.0, 0.0};
+      c.lda = (ta == Trans::No ? c.k : c.m) + 3;
+      c.ldb = (tb == Trans::No ? c.n : c.k) + 1;
+      checkHgemm(t, false, true, c, seed++);
+      c.beta = 1.0;
+      checkHgemm(t, true, true, c, seed++);
+    }
+}
+
+TEST(Hgemm, DescribeSaysHowHalfTypesRun) {
+  std::string d = blas::describe();
+  EXPECT_TRUE(contains(d, "bfloat16: ")) << d;
+  EXPECT_TRUE(contains(d, "float16: ")) << d;
+  std::string why;
+  bool native = blas::hgemmNative(HalfType::BFloat16, &why);
+  if (native) EXPECT_TRUE(contains(d, "bfloat16: oneDNN matmul")) << d;
+  else EXPECT_TRUE(contains(d, "bfloat16: widened to float32 (" + why)) << d;
+}
+
+TEST(Hgemm, BadArgumentsAreValueErrors) {
+  std::vector<uint16_t> x(16, 0);
+  std::vector<float> y(16);
+  auto call = [&](int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc) {
+    blas::hgemm(HalfType::BFloat16, true, Trans::No, Trans::No, m, n, k, 1.f, x.data(), lda, x.data(), ldb, 0.f,
+                y.data(), ldc);
+  };
+  expectError<ValueError>([&] { call(-1, 2, 2, 2, 2, 2); }, {"hgemm", "negative size"});
+  expectError<ValueError>([&] { call(2, 2, 3, 2, 2, 2); }, {"hgemm", "lda=2"});
+  expectError<ValueError>([&] { call(2, 3, 2, 2, 2, 3); }, {"hgemm", "ldb=2"});
+  expectError<ValueError>([&] { call(2, 3, 2, 2, 3, 2); }, {"hgemm", "ldc=2", "n=3"});
+  expectError<ValueError>(
+      [&] {
+        blas::hgemm(HalfType::Float16, false, Trans::No, Trans::No, 2, 2, 2, 1.f, nullptr, 2, x.data(), 2, 0.f,
+                    y.data(), 2);
+      },
+      {"hgemm", "null"});
+}
+
+TEST(Hgemm, MmOnHalfTensorsMatchesFloat64) {
+  // cohort::mm on bfloat16/float16 tensors, including transposed views (as nn.Linear gives them):
+  // the float64 product of the same (rounded) values, within one rounding of the result.
+  for (DType dt : {DType::BFloat16, DType::Float16}) {
+    Tensor a = (rand({70, 90}) - 0.5).to(dt), b = (rand({60, 90}) - 0.5).to(dt);
+    Tensor got = mm(a, b.transpose(0, 1));
+    EXPECT_EQ(got.dtype(), dt);
+    Tensor want = mm(a.to(DType::Float64), b.to(DType::Float64).transpose(0, 1));
+    double tol = dt == DType::BFloat16 ? 1.0 / 128 : 1.0 / 1024;
+    Tensor err = (got.to(DType::Float64) - want).abs() - want.abs() * tol;
+    EXPECT_LE(err.max().item<double>(), 1e-6) << dtypeName(dt);
+  }
+}
+
+TEST(HgemmEnv, ForcedWiden) { expectChildPasses("COHORT_HGEMM=widen", "HgemmWidened"); }
+TEST(HgemmEnv, UnknownValueIsValueError) { expectChildPasses("COHORT_HGEMM=fast", "HgemmUnknownValue"); }
+
 bool isChild() {
   const char* v = std::getenv("COHORT_BLAS_TEST_CHILD");
   return v && std::string(v) == "1";
@@ -468,6 +612,28 @@ TEST(SgemmEnvChild, DISABLED_UnknownValue) {
     expectError<ValueError>(
         [&] { blas::sgemm(Trans::No, Trans::No, 2, 2, 2, 1.f, x.data(), 2, x.data(), 2, 0.f, y.data(), 2); },
         {"COHORT_BLAS='mkl'", "auto, openblas, onednn"});
+}
+
+TEST(SgemmEnvChild, DISABLED_HgemmWidened) {
+  if (!isChild()) GTEST_SKIP() << "run by HgemmEnv.*";
+  std::string why;
+  EXPECT_FALSE(blas::hgemmNative(HalfType::BFloat16, &why));
+  EXPECT_EQ(why, "COHORT_HGEMM=widen");
+  EXPECT_TRUE(contains(blas::describe(), "bfloat16: widened to float32 (COHORT_HGEMM=widen)")) << blas::describe();
+  for (const Case& c : randomCases(23, 10)) checkHgemm(HalfType::BFloat16, false, true, c, 77);
+}
+
+TEST(SgemmEnvChild, DISABLED_HgemmUnknownValue) {
+  if (!isChild()) GTEST_SKIP() << "run by HgemmEnv.*";
+  std::vector<uint16_t> x(4, 0);
+  std::vector<float> y(4);
+  for (int i = 0; i < 2; ++i)
+    expectError<ValueError>(
+        [&] {
+          blas::hgemm(HalfType::BFloat16, true, Trans::No, Trans::No, 2, 2, 2, 1.f, x.data(), 2, x.data(), 2, 0.f,
+                      y.data(), 2);
+        },
+        {"COHORT_HGEMM='fast'", "auto, onednn, widen"});
 }
 
 }  // namespace
