@@ -39,8 +39,8 @@ std::string folderName(int64_t step, uint64_t id) { return fmt::format("step-{}-
 std::string stateFileName(int rank, int world) { return fmt::format("state-{}-of-{}.safetensors", rank, world); }
 std::string shardFileBase(int index, int count) { return fmt::format("shard-{}-of-{}.safetensors", index, count); }
 const std::regex& folderPattern() {
-  static const std::regex re(R"(step-\d+-[0-9a-f]{16})");
-  return re;
+  static const std::regex kFolder(R"(step-\d+-[0-9a-f]{16})");
+  return kFolder;
 }
 
 uint64_t newId() {
@@ -152,8 +152,8 @@ T manifestField(const std::string& path, const json& obj, const char* key, const
 }
 
 uint64_t parseHex64(const std::string& path, const std::string& s, const std::string& what) {
-  static const std::regex re("[0-9a-f]{16}");
-  if (!std::regex_match(s, re)) badManifest(path, fmt::format("{} '{}' is not 16 hex digits", what, s));
+  static const std::regex kHex64("[0-9a-f]{16}");
+  if (!std::regex_match(s, kHex64)) badManifest(path, fmt::format("{} '{}' is not 16 hex digits", what, s));
   return std::stoull(s, nullptr, 16);
 }
 
@@ -426,7 +426,8 @@ io::TrainingState loadTrainingCheckpoint(FullyShardedDataParallel& f, const std:
   const int rank = pg.rank(), world = pg.size();
   const io::RestoreTargets stateTargets{.scheduler = targets.scheduler,
                                         .loader = targets.loader,
-                                        .generator = targets.generator};
+                                        .generator = targets.generator,
+                                        .gradScaler = targets.gradScaler};
 
   std::exception_ptr error;
   io::TrainingState st;

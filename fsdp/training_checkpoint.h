@@ -12,8 +12,9 @@
  *                                         .loader = &loader, .generator = &defaultGenerator()}).step;
  *
  * This is io::saveCheckpoint / io::restoreCheckpoint for a sharded model: the same TrainingState
- * (with `model` and `optimizer` left empty: they are saved from the shards) and the same restore
- * targets, less the model, which is the FSDP module itself.
+ * (with `model` and `optimizer` left empty: they are saved from the shards; a grad scaler's state
+ * goes in `gradScaler`, identical on every rank when its found-inf flags are reduced) and the same
+ * restore targets, less the model, which is the FSDP module itself.
  *
  * Layout of `dir` (a folder; every rank must see the same one, i.e. a shared file system, as for
  * loadShardedCheckpoint):
@@ -79,6 +80,7 @@
 #include <functional>
 #include <string>
 
+#include <cohort/core/amp/grad_scaler.h>
 #include <cohort/core/data/data_loader.h>
 #include <cohort/core/io/checkpoint.h>
 #include <cohort/core/optim/lr_scheduler.h>
@@ -118,7 +120,8 @@ struct TrainingCheckpointTargets {
   optim::Optimizer* optimizer = nullptr;  // the one built over fsdp.parameters()
   optim::LRScheduler* scheduler = nullptr;
   data::DataLoader* loader = nullptr;
-  Generator* generator = nullptr;  // restored from generators["cpu"]
+  Generator* generator = nullptr;         // restored from generators["cpu"]
+  amp::GradScaler* gradScaler = nullptr;  // from TrainingState::gradScaler (e.g. a ShardedGradScaler)
 };
 
 // Loads the checkpoint committed in `dir` into `fsdp` and the targets, after checking all of it.

@@ -1,6 +1,7 @@
 #include <cohort/core/io/checkpoint.h>
 
 #include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <set>
 #include <vector>
@@ -69,6 +70,18 @@ SafetensorsContents encodeCheckpoint(const TrainingState& st, const std::string&
   }
   if (st.scheduler) state["scheduler"] = {{"last_step", st.scheduler->lastStep}, {"base_lrs", st.scheduler->baseLrs}};
   else state["scheduler"] = nullptr;
+  if (st.gradScaler) {
+    json scaler = json::object();  // {} for a disabled scaler's empty state
+    for (const auto& [k, v] : *st.gradScaler) {
+      if (!std::isfinite(v))
+        throw ValueError(
+            fmt::format("saveCheckpoint '{}': the grad scaler state's \"{}\" is {}, not a finite number", file, k, v));
+      scaler[k] = v;
+    }
+    state["grad_scaler"] = std::move(scaler);
+  } else {
+    state["grad_scaler"] = nullptr;
+  }
   json extraGroups = json::array();
   for (const auto& [group, dict] : st.extraTensors) {
     if (group.empty() || group.find('/') != std::string::npos)
@@ -156,6 +169,16 @@ TrainingState decodeCheckpoint(SafetensorsContents c, const std::string& file) {
       ss.baseLrs.push_back(v.get<double>());
     }
     st.scheduler = std::move(ss);
+  }
+  const json& scaler = state.value("grad_scaler", json());
+  if (!scaler.is_null()) {
+    if (!scaler.is_object()) fail(file, fmt::format("grad_scaler is not a JSON object: {}", scaler.dump()));
+    amp::GradScalerState gs;
+    for (const auto& [k, v] : scaler.items()) {
+      if (!v.is_number()) fail(file, fmt::format("grad_scaler.{} is not a number: {}", k, v.dump()));
+      gs[k] = v.get<double>();
+    }
+    st.gradScaler = std::move(gs);
   }
   std::set<std::string> groups;
   if (state.contains("extra_groups")) {
@@ -269,6 +292,14 @@ void checkRestore(const std::string& file, const TrainingState& st, const Restor
       fail(file, fmt::format("the scheduler state has {} base lrs for {} optimizer groups",
                              st.scheduler->baseLrs.size(), groups));
   }
+  if (targets.gradScaler) {
+    if (!st.gradScaler) fail(file, "a grad scaler was given, but the checkpoint holds no grad scaler state");
+    try {
+      targets.gradScaler->checkStateDict(*st.gradScaler);
+    } catch (const ValueError& e) {
+      fail(file, fmt::format("the grad scaler state does not fit the scaler: {}; nothing was restored", e.what()));
+    }
+  }
   if (targets.loader) {
     const auto& p = st.dataPosition;
     if (p.epoch < 0 || p.batch < 0 || p.batch > targets.loader->numBatches())
@@ -284,6 +315,7 @@ void applyRestore(const std::string& file, const TrainingState& st, const Restor
     if (targets.model) targets.model->loadStateDict(st.model, /*strict=*/true);
     if (targets.optimizer) targets.optimizer->loadStateDict(*st.optimizer);
     if (targets.scheduler) targets.scheduler->loadState(*st.scheduler);
+    if (targets.gradScaler) targets.gradScaler->loadStateDict(*st.gradScaler);
     if (targets.loader) targets.loader->setPosition(st.dataPosition);
     if (targets.generator) targets.generator->setState(st.generators.at("cpu"));
   } catch (const CheckpointError&) {

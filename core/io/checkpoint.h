@@ -7,7 +7,9 @@
  * Layout: tensors are named "model/<name>", "optimizer/<name>" ("optimizer/state.3.exp_avg")
  * and "extra/<group>/<name>"; __metadata__ holds "format" = "cohort-checkpoint", "version" = "1"
  * and "state", a JSON object with the step, data position, generator states, optimizer groups,
- * scheduler state and the user's extra JSON.
+ * scheduler state, the grad scaler's state ("grad_scaler": its name -> number map, null when none
+ * was saved; checkpoints written before it existed have no entry and load as none) and the user's
+ * extra JSON.
  *
  *   io::TrainingState st{.model = model->stateDict(), .optimizer = opt.stateDict(),
  *                        .scheduler = sched.state(), .step = step, .dataPosition = loader.position(),
@@ -15,6 +17,11 @@
  *   io::saveCheckpoint("runs/ckpt", st);     // a folder: writes runs/ckpt/checkpoint.safetensors
  *   io::TrainingState back = io::restoreCheckpoint("runs/ckpt", {.model = model.get(), .optimizer = &opt,
  *                                              .scheduler = &sched, .loader = &loader});
+ *
+ * Mixed precision: put the amp::GradScaler's state in too (.gradScaler = scaler.stateDict(), after
+ * scaler.update()) and restore it with RestoreTargets::gradScaler; a scaler state that does not fit
+ * the scaler (missing or out-of-range entries, an empty state for an enabled scaler) is a
+ * CheckpointError like any other mismatch.
  *
  * Every problem reading a checkpoint (missing, truncated or corrupt file, not a cohort
  * checkpoint, a model or optimizer that does not match it) is a CheckpointError naming the file
@@ -28,6 +35,7 @@
 #include <optional>
 #include <string>
 
+#include <cohort/core/amp/grad_scaler.h>
 #include <cohort/core/data/data_loader.h>
 #include <cohort/core/io/safetensors.h>
 #include <cohort/core/nn/module.h>
@@ -48,6 +56,7 @@ struct TrainingState {
   std::map<std::string, GeneratorState> generators{};  // e.g. "cpu" -> defaultGenerator().state()
   std::map<std::string, TensorDict> extraTensors{};    // other named tensor groups (an EMA model, ...)
   std::string extraJson{};                             // any JSON value the program wants back ("" = none)
+  std::optional<amp::GradScalerState> gradScaler{};    // amp::GradScaler::stateDict()
 };
 
 // The file a checkpoint path means: `path` itself, or path/checkpoint.safetensors when `path` is
@@ -65,11 +74,13 @@ struct RestoreTargets {
   optim::LRScheduler* scheduler = nullptr;
   data::DataLoader* loader = nullptr;
   Generator* generator = nullptr;  // restored from generators["cpu"]
+  amp::GradScaler* gradScaler = nullptr;
 };
 
 // Loads the checkpoint and restores every non-null target, after checking that each one matches
-// (model keys and shapes, optimizer type and groups, scheduler group count, data position within
-// the loader's epoch, a saved "cpu" generator). Returns the loaded state.
+// (model keys and shapes, optimizer type and groups, scheduler group count, a grad scaler state the
+// scaler accepts, data position within the loader's epoch, a saved "cpu" generator). Returns the
+// loaded state.
 TrainingState restoreCheckpoint(const std::string& path, const RestoreTargets& targets);
 
 // The pieces of the functions above, for checkpoints that commit this file together with others
