@@ -1,7 +1,8 @@
-// The nn layer in one include: modules, layers, containers, the GPT model, initialisers and the
-// functional ops they are built on.
+// The nn layer in one include: modules, layers, containers, attention and transformer encoder
+// modules, the GPT model, initialisers and the functional ops they are built on.
 #pragma once
 
+#include <cohort/core/nn/attention.h>
 #include <cohort/core/nn/container.h>
 #include <cohort/core/nn/init.h>
 #include <cohort/core/nn/layers.h>

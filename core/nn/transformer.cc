@@ -14,7 +14,7 @@ namespace cohort::nn {
 
 CausalSelfAttention::CausalSelfAttention(int64_t nEmbd, int64_t nHead, int64_t blockSize, double dropout, bool bias,
                                          Generator* gen)
-    : Module("CausalSelfAttention"), nEmbd_(nEmbd), nHead_(nHead), blockSize_(blockSize) {
+    : Module("CausalSelfAttention"), nEmbd_(nEmbd), nHead_(nHead), blockSize_(blockSize), gen_(gen) {
   if (nHead < 1 || nEmbd < 1 || nEmbd % nHead != 0)
     throw ValueError(
         fmt::format("CausalSelfAttention: n_embd ({}) must be a positive multiple of n_head ({})", nEmbd, nHead));
@@ -24,14 +24,6 @@ CausalSelfAttention::CausalSelfAttention(int64_t nEmbd, int64_t nHead, int64_t b
   registerModule("c_proj", Linear(nEmbd, nEmbd, bias, gen));
   registerModule("attn_dropout", Dropout(dropout, gen));
   registerModule("resid_dropout", Dropout(dropout, gen));
-  // Additive mask: 0 where key position <= query position, -inf above the diagonal. Adding it
-  // before softmax is masked_fill(-inf) without a boolean op.
-  Tensor mask = zeros({blockSize, blockSize});
-  float* m = mask.data<float>();
-  const float ninf = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < blockSize; ++i)
-    for (int64_t j = i + 1; j < blockSize; ++j) m[i * blockSize + j] = ninf;
-  registerBuffer("mask", mask, /*persistent=*/false);
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) {
@@ -44,11 +36,11 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   std::vector<Tensor> parts = qkv.split(C, 2);
   auto heads = [&](const Tensor& t) { return t.reshape({B, T, nHead_, hs}).transpose(1, 2); };  // [B, nh, T, hs]
   Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
-  Tensor att = matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hs)));  // [B, nh, T, T]
-  att = att + buffer("mask").slice(0, 0, T).slice(1, 0, T);
-  att = functional::softmax(att, -1);
-  att = (*child("attn_dropout"))(att);
-  Tensor y = matmul(att, v);                           // [B, nh, T, hs]
+  // Fused attention (core/ops/attention.cc): reads the head views in place and never holds the
+  // [T, T] weights. attn_dropout's probability applies to the weights inside it, in training mode.
+  auto attnDropout = std::dynamic_pointer_cast<Dropout>(child("attn_dropout"));
+  const double p = attnDropout && attnDropout->isTraining() ? attnDropout->p() : 0.0;
+  Tensor y = functional::scaledDotProductAttention(q, k, v, {.causal = true, .dropout = p, .generator = gen_});
   y = y.transpose(1, 2).contiguous().view({B, T, C});  // heads side by side again
   return (*child("resid_dropout"))((*child("c_proj"))(y));
 }

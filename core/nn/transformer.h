@@ -7,7 +7,8 @@
  *   transformer.h.<i>.mlp.c_proj.*, transformer.ln_f.*, lm_head.weight
  * With weight tying, transformer.wte.weight and lm_head.weight are one tensor: it is listed once
  * (as transformer.wte.weight) by namedParameters and under both names by stateDict.
- * The causal mask is a non-persistent buffer ("mask"), so it is not in state dicts.
+ * Attention runs on the fused functional::scaledDotProductAttention with causal=true (no mask
+ * buffer: memory stays linear in the sequence length).
  * Every module calls its children through the registry (Module::child), so wrappers that replace
  * a block or hook its forward (FSDP units are usually one TransformerBlock) take effect.
  */
@@ -33,6 +34,7 @@ class CausalSelfAttention : public Module {
 
  private:
   int64_t nEmbd_, nHead_, blockSize_;
+  Generator* gen_;  // attention dropout draws from it
 };
 
 // Linear(C, 4C) -> GELU -> Linear(4C, C) -> Dropout.

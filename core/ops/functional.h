@@ -1,7 +1,8 @@
 /*
  * Neural-network functions: the building blocks of nn modules and losses. Differentiable;
  * float16/bfloat16 inputs compute in float32 inside the kernels.
- *   core/ops/nn_ops.cc: softmax .. embedding, dropout;  core/ops/conv.cc: conv2d and pooling.
+ *   core/ops/nn_ops.cc: softmax .. embedding, dropout;  core/ops/conv.cc: conv2d and pooling;
+ *   core/ops/attention.cc: fused scaled-dot-product attention.
  */
 #pragma once
 
@@ -53,5 +54,37 @@ struct Pool2dOptions {
 };
 Tensor maxPool2d(const Tensor& input, const Pool2dOptions& opts);
 Tensor avgPool2d(const Tensor& input, const Pool2dOptions& opts);  // count_include_pad = true, as torch's default
+
+// ---- attention (core/ops/attention.cc) ----------------------------------------------------------
+struct SdpaOptions {
+  // Bool (true = the query may attend to that key, as PyTorch 2's attn_mask) or floating-point
+  // (added to the scaled scores); broadcastable to [..., Tq, Tk]. Undefined: no mask. No gradient
+  // flows to it.
+  Tensor mask{};
+  // Query i attends to keys j <= i (the lower triangle aligned at the top left, as PyTorch's
+  // is_causal, also when Tq != Tk). A ValueError together with a mask.
+  bool causal = false;
+  // Probability, in [0, 1), of dropping each attention weight (the kept ones are scaled by 1/(1-p)).
+  double dropout = 0.0;
+  // Multiplies q k^T; default 1/sqrt(E).
+  std::optional<double> scale{};
+  // Dropout draws one value from it per call (the default CPU generator when null).
+  Generator* generator = nullptr;
+};
+// softmax(q k^T * scale + mask) v, with dropout on the attention weights: PyTorch 2's
+// F.scaled_dot_product_attention. q [..., Tq, E], k [..., Tk, E], v [..., Tk, Ev] (batch dims
+// broadcast, e.g. [B, H]) -> [..., Tq, Ev] in q's dtype. Float16/bfloat16 compute in float32.
+// On the CPU the op is fused: it never holds a [Tq, Tk] matrix, keeps only the output and one
+// log-sum-exp per query row for backward, and recomputes the weights there tile by tile.
+// A query row whose every key is masked out gives NaN (as PyTorch), and so do the gradients it
+// reaches. With Tk == 0 the output is zeros. Other devices compute the same formula with
+// matmul and softmax (and the same dropout mask).
+// Options are taken by const reference (see Conv2dOptions above).
+Tensor scaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& opts = {});
+// The keep mask (bool, attnShape = [..., Tq, Tk]) that scaledDotProductAttention applies when its
+// attention weights have that shape and it is called with dropout p and `gen` in its present
+// state. Advances `gen` as that call would: with two generators in one state, one gives this
+// mask and the other gives the op's result with exactly these weights kept. p in [0, 1).
+Tensor scaledDotProductAttentionDropoutMask(const Shape& attnShape, double p, Generator* gen = nullptr);
 
 }  // namespace cohort::nn::functional
