@@ -1,8 +1,11 @@
 #!/usr/bin/python3
 """PyTorch 1.13 side of bench/train_step: ms per training step for the two reference models,
-one thread, same shapes as cohort's bench/train_step.cc. Prints one JSON line per model.
+one thread, same shapes as cohort's bench/train_step.cc. Prints one JSON line per model, with the
+peak memory of one step as PyTorch's profiler reports it (step_peak_mb: see step_peak_mb()).
+--amp bf16 runs forward and loss under torch.autocast("cpu", dtype=torch.bfloat16) (PyTorch 1.13's
+CPU autocast has no float16).
 
-  /usr/bin/python3 bench/torch_train_step.py [--steps N] [--warmup N] [--model mlp|gpt|all]
+  /usr/bin/python3 bench/torch_train_step.py [--steps N] [--warmup N] [--model mlp|gpt|all] [--amp none|bf16]
 """
 import argparse
 import json
@@ -22,6 +25,29 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "parit
 from torch_reference import GPT  # noqa: E402  (the same nanoGPT layout as cohort's)
 
 
+AMP = None  # torch.bfloat16 under --amp bf16
+
+
+def autocast():
+    return torch.autocast("cpu", dtype=AMP or torch.bfloat16, enabled=AMP is not None)
+
+
+def step_peak_mb(step):
+    """Peak, during one step, of the bytes allocated minus freed since the step began, from the
+    profiler's memory records (profile_memory=True). Blocks allocated before the step (weights,
+    optimizer state, last step's gradients) are not in it; PyTorch does not record their frees
+    either. cohort's "step_peak_mb" is the same quantity from its allocator."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    total, peak = 0, 0
+    for ev in sorted(prof.profiler.kineto_results.events(), key=lambda x: x.start_us()):
+        if ev.name() == "[memory]":
+            total += ev.nbytes()
+            peak = max(peak, total)
+    return peak / 2**20
+
+
 def time_steps(step, steps, warmup):
     for _ in range(warmup):
         step()
@@ -30,7 +56,7 @@ def time_steps(step, steps, warmup):
         t0 = time.process_time()  # CPU time, as bench/train_step.cc (the machines are shared)
         step()
         times.append((time.process_time() - t0) * 1e3)
-    return statistics.median(times)
+    return statistics.median(times), step_peak_mb(step)
 
 
 def mlp(steps, warmup):
@@ -42,7 +68,8 @@ def mlp(steps, warmup):
     y = torch.randint(0, 10, (64,))
 
     def step():
-        loss = F.cross_entropy(model(x), y)
+        with autocast():
+            loss = F.cross_entropy(model(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -58,8 +85,9 @@ def gpt(steps, warmup):
     y = torch.randint(0, 65, (8, 256))
 
     def step():
-        logits = model(x)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+        with autocast():
+            logits = model(x)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -71,12 +99,20 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--model", default="all")
+    ap.add_argument("--amp", default="none", choices=["none", "bf16"])
     a = ap.parse_args()
+    global AMP
+    AMP = torch.bfloat16 if a.amp == "bf16" else None
     torch.set_num_threads(1)
+
+    def line(model, result):
+        ms, peak = result
+        print(json.dumps({"model": model, "amp": a.amp, "ms_per_step": ms, "step_peak_mb": round(peak, 1)}),
+              flush=True)
     if a.model in ("mlp", "all"):
-        print(json.dumps({"model": "mlp", "ms_per_step": mlp(a.steps, a.warmup)}), flush=True)
+        line("mlp", mlp(a.steps, a.warmup))
     if a.model in ("gpt", "all"):
-        print(json.dumps({"model": "gpt", "ms_per_step": gpt(max(3, a.steps // 3), 2)}), flush=True)
+        line("gpt", gpt(max(3, a.steps // 3), 2))
 
 
 if __name__ == "__main__":

@@ -1,15 +1,21 @@
 // Training-step time of the two reference models, one thread, for a side-by-side ratio
 // against PyTorch 1.13 (bench/torch_train_step.py runs the same models and shapes):
 //   MLP 784-1024-1024-10, batch 64, SGD;  GPT 6 layers, 6 heads, width 384, block 256, batch 8, AdamW.
-// Prints one JSON line per model: {"model": "mlp", "ms_per_step": ...} (process CPU time per step). With --profile,
-// also the time per op family (forward, backward, optimizer) for the "where does the time go" question.
+// Prints one JSON line per model: {"model": "mlp", "amp": "none", "ms_per_step": ..., "peak_mb": ...,
+// "step_peak_mb": ...} (process CPU time per step; the allocator's peak bytes during the last timed step,
+// weights and optimizer state included, and the most a step allocated above what was live when it
+// began, which is what bench/torch_train_step.py reads from PyTorch's profiler). With --profile, also the time per op
+// family (forward, backward, optimizer) for the "where does the time go" question.
+// --amp bf16|fp16 runs forward and loss under amp::Autocast (float32 weights; fp16 also scales the
+// loss with an amp::GradScaler, as a float16 run needs).
 //
-//   build/bench/train_step [--steps N] [--model mlp|gpt|all] [--profile]
+//   build/bench/train_step [--steps N] [--model mlp|gpt|all] [--amp none|bf16|fp16] [--profile]
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <ctime>
+#include <optional>
 #include <vector>
 
 #include <cohort/cohort.h>
@@ -32,6 +38,7 @@ double ms(Clock::time_point a, Clock::time_point b) { return (b - a).count() * 1
 
 struct Phases {
   std::vector<double> fwd, bwd, opt, total;
+  int64_t stepPeakBytes = 0;  // the most any timed step allocated above what was live when it began
   static double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v.empty() ? 0 : v[v.size() / 2];
@@ -42,12 +49,29 @@ template <typename Step>
 Phases timeSteps(int warmup, int steps, Step&& step) {
   Phases p;
   for (int i = 0; i < warmup; ++i) step(nullptr);
-  for (int i = 0; i < steps; ++i) step(&p);
+  resetPeakMemory();
+  for (int i = 0; i < steps; ++i) {
+    const int64_t liveBefore = memoryStats().bytesLive;
+    resetPeakMemory();
+    step(&p);
+    p.stepPeakBytes = std::max(p.stepPeakBytes, memoryStats().peakBytes - liveBefore);
+  }
   return p;
 }
 
-void report(const char* model, const Phases& p, bool profile) {
-  fmt::print("{{\"model\": \"{}\", \"ms_per_step\": {:.3f}", model, Phases::median(p.total));
+// The autocast dtype for --amp, if any.
+std::optional<DType> ampDType(const std::string& amp) {
+  if (amp == "bf16") return DType::BFloat16;
+  if (amp == "fp16") return DType::Float16;
+  return std::nullopt;
+}
+
+void report(const char* model, const std::string& amp, const Phases& p, bool profile) {
+  const double mb = 1 << 20;
+  fmt::print(
+      "{{\"model\": \"{}\", \"amp\": \"{}\", \"ms_per_step\": {:.3f}, \"peak_mb\": {:.1f}, \"step_peak_mb\": {:.1f}",
+      model, amp, Phases::median(p.total), static_cast<double>(memoryStats().peakBytes) / mb,
+      static_cast<double>(p.stepPeakBytes) / mb);
   if (profile)
     fmt::print(", \"forward_ms\": {:.3f}, \"backward_ms\": {:.3f}, \"optimizer_ms\": {:.3f}", Phases::median(p.fwd),
                Phases::median(p.bwd), Phases::median(p.opt));
@@ -56,16 +80,22 @@ void report(const char* model, const Phases& p, bool profile) {
 }
 
 template <typename Model, typename Opt>
-auto makeStep(Model& model, Opt& opt, const Tensor& x, const Tensor& y, int64_t classes) {
-  return [&, classes](Phases* p) {
+auto makeStep(Model& model, Opt& opt, const Tensor& x, const Tensor& y, int64_t classes, std::optional<DType> amp,
+              amp::GradScaler& scaler) {
+  return [&, classes, amp](Phases* p) {
     auto t0 = Clock::now();
-    Tensor logits = model(x);
-    Tensor loss = nn::functional::crossEntropy(logits.reshape({-1, classes}), y.reshape({-1}));
+    Tensor loss;
+    {
+      amp::Autocast autocast(DeviceType::CPU, amp.value_or(DType::BFloat16), {.enabled = amp.has_value()});
+      Tensor logits = model(x);
+      loss = nn::functional::crossEntropy(logits.reshape({-1, classes}), y.reshape({-1}));
+    }
     auto t1 = Clock::now();
     opt.zeroGrad();
-    loss.backward();
+    scaler.scale(loss).backward();
     auto t2 = Clock::now();
-    opt.step();
+    scaler.step(opt);
+    scaler.update();
     auto t3 = Clock::now();
     if (p) {
       p->fwd.push_back(ms(t0, t1));
@@ -83,11 +113,17 @@ int main(int argc, char** argv) {
   int steps = 30;
   std::string which = "all";
   bool profile = false;
+  std::string ampName = "none";
   app.add_option("--steps", steps, "timed steps (median reported)")->check(CLI::PositiveNumber);
   app.add_option("--model", which, "mlp, gpt or all")->check(CLI::IsMember({"mlp", "gpt", "all"}));
+  app.add_option("--amp", ampName, "none, bf16 or fp16 (autocast; fp16 with a GradScaler)")
+      ->check(CLI::IsMember({"none", "bf16", "fp16"}));
   app.add_flag("--profile", profile, "also report forward/backward/optimizer time");
   CLI11_PARSE(app, argc, argv);
   blas::setNumThreads(1);
+  const std::optional<DType> amp = ampDType(ampName);
+  // Loss scaling only where float16 needs it; a disabled scaler is a plain backward and step.
+  amp::GradScaler scaler({.enabled = ampName == "fp16"});
 
   if (which == "mlp" || which == "all") {
     manualSeed(0);
@@ -96,7 +132,7 @@ int main(int argc, char** argv) {
     optim::SGD opt(model->parameters(), {.lr = 0.01});
     Tensor x = randn({64, 784});
     Tensor y = randint(0, 10, {64});
-    report("mlp", timeSteps(5, steps, makeStep(*model, opt, x, y, 10)), profile);
+    report("mlp", ampName, timeSteps(5, steps, makeStep(*model, opt, x, y, 10, amp, scaler)), profile);
   }
   if (which == "gpt" || which == "all") {
     manualSeed(0);
@@ -111,7 +147,7 @@ int main(int argc, char** argv) {
     optim::AdamW opt(model.parameters(), {.lr = 3e-4, .weightDecay = 0.1});
     Tensor x = randint(0, 65, {8, 256});
     Tensor y = randint(0, 65, {8, 256});
-    report("gpt", timeSteps(2, std::max(3, steps / 3), makeStep(model, opt, x, y, 65)), profile);
+    report("gpt", ampName, timeSteps(2, std::max(3, steps / 3), makeStep(model, opt, x, y, 65, amp, scaler)), profile);
   }
   return 0;
 }

@@ -7,6 +7,7 @@
 //   cohortrun --standalone --nproc-per-node 2 build/examples/train_gpt --ddp --checkpoint run.ckpt --resume
 //   cohortrun --standalone --nproc-per-node 2 build/examples/train_gpt --fsdp --checkpoint run.ckpt --resume
 //   cohortrun --standalone --nproc-per-node 2 build/examples/train_gpt --pipeline 2 --checkpoint run.ckpt --resume
+//   cohortrun --standalone --nproc-per-node 2 build/examples/train_gpt --ddp --amp bf16 --checkpoint run.ckpt --resume
 //   cohortrun --standalone --nproc-per-node 4 build/examples/train_gpt --pipeline 2 --schedule zb --micro-batches 8
 //
 // With --ddp every rank trains on its DistributedSampler shard (global batch = --batch-size ×
@@ -30,6 +31,10 @@
 // while saving leaves the previous step whole); --resume continues from the committed step, with
 // the same --pipeline and --schedule. At the end rank 0 gathers the stages into the whole GPT to
 // evaluate and sample, and prints its parameter checksum.
+// With --amp bf16|fp16 forward and loss run under amp::Autocast (float32 weights and optimizer);
+// fp16 also scales the loss with an amp::GradScaler (its skip decision agreed over the ranks under
+// --ddp and --fsdp), prints the loss scale whenever it changes, and keeps the scaler's state in
+// the checkpoint. Not with --pipeline.
 #include <CLI/CLI.hpp>
 
 #include <filesystem>
@@ -43,7 +48,9 @@
 #include <cohort/core/nn/nn.h>
 #include <cohort/core/optim/optim.h>
 #include <cohort/distributed.h>
+#include <cohort/distributed/grad_scaler.h>
 #include <cohort/fsdp/fully_sharded_data_parallel.h>
+#include <cohort/fsdp/sharded_grad_scaler.h>
 #include <cohort/fsdp/state_dict.h>
 #include <cohort/fsdp/training_checkpoint.h>
 #include <cohort/pipeline/pipeline.h>
@@ -277,6 +284,10 @@ int main(int argc, char** argv) {
   app.add_flag("--resume", resume, "continue from --checkpoint if it exists");
   app.add_option("--sample-tokens", sampleTokens, "characters to sample at the end (0 = none)");
   app.add_option("--prompt", prompt, "text the sample starts from");
+  std::string ampName = "none";
+  app.add_option("--amp", ampName,
+                 "mixed precision: bf16 or fp16 autocast (float32 weights; fp16 scales the loss with a GradScaler)")
+      ->check(CLI::IsMember({"none", "bf16", "fp16"}));
   bool ddp = false;
   std::string backend;
   app.add_flag("--ddp", ddp, "data-parallel over the job's ranks (under cohortrun, mpirun or srun)");
@@ -297,6 +308,10 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (resume && checkpoint.empty()) {
     fmt::print(stderr, "train_gpt: --resume needs --checkpoint\n");
+    return 2;
+  }
+  if (pipelined.stages > 0 && ampName != "none") {
+    fmt::print(stderr, "train_gpt: --amp is not supported with --pipeline (single process, --ddp or --fsdp)\n");
     return 2;
   }
 
@@ -326,6 +341,16 @@ int main(int argc, char** argv) {
       trained = std::make_shared<dist::DistributedDataParallel>(gpt, pg);
     }
     optim::AdamW opt(trained->parameters(), {.lr = lr, .beta1 = 0.9, .beta2 = 0.95, .weightDecay = weightDecay});
+    // Mixed precision: forward and loss under autocast; float16 also needs loss scaling, with the
+    // skip decision agreed over the ranks (ShardedGradScaler for FSDP's shards). A disabled scaler
+    // is a plain backward and optimizer step.
+    const bool amp = ampName != "none", fp16 = ampName == "fp16";
+    const DType ampDType = fp16 ? DType::Float16 : DType::BFloat16;
+    std::unique_ptr<amp::GradScaler> scaler;
+    if (sharded) scaler = std::make_unique<fsdp::ShardedGradScaler>(*sharded, amp::GradScalerOptions{.enabled = fp16});
+    else if (pg)
+      scaler = std::make_unique<amp::GradScaler>(amp::GradScalerOptions{.enabled = fp16}, dist::foundInfAllReduce(pg));
+    else scaler = std::make_unique<amp::GradScaler>(amp::GradScalerOptions{.enabled = fp16});
     optim::CosineWithWarmup sched(opt, {.warmupSteps = warmup, .totalSteps = steps, .minLr = minLr});
     data::DataLoaderOptions lo{.batchSize = batchSize, .shuffle = true, .seed = seed, .dropLast = true};
     if (pg) lo.sampler = data::DistributedSampler({.rank = rank, .worldSize = world, .seed = seed, .dropLast = true});
@@ -334,15 +359,18 @@ int main(int argc, char** argv) {
 
     int64_t step = 0;
     if (resume && (sharded ? fsdp::hasTrainingCheckpoint(checkpoint) : std::filesystem::exists(checkpoint))) {
-      io::TrainingState st =
-          sharded ? fsdp::loadTrainingCheckpoint(
-                        *sharded, checkpoint,
-                        {.optimizer = &opt, .scheduler = &sched, .loader = &loader, .generator = &defaultGenerator()})
-                  : io::restoreCheckpoint(checkpoint, {.model = &model,
-                                                       .optimizer = &opt,
-                                                       .scheduler = &sched,
-                                                       .loader = &loader,
-                                                       .generator = &defaultGenerator()});
+      io::TrainingState st = sharded ? fsdp::loadTrainingCheckpoint(*sharded, checkpoint,
+                                                                    {.optimizer = &opt,
+                                                                     .scheduler = &sched,
+                                                                     .loader = &loader,
+                                                                     .generator = &defaultGenerator(),
+                                                                     .gradScaler = fp16 ? scaler.get() : nullptr})
+                                     : io::restoreCheckpoint(checkpoint, {.model = &model,
+                                                                          .optimizer = &opt,
+                                                                          .scheduler = &sched,
+                                                                          .loader = &loader,
+                                                                          .generator = &defaultGenerator(),
+                                                                          .gradScaler = fp16 ? scaler.get() : nullptr});
       step = st.step;
       if (talk)
         fmt::print("resumed from {} at step {} (epoch {}, batch {})\n", checkpoint, step, st.dataPosition.epoch,
@@ -363,13 +391,23 @@ int main(int argc, char** argv) {
     progress.setStartStep(step);
     while (step < stopAt) {
       for (auto& b : loader) {
-        Tensor logits = (*trained)(b.data);
-        Tensor loss = nn::functional::crossEntropy(logits.reshape({-1, cfg.vocabSize}), b.target.reshape({-1}));
+        Tensor loss;
+        {
+          amp::Autocast autocast(DeviceType::CPU, ampDType, {.enabled = amp});
+          Tensor logits = (*trained)(b.data);
+          loss = nn::functional::crossEntropy(logits.reshape({-1, cfg.vocabSize}), b.target.reshape({-1}));
+        }
         opt.zeroGrad();
-        loss.backward();
+        scaler->scale(loss).backward();
+        scaler->unscale(opt);  // clip the true gradients
         if (sharded) sharded->clipGradNorm(clip);
         else optim::clipGradNorm(model.parameters(), clip);
-        opt.step();
+        const double scaleBefore = scaler->getScale();
+        const bool stepped = scaler->step(opt);
+        scaler->update();
+        if (talk && fp16 && scaler->getScale() != scaleBefore)
+          fmt::print("step {}: loss scale {} -> {}{}\n", step + 1, scaleBefore, scaler->getScale(),
+                     stepped ? "" : " (inf/NaN gradient: step skipped)");
         sched.step();
         ++step;
         progress.add(b.data.numel() * world);
@@ -381,6 +419,7 @@ int main(int argc, char** argv) {
           st.step = step;
           st.dataPosition = loader.position();
           st.generators["cpu"] = defaultGenerator().state();
+          if (fp16) st.gradScaler = scaler->stateDict();
           if (sharded) {
             fsdp::saveTrainingCheckpoint(*sharded, checkpoint, &opt, st);  // every rank: one commit
           } else {

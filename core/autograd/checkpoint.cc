@@ -1,3 +1,4 @@
+#include <cohort/core/amp/autocast.h>
 #include <cohort/core/autograd/checkpoint.h>
 
 #include <memory>
@@ -48,7 +49,8 @@ class RestoreState {
 
 class CheckpointNode final : public Node {
  public:
-  CheckpointNode(Fn fn, const std::vector<Tensor>& inputs, GeneratorState rng) : fn_(std::move(fn)), rng_(rng) {
+  CheckpointNode(Fn fn, const std::vector<Tensor>& inputs, GeneratorState rng, amp::AutocastState autocast)
+      : fn_(std::move(fn)), rng_(rng), autocast_(autocast) {
     saved_.reserve(inputs.size());
     for (const Tensor& t : inputs) saved_.emplace_back(t);
   }
@@ -86,6 +88,7 @@ class CheckpointNode final : public Node {
       RestoreState restore(gen, gen.state());
       gen.setState(rng_);
       EnableGradGuard gradOn(true);
+      amp::AutocastStateGuard autocastAsInForward(autocast_);  // the same dtypes as the forward
       outs = fn_(inputs);
     }
     if (outs.size() != outputMeta_.size())
@@ -180,6 +183,7 @@ class CheckpointNode final : public Node {
   Fn fn_;
   std::vector<SavedTensor> saved_;
   GeneratorState rng_;
+  amp::AutocastState autocast_;
   // Between the halves of a split backward: the nested weight half and the inputs' gradients it
   // fills in.
   WeightBackward rest_;
@@ -197,7 +201,7 @@ std::vector<Tensor> checkpoint(const Fn& fn, const std::vector<Tensor>& inputs) 
     NoGradGuard noGrad;
     outs = fn(inputs);
   }
-  auto node = std::make_shared<CheckpointNode>(fn, inputs, rng);
+  auto node = std::make_shared<CheckpointNode>(fn, inputs, rng, amp::currentState());
   for (const Tensor& in : inputs) {
     bool grad = in.defined() && in.requiresGrad();
     node->nextEdges().push_back(grad ? gradientEdge(in) : Edge{});

@@ -1,3 +1,4 @@
+#include <cohort/core/amp/autocast.h>
 #include <cohort/core/autograd/engine.h>
 
 #include <algorithm>
@@ -189,6 +190,9 @@ bool GraphTask::emit(Node* node, size_t i, Tensor grad) {
 
 std::vector<Tensor> GraphTask::runNode(Node* node, std::vector<Tensor> inputs) {
   node->runPreHooks(inputs);
+  // Backward functions run in the dtypes their forward recorded, whatever autocast scope the
+  // thread calling backward() has open.
+  amp::detail::ExcludeGuard noAutocast;
   std::vector<Tensor> out = node->apply(std::move(inputs));
   if (!retainGraph_) node->releaseSaved();
   return out;

@@ -1,3 +1,4 @@
+#include <cohort/core/amp/autocast.h>
 #include <cohort/core/autograd/split_backward.h>
 
 #include <unordered_map>
@@ -100,6 +101,7 @@ class MaskScope {
 
 std::vector<Tensor> SplitTask::applyMasked(Node* node, std::vector<Tensor> grads, const std::vector<bool>& mask) {
   MaskScope scope(node, &mask);
+  amp::detail::ExcludeGuard noAutocast;  // as the engine runs backward functions
   return node->apply(std::move(grads));
 }
 

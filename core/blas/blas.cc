@@ -347,11 +347,8 @@ const char* halfName(HalfType t) { return t == HalfType::BFloat16 ? "bfloat16" :
   for (int64_t r = 0; r < rows; ++r) {
     const uint16_t* s = src + r * ld;
     float* d = dst + r * cols;
-    if (t == HalfType::Float16) {
-      halfToFloatN(reinterpret_cast<const cohort::Half*>(s), d, cols);
-    } else {
-      for (int64_t j = 0; j < cols; ++j) d[j] = bitsFloat(static_cast<uint32_t>(s[j]) << 16);
-    }
+    if (t == HalfType::Float16) halfToFloatN(reinterpret_cast<const cohort::Half*>(s), d, cols);
+    else bfloat16ToFloatN(reinterpret_cast<const BFloat16*>(s), d, cols);
   }
 }
 
@@ -364,11 +361,8 @@ const char* halfName(HalfType t) { return t == HalfType::BFloat16 ? "bfloat16" :
   for (int64_t r = 0; r < rows; ++r) {
     const float* s = src + r * cols;
     uint16_t* d = dst + r * ld;
-    if (t == HalfType::Float16) {
-      floatToHalfN(s, reinterpret_cast<cohort::Half*>(d), cols);
-    } else {
-      for (int64_t j = 0; j < cols; ++j) d[j] = BFloat16::fromFloat(s[j]);
-    }
+    if (t == HalfType::Float16) floatToHalfN(s, reinterpret_cast<cohort::Half*>(d), cols);
+    else floatToBFloat16N(s, reinterpret_cast<BFloat16*>(d), cols);
   }
 }
 #pragma GCC diagnostic pop

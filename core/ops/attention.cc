@@ -33,6 +33,7 @@
 #include <type_traits>
 #include <vector>
 
+#include <cohort/core/amp/autocast.h>
 #include <cohort/core/autograd/function.h>
 #include <cohort/core/blas/blas.h>
 #include <cohort/core/ops/detail/attention.h>
@@ -667,6 +668,7 @@ Tensor unfusedAttention(const Tensor& q, const Tensor& k, const Tensor& v, const
 }  // namespace
 
 Tensor scaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& opts) {
+  COHORT_AUTOCAST("scaledDotProductAttention", scaledDotProductAttention, q, k, v, opts);
   const Dims d = checkArgs(q, k, v, opts);
   if (!q.device().isCpu()) return unfusedAttention(q, k, v, opts);
   const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(d.e)));

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 
+#include <cohort/core/amp/autocast.h>
 #include <cohort/core/autograd/function.h>
 #include <cohort/core/blas/blas.h>
 #include <cohort/core/ops/dispatch.h>
@@ -239,6 +240,7 @@ Shape poolOutShape(const Tensor& x, const PoolGeom& g) {
 }  // namespace
 
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dOptions& opts) {
+  COHORT_AUTOCAST("conv2d", conv2d, input, weight, bias, opts);
   if (!input.defined() || !weight.defined()) throw ValueError("conv2d: input and weight must be defined");
   if (!input.device().isCpu()) dispatch::throwNoKernel("conv2d", input.device());  // CPU kernels only, so far
   if (input.dim() != 4 || weight.dim() != 4)

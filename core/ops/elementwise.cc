@@ -7,6 +7,7 @@
 #include <limits>
 #include <utility>
 
+#include <cohort/core/amp/autocast.h>
 #include <cohort/core/autograd/function.h>
 #include <cohort/core/ops/detail/elementwise_impl.h>
 #include <cohort/core/ops/detail/simd.h>
@@ -262,6 +263,7 @@ Tensor powScalarKernel(const Tensor& x, double e) {
 }  // namespace
 
 Tensor pow(const Tensor& a, Scalar exponent) {
+  COHORT_AUTOCAST("pow", pow, a, exponent);
   if (!a.defined()) throw ValueError("pow: the input tensor is undefined");
   DType dt = detail::scalarResultType(a, exponent);
   Tensor x = a.dtype() == dt ? a : a.detach().to(dt);
@@ -297,6 +299,7 @@ Tensor pow(const Tensor& a, Scalar exponent) {
 }
 
 Tensor pow(const Tensor& a, const Tensor& b) {
+  COHORT_AUTOCAST("pow", pow, a, b);
   detail::checkBinary(a, b, "pow");
   DType dt = detail::resultType(a, b);
   if (dt == DType::Bool)
@@ -339,6 +342,7 @@ Tensor pow(const Tensor& a, const Tensor& b) {
 // ---- unary math ----------------------------------------------------------------------------------
 
 Tensor exp(const Tensor& a) {
+  COHORT_AUTOCAST("exp", exp, a);
   Tensor out = detail::simd::unary(a, detail::simd::Unary::Exp);
   if (!out.defined()) out = detail::unaryFloatOp(a, "exp", [](auto x) COHORT_KERNEL_FN { return vm::exp(x); });
   autograd::record("exp", {a}, {out}, {out},
@@ -347,6 +351,7 @@ Tensor exp(const Tensor& a) {
 }
 
 Tensor log(const Tensor& a) {
+  COHORT_AUTOCAST("log", log, a);
   Tensor out = detail::simd::unary(a, detail::simd::Unary::Log);
   if (!out.defined()) out = detail::unaryFloatOp(a, "log", [](auto x) COHORT_KERNEL_FN { return vm::log(x); });
   autograd::record("log", {a}, {out}, {a},
@@ -364,6 +369,7 @@ Tensor sqrt(const Tensor& a) {
 }
 
 Tensor rsqrt(const Tensor& a) {
+  COHORT_AUTOCAST("rsqrt", rsqrt, a);
   Tensor out = detail::unaryFloatOp(a, "rsqrt", [](auto x) COHORT_KERNEL_FN { return vm::rsqrt(x); });
   autograd::record("rsqrt", {a}, {out}, {out}, [](Ctx& ctx, const GradList& g) -> GradList {
     // d/dx x^(-1/2) = -x^(-3/2) / 2 = -y^3 / 2

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include <cohort/core/amp/autocast.h>
 #include <cohort/core/autograd/function.h>
 #include <cohort/core/ops/detail/index_dispatch.h>
 #include <cohort/core/ops/ops.h>
@@ -315,6 +316,7 @@ Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
 }
 
 Tensor scatterAdd(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src) {
+  COHORT_AUTOCAST("scatterAdd", scatterAdd, a, dim, index, src);
   requireDefined(a, "scatterAdd", "input");
   requireDefined(index, "scatterAdd", "index");
   requireDefined(src, "scatterAdd", "src");

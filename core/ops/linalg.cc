@@ -1,4 +1,5 @@
 // Matrix products through BLAS: mm, bmm, matmul, linear, addmm.
+#include <cohort/core/amp/autocast.h>
 #include <cohort/core/autograd/function.h>
 #include <cohort/core/blas/blas.h>
 #include <cohort/core/ops/dispatch.h>
@@ -103,6 +104,7 @@ void checkFloatOrSame(const Tensor& a, const Tensor& b, const char* op) {
 }  // namespace
 
 Tensor mm(const Tensor& a, const Tensor& b) {
+  COHORT_AUTOCAST("mm", mm, a, b);
   checkFloatOrSame(a, b, "mm");
   if (a.dim() != 2 || b.dim() != 2)
     throw ValueError(
@@ -125,6 +127,7 @@ Tensor mm(const Tensor& a, const Tensor& b) {
 }
 
 Tensor bmm(const Tensor& a, const Tensor& b) {
+  COHORT_AUTOCAST("bmm", bmm, a, b);
   checkFloatOrSame(a, b, "bmm");
   if (a.dim() != 3 || b.dim() != 3)
     throw ValueError(
@@ -155,6 +158,7 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  COHORT_AUTOCAST("matmul", matmul, a, b);
   checkFloatOrSame(a, b, "matmul");
   int64_t da = a.dim(), db = b.dim();
   if (da == 0 || db == 0)
@@ -205,6 +209,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
+  COHORT_AUTOCAST("linear", linear, input, weight, bias);
   checkFloatOrSame(input, weight, "linear");
   if (weight.dim() != 2)
     throw ValueError(fmt::format("linear: weight must be 2-D [out, in], got shape {}", shapeStr(weight.sizes())));
@@ -263,6 +268,7 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
 }
 
 Tensor addmm(const Tensor& self, const Tensor& a, const Tensor& b, Scalar beta, Scalar alpha) {
+  COHORT_AUTOCAST("addmm", addmm, self, a, b, beta, alpha);
   checkFloatOrSame(a, b, "addmm");
   if (a.dim() != 2 || b.dim() != 2 || a.size(1) != b.size(0))
     throw ValueError(

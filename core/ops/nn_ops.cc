@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include <cohort/core/amp/autocast.h>
 #include <cohort/core/autograd/function.h>
 #include <cohort/core/ops/detail/index_dispatch.h>
 #include <cohort/core/ops/detail/nn_dispatch.h>
@@ -460,14 +461,22 @@ void layerNormBackward(const T* x, const T* w, const T* g, const Acc<T>* mean, c
 
 }  // namespace
 
-Tensor softmax(const Tensor& x, int64_t dim) { return softmaxImpl<false>(x, dim, "softmax"); }
-Tensor logSoftmax(const Tensor& x, int64_t dim) { return softmaxImpl<true>(x, dim, "logSoftmax"); }
+Tensor softmax(const Tensor& x, int64_t dim) {
+  COHORT_AUTOCAST("softmax", softmax, x, dim);
+  return softmaxImpl<false>(x, dim, "softmax");
+}
+Tensor logSoftmax(const Tensor& x, int64_t dim) {
+  COHORT_AUTOCAST("logSoftmax", logSoftmax, x, dim);
+  return softmaxImpl<true>(x, dim, "logSoftmax");
+}
 
 Tensor nllLoss(const Tensor& input, const Tensor& target, Reduction reduction, int64_t ignoreIndex) {
+  COHORT_AUTOCAST("nllLoss", nllLoss, input, target, reduction, ignoreIndex);
   return nllImpl(input, target, reduction, ignoreIndex, "nllLoss");
 }
 
 Tensor crossEntropy(const Tensor& input, const Tensor& target, CrossEntropyOptions opts) {
+  COHORT_AUTOCAST("crossEntropy", crossEntropy, input, target, opts);
   const char* op = "crossEntropy";
   requireFloat(input, op, "the input");
   requireDefined(target, op, "the target");
@@ -567,6 +576,7 @@ Tensor fusedMseLoss(const Tensor& input, const Tensor& target, Reduction reducti
 }  // namespace
 
 Tensor mseLoss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  COHORT_AUTOCAST("mseLoss", mseLoss, input, target, reduction);
   requireFloat(input, "mseLoss", "the input");
   requireFloat(target, "mseLoss", "the target");
   broadcastShapes(input.sizes(), target.sizes(), "mseLoss");
@@ -585,6 +595,7 @@ Tensor mseLoss(const Tensor& input, const Tensor& target, Reduction reduction) {
 }
 
 Tensor layerNorm(const Tensor& x, const Shape& normalizedShape, const Tensor& weight, const Tensor& bias, double eps) {
+  COHORT_AUTOCAST("layerNorm", layerNorm, x, normalizedShape, weight, bias, eps);
   const char* op = "layerNorm";
   requireFloat(x, op, "the input");
   const int64_t k = static_cast<int64_t>(normalizedShape.size());

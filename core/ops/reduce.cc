@@ -19,6 +19,7 @@
 #include <immintrin.h>
 #endif
 
+#include <cohort/core/amp/autocast.h>
 #include <cohort/core/autograd/function.h>
 #include <cohort/core/ops/detail/reduce_dispatch.h>
 #include <cohort/core/ops/detail/reduce_impl.h>
@@ -327,6 +328,7 @@ Tensor evenSplitGrad(const Tensor& x, const Tensor& m, const Tensor& g, const Sh
 // ---- sum / mean ---------------------------------------------------------------------------------
 
 Tensor sum(const Tensor& a, const Shape& dims, bool keepdim) {
+  COHORT_AUTOCAST("sum", sum, a, dims, keepdim);
   detail::ReducePlan p = detail::planReduce(a, dims, keepdim, "sum");
   // Integers and bools sum to int64, as in PyTorch.
   DType outType = isFloating(a.dtype()) ? a.dtype() : DType::Int64;
@@ -625,6 +627,7 @@ struct PowSumOp : detail::SumOp<T, T, Map> {
 }  // namespace
 
 Tensor norm(const Tensor& a, double p, const Shape& dims, bool keepdim) {
+  COHORT_AUTOCAST("norm", norm, a, p, dims, keepdim);
   detail::requireFloat(a, "norm");
   if (std::isnan(p)) throw ValueError(fmt::format("norm: p must not be NaN (input shape {})", shapeStr(a.sizes())));
   detail::ReducePlan plan = detail::planReduce(a, dims, keepdim, "norm");

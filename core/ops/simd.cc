@@ -69,7 +69,9 @@ void setEnabled(bool on) { gSwitchedOff.store(!on, std::memory_order_relaxed); }
 const char* describe() { return enabled() ? "avx512" : "avx2"; }
 
 Tensor unary(const Tensor& a, Unary k) {
-  if (!applies(a) || !enabled()) return Tensor();
+  const bool half = a.defined() && (a.dtype() == DType::BFloat16 || a.dtype() == DType::Float16) &&
+                    a.device().isCpu() && a.isContiguous();
+  if ((!applies(a) && !half) || !enabled()) return Tensor();
   void (*kernel)(float*, const float*, int64_t) = nullptr;
   switch (k) {
     case Unary::Exp: kernel = avx512::exp; break;
@@ -80,10 +82,30 @@ Tensor unary(const Tensor& a, Unary k) {
     case Unary::GeluErf: kernel = avx512::geluErf; break;
     case Unary::GeluTanh: kernel = avx512::geluTanh; break;
   }
-  Tensor out = empty(a.sizes(), {.dtype = DType::Float32, .device = a.device()});
-  float* o = out.data<float>();
-  const float* x = a.data<float>();
-  parallelFor(a.numel(), kComputeBoundGrain, [&](int64_t b, int64_t e) { kernel(o + b, x + b, e - b); });
+  Tensor out = empty(a.sizes(), {.dtype = a.dtype(), .device = a.device()});
+  if (a.dtype() == DType::Float32) {
+    float* o = out.data<float>();
+    const float* x = a.data<float>();
+    parallelFor(a.numel(), kComputeBoundGrain, [&](int64_t b, int64_t e) { kernel(o + b, x + b, e - b); });
+    return out;
+  }
+  // bfloat16 / float16: widened a block at a time into a buffer that stays in L1, computed by the
+  // float32 kernel, rounded back once (what the portable kernel does element by element).
+  const bool bf16 = a.dtype() == DType::BFloat16;
+  auto* o = static_cast<uint16_t*>(out.dataPtr());
+  const auto* x = static_cast<const uint16_t*>(a.dataPtr());
+  parallelFor(a.numel(), kComputeBoundGrain, [&](int64_t b, int64_t e) {
+    constexpr int64_t kBlock = 1024;
+    alignas(64) float in[kBlock], res[kBlock];
+    for (int64_t i = b; i < e; i += kBlock) {
+      const int64_t n = std::min(kBlock, e - i);
+      if (bf16) bfloat16ToFloatN(reinterpret_cast<const BFloat16*>(x + i), in, n);
+      else halfToFloatN(reinterpret_cast<const Half*>(x + i), in, n);
+      kernel(res, in, n);
+      if (bf16) floatToBFloat16N(res, reinterpret_cast<BFloat16*>(o + i), n);
+      else floatToHalfN(res, reinterpret_cast<Half*>(o + i), n);
+    }
+  });
   return out;
 }
 

@@ -141,4 +141,20 @@ inline void halfToFloatN(const Half* src, float* dst, int64_t n) {
   for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
 }
 
+// Bulk conversions between contiguous float and BFloat16 arrays, bit-identical to BFloat16(float)
+// and float(BFloat16) for every input (NaN included: the same quiet NaN). Branch-free, so the
+// compiler vectorizes them (the scalar constructor's NaN branch keeps it from doing so).
+inline void bfloat16ToFloatN(const BFloat16* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = bitsFloat(static_cast<uint32_t>(src[i].bits) << 16);
+}
+
+inline void floatToBFloat16N(const float* src, BFloat16* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u = floatBits(src[i]);
+    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    uint32_t quietNaN = (u >> 16) | 0x40u;
+    dst[i].bits = static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quietNaN : rounded);
+  }
+}
+
 }  // namespace cohort

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include <cohort/core/amp/autocast.h>
 #include <cohort/core/autograd/function.h>
 #include <cohort/core/ops/detail/elementwise_dispatch.h>
 #include <cohort/core/ops/ops.h>
@@ -358,10 +359,15 @@ Tensor& Tensor::copy_(const Tensor& src) {
     } else if (from.dtype() == dtype() && flat) {
       if (numel() > 0 && dataPtr() != from.dataPtr()) std::memcpy(dataPtr(), from.dataPtr(), nbytes());
     } else if (flat && from.dtype() == DType::Float32 && dtype() == DType::Float16) {
-      // Vectorized float <-> half (F16C), bit-identical to the per-element conversion below.
+      // Vectorized float <-> half (F16C) and float <-> bfloat16, bit-identical to the per-element
+      // conversion below.
       floatToHalfN(from.data<float>(), data<Half>(), numel());
     } else if (flat && from.dtype() == DType::Float16 && dtype() == DType::Float32) {
       halfToFloatN(from.data<Half>(), data<float>(), numel());
+    } else if (flat && from.dtype() == DType::Float32 && dtype() == DType::BFloat16) {
+      floatToBFloat16N(from.data<float>(), data<BFloat16>(), numel());
+    } else if (flat && from.dtype() == DType::BFloat16 && dtype() == DType::Float32) {
+      bfloat16ToFloatN(from.data<BFloat16>(), data<float>(), numel());
     } else {
       COHORT_DISPATCH(dtype(), "copy_", [&]<typename D>() {
         COHORT_DISPATCH(from.dtype(), "copy_", [&]<typename S>() {
@@ -465,6 +471,7 @@ Tensor Tensor::to(Device d) const {
 // ---- joining -----------------------------------------------------------------------------------
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t d) {
+  COHORT_AUTOCAST("cat", cat, tensors, d);
   if (tensors.empty()) throw ValueError("cat: expects a non-empty list of tensors");
   const Tensor& ref = tensors[0];
   for (const Tensor& t : tensors) {
@@ -506,6 +513,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t d) {
 }
 
 Tensor stack(const std::vector<Tensor>& tensors, int64_t d) {
+  COHORT_AUTOCAST("stack", stack, tensors, d);
   if (tensors.empty()) throw ValueError("stack: expects a non-empty list of tensors");
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (!tensors[i].defined()) throw ValueError("stack: a tensor in the list is undefined");

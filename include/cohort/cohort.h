@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cohort/config.h>
+#include <cohort/core/amp/autocast.h>
+#include <cohort/core/amp/grad_scaler.h>
 #include <cohort/core/autograd/checkpoint.h>
 #include <cohort/core/autograd/engine.h>
 #include <cohort/core/autograd/function.h>

@@ -59,15 +59,8 @@ void expectError(F&& f, const std::vector<std::string>& parts) {
   }
 }
 
-// Runs this test binary again as a child with `env` (shell assignments, "A=1 B=2") in front and
-// only the disabled test `childTest` ("Suite.DISABLED_Name"); returns its exit status (as
-// pclose gives it) and everything it printed, stderr included.
-inline std::pair<int, std::string> runChild(const std::string& env, const std::string& childTest) {
-  char self[4096] = {0};
-  ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (len <= 0) return {-1, "cannot find this test binary"};
-  std::string cmd = env + " '" + std::string(self, static_cast<size_t>(len)) +
-                    "' --gtest_also_run_disabled_tests --gtest_filter=" + childTest + " 2>&1";
+// Runs a shell command; returns its exit status (as pclose gives it) and its stdout.
+inline std::pair<int, std::string> runCommand(const std::string& cmd) {
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return {-1, "popen failed"};
   std::string out;
@@ -75,6 +68,17 @@ inline std::pair<int, std::string> runChild(const std::string& env, const std::s
   size_t got;
   while ((got = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, got);
   return {pclose(p), out};
+}
+
+// Runs this test binary again as a child with `env` (shell assignments, "A=1 B=2") in front and
+// only the disabled test `childTest` ("Suite.DISABLED_Name"); returns its exit status (as
+// pclose gives it) and everything it printed, stderr included.
+inline std::pair<int, std::string> runChild(const std::string& env, const std::string& childTest) {
+  char self[4096] = {0};
+  ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (len <= 0) return {-1, "cannot find this test binary"};
+  return runCommand(env + " '" + std::string(self, static_cast<size_t>(len)) +
+                    "' --gtest_also_run_disabled_tests --gtest_filter=" + childTest + " 2>&1");
 }
 
 }  // namespace cohort::testing

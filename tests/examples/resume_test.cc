@@ -128,3 +128,38 @@ TEST(ExactResume, FsdpOnTwoRanksTwentyStepsEqualTenPlusTen) {
   GTEST_SKIP() << "cohortrun is not built";
 #endif
 }
+
+// Mixed precision under DDP on 2 ranks: train_gpt --amp bf16 and --amp fp16 (with its GradScaler,
+// whose state rides in the checkpoint) resume exactly too.
+TEST(ExactResume, AmpUnderDdpOnTwoRanksTwentyStepsEqualTenPlusTen) {
+#ifdef COHORTRUN_PATH
+  if (binary().empty()) GTEST_SKIP() << "examples are not built (COHORT_BUILD_EXAMPLES=OFF)";
+  const std::string launch = std::string(COHORTRUN_PATH) + " --standalone --nproc-per-node 2 ";
+  for (const char* amp : {"bf16", "fp16"}) {
+    SCOPED_TRACE(amp);
+    fs::path dir = fs::temp_directory_path() / fmt::format("cohort_resume_amp_{}_{}", amp, ::getpid());
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    std::string whole = (dir / "whole.ckpt").string(), split = (dir / "split.ckpt").string();
+    const std::string common = fmt::format("--ddp --backend gloo --amp {} --steps 20 --checkpoint ", amp);
+    ASSERT_EQ(run(common + whole + " --checkpoint-every 100", launch), 0);
+    ASSERT_EQ(run(common + split + " --stop-after 10 --checkpoint-every 10", launch), 0);
+    io::TrainingState mid = io::loadCheckpoint(split);
+    EXPECT_EQ(mid.step, 10);
+    EXPECT_EQ(mid.gradScaler.has_value(), std::string(amp) == "fp16");
+    ASSERT_EQ(run(common + split + " --checkpoint-every 100 --resume", launch), 0);
+    io::TrainingState a = io::loadCheckpoint(whole), b = io::loadCheckpoint(split);
+    EXPECT_EQ(b.step, 20);
+    expectSameDict(a.model, b.model, "model");
+    ASSERT_TRUE(a.optimizer && b.optimizer);
+    expectSameDict(a.optimizer->tensors, b.optimizer->tensors, "optimizer");
+    if (std::string(amp) == "fp16") {
+      ASSERT_TRUE(a.gradScaler && b.gradScaler);
+      EXPECT_EQ(*a.gradScaler, *b.gradScaler);
+    }
+    fs::remove_all(dir);
+  }
+#else
+  GTEST_SKIP() << "cohortrun is not built";
+#endif
+}

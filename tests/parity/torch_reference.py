@@ -45,7 +45,7 @@ def save_safetensors(path, tensors):
     header, chunks, offset = {}, [], 0
     for name, t in tensors.items():
         t = t.detach().contiguous().cpu()
-        data = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
         header[name] = {"dtype": NAMES[t.dtype], "shape": list(t.shape),
                         "data_offsets": [offset, offset + len(data)]}
         chunks.append(data)
@@ -173,8 +173,10 @@ def main(d):
         for g in opt.param_groups:
             g["lr"] = lr
         x, y = batches[f"x{step}"], batches[f"y{step}"]
-        logits = model(x)
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+        # config "amp": "bf16" runs forward and loss under CPU autocast (as cohort's amp::Autocast).
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.get("amp") == "bf16"):
+            logits = model(x)
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["clip"])

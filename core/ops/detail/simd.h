@@ -40,8 +40,10 @@ void setEnabled(bool on);
 const char* describe();
 
 // The op's result through the AVX-512 kernel, split across the intra-op threads; an undefined
-// tensor when that kernel does not apply (disabled, not float32, not contiguous, not CPU), in
-// which case the caller runs its portable kernel.
+// tensor when that kernel does not apply (disabled, not contiguous, not CPU, not a float type
+// it takes), in which case the caller runs its portable kernel. unary also takes bfloat16 and
+// float16 tensors: blocks of them are widened into an L1-resident float32 buffer, computed by the
+// float32 kernel and rounded once, as the portable kernel rounds each element.
 Tensor unary(const Tensor& a, Unary k);
 Tensor powScalar(const Tensor& a, const vecmath::PowExponent& e);
 // a and b of the same shape, both float32 and contiguous; else undefined.

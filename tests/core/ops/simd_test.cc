@@ -139,6 +139,32 @@ TEST_F(SimdKernels, EveryUnaryKernelGivesThePortableBits) {
   }
 }
 
+TEST_F(SimdKernels, HalfTypesGoThroughTheFloat32KernelsWithThePortableBits) {
+  // bfloat16 and float16 tensors are widened a block at a time and run the same float32 kernels:
+  // every result must be the portable kernel's, which widens and rounds element by element. The
+  // length is not a multiple of the block, and the inputs include the special values.
+  for (DType dt : {DType::BFloat16, DType::Float16}) {
+    Tensor x = inputs(1, false).to(dt), pos = inputs(2, true).to(dt);
+    x = x.slice(0, 0, x.size(0) - 1);  // an odd length
+    pos = pos.slice(0, 0, pos.size(0) - 1);
+    std::vector<std::pair<const char*, std::function<Tensor()>>> cases = {
+        {"exp", [&] { return exp(x); }},
+        {"log", [&] { return log(pos); }},
+        {"tanh", [&] { return tanh(x); }},
+        {"sigmoid", [&] { return sigmoid(x); }},
+        {"silu", [&] { return silu(x); }},
+        {"gelu erf", [&] { return gelu(x, false); }},
+        {"gelu tanh", [&] { return gelu(x, true); }},
+    };
+    for (const auto& [name, op] : cases) {
+      auto [fast, portable] = both(op);
+      EXPECT_EQ(fast.dtype(), dt) << name;
+      // Widening is exact, so comparing as float32 compares the bits (a NaN's sign aside).
+      EXPECT_TRUE(sameBits(fast.to(DType::Float32), portable.to(DType::Float32))) << name << " in " << dtypeName(dt);
+    }
+  }
+}
+
 // Error of a float result in units in the last place of the exact (double) value; special
 // results (NaN, inf, 0) count as exact only when identical in kind and sign.
 double ulpError(float got, double want) {

@@ -339,3 +339,20 @@ TEST(HalfBulk, TensorConversionsAgreeWithStridedPath) {
     ASSERT_EQ(floatBits(bs[i]), floatBits(bp[i])) << i;
   }
 }
+
+TEST(BFloat16, BulkConversionsMatchTheScalarOnesBitForBit) {
+  // Every bfloat16 pattern with every interesting low half: floatToBFloat16N must give exactly
+  // BFloat16(float) (NaNs included), and bfloat16ToFloatN exactly float(BFloat16); odd lengths
+  // cover the vector loops' tails.
+  std::vector<float> in;
+  for (uint32_t hiBits = 0; hiBits < 65536; ++hiBits)
+    for (uint32_t low : {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu})
+      in.push_back(bitsFloat(hiBits << 16 | low));
+  in.push_back(1.5f);  // an odd count
+  std::vector<BFloat16> out(in.size());
+  floatToBFloat16N(in.data(), out.data(), static_cast<int64_t>(in.size()));
+  for (size_t i = 0; i < in.size(); ++i) ASSERT_EQ(out[i].bits, BFloat16(in[i]).bits) << std::hex << floatBits(in[i]);
+  std::vector<float> back(out.size());
+  bfloat16ToFloatN(out.data(), back.data(), static_cast<int64_t>(out.size()));
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(floatBits(back[i]), floatBits(static_cast<float>(out[i]))) << i;
+}
