@@ -84,7 +84,57 @@ void Optimizer::step() {
         throw ValueError(fmt::format("{}.step: parameter {} (shape {}) {}", type_, index, shapeStr(p.sizes()), *owner));
       ++index;
     }
-  for (ParamGroup& g : groups_) stepGroup(g);
+  for (ParamGroup& g : groups_) {
+    if (masterWeights_) stepWithMasters(g);
+    else stepGroup(g);
+  }
+}
+
+namespace {
+bool isHalf(const Tensor& t) { return t.dtype() == DType::BFloat16 || t.dtype() == DType::Float16; }
+}  // namespace
+
+void Optimizer::setMasterWeights(bool enabled) {
+  for (const ParamGroup& g : groups_)
+    for (const Tensor& p : g.params)
+      if (isHalf(p) && state(p) != nullptr && enabled != masterWeights_)
+        throw ValueError(fmt::format("{}.setMasterWeights: a {} parameter of shape {} has stepped already; turn master "
+                                     "weights on or off before the first step",
+                                     type_, p.dtype(), shapeStr(p.sizes())));
+  masterWeights_ = enabled;
+}
+
+// One group's update with every half parameter that has a gradient replaced by its float32
+// master (the state and gradient lookups map the master back to the parameter), then the masters
+// rounded into the parameters.
+void Optimizer::stepWithMasters(ParamGroup& group) {
+  ParamGroup shadow{.params = {}, .options = group.options};
+  std::vector<std::pair<Tensor, Tensor>> updated;  // (parameter, master)
+  for (Tensor& p : group.params) {
+    if (!isHalf(p) || !gradFor(p).defined()) {
+      shadow.params.push_back(p);
+      continue;
+    }
+    ParamState& st = state_[p.impl()];
+    auto it = st.tensors.find("master");
+    if (it == st.tensors.end() || it->second.sizes() != p.sizes() || it->second.dtype() != DType::Float32 ||
+        it->second.device() != p.device())
+      it = st.tensors.insert_or_assign("master", p.detach().to(DType::Float32).clone()).first;
+    masterOf_.emplace(it->second.impl(), p);
+    shadow.params.push_back(it->second);
+    updated.emplace_back(p, it->second);
+  }
+  try {
+    stepGroup(shadow);
+  } catch (...) {
+    masterOf_.clear();
+    throw;
+  }
+  masterOf_.clear();
+  for (auto& [p, master] : updated) {
+    p.copy_(master);
+    p.bumpVersion();
+  }
 }
 
 void Optimizer::step(const GradientLookup& gradOf) {
@@ -189,6 +239,10 @@ void Optimizer::loadStateDict(const OptimizerStateDict& dict) {
       if (t.numel() != 1)
         problems.push_back(fmt::format("'{}' has shape {}, expected one element", name, shapeStr(t.sizes())));
       else loaded[idx].step = static_cast<int64_t>(std::llround(t.itemDouble()));
+    } else if (key == "master" && !masterWeights_) {
+      problems.push_back(fmt::format("'{}' is a float32 master weight, but this optimizer keeps none (call "
+                                     "setMasterWeights() before loading)",
+                                     name));
     } else if (t.sizes() != p.sizes()) {
       problems.push_back(fmt::format("'{}' has shape {}, parameter {} has shape {}", name, shapeStr(t.sizes()), idx,
                                      shapeStr(p.sizes())));
@@ -218,8 +272,10 @@ void Optimizer::loadStateDict(const OptimizerStateDict& dict) {
     ParamState& dst = state_[p.impl()];
     dst.step = s.step;
     for (auto& [k, t] : s.tensors) {
-      // A private, contiguous copy in the parameter's dtype (torch casts floating state the same way).
-      Tensor c = empty(p.sizes(), {.dtype = t.isFloatingPoint() ? p.dtype() : t.dtype(), .device = p.device()});
+      // A private, contiguous copy in the parameter's dtype (torch casts floating state the same way);
+      // float32 for a half parameter's state under master weights.
+      DType dt = t.isFloatingPoint() ? (masterWeights_ && isHalf(p) ? DType::Float32 : p.dtype()) : t.dtype();
+      Tensor c = empty(p.sizes(), {.dtype = dt, .device = p.device()});
       c.copy_(t);
       dst.tensors[k] = c;
     }

@@ -99,6 +99,18 @@ class Optimizer {
   std::vector<Tensor> parameters() const;
   const std::string& type() const { return type_; }
 
+  // Float32 master weights for bfloat16/float16 parameters. With them on, the update of each such
+  // parameter runs on a float32 copy kept in its state (key "master", created from the parameter
+  // at its first step), reading the parameter's low-precision gradient widened to float32, with
+  // float32 moments and momentum; the parameter then receives the master rounded once. Without
+  // them a half parameter updates in its own precision, and an update smaller than half its
+  // rounding step is lost (a bfloat16 weight near 1 ignores any change below 2^-8). Float32 and
+  // float64 parameters are unaffected. Call before the first step (ValueError once a half
+  // parameter has state). The masters are saved and restored with the state dict; loading a
+  // state that has masters into an optimizer without them is a ValueError.
+  void setMasterWeights(bool enabled = true);
+  bool masterWeights() const { return masterWeights_; }
+
   // State of one parameter (null before its first step).
   const ParamState* state(const Tensor& param) const;
 
@@ -111,9 +123,13 @@ class Optimizer {
   virtual void checkOptions(const GroupOptions& options) const = 0;
   // Updates the parameters of one group (grad mode is off).
   virtual void stepGroup(ParamGroup& group) = 0;
-  ParamState& stateFor(const Tensor& param) { return state_[param.impl()]; }
+  // (A master weight stands for its parameter in both: its state and its gradient.)
+  ParamState& stateFor(const Tensor& param) { return state_[owner(param).impl()]; }
   // The gradient this step applies to `param`: .grad, or the lookup's step(gradOf) was given.
-  Tensor gradFor(const Tensor& param) const { return gradOf_ != nullptr ? (*gradOf_)(param) : param.grad(); }
+  Tensor gradFor(const Tensor& param) const {
+    const Tensor& p = owner(param);
+    return gradOf_ != nullptr ? (*gradOf_)(p) : p.grad();
+  }
 
  private:
   std::string type_;
@@ -121,6 +137,15 @@ class Optimizer {
   std::vector<ParamGroup> groups_;
   std::unordered_map<const TensorImpl*, ParamState> state_;
   const GradientLookup* gradOf_ = nullptr;  // set while step(gradOf) runs
+  bool masterWeights_ = false;
+  // While a group steps on master weights: each master's parameter.
+  std::unordered_map<const TensorImpl*, Tensor> masterOf_;
+  const Tensor& owner(const Tensor& t) const {
+    if (masterOf_.empty()) return t;
+    auto it = masterOf_.find(t.impl());
+    return it == masterOf_.end() ? t : it->second;
+  }
+  void stepWithMasters(ParamGroup& group);
 };
 
 // `grad` (param's gradient) made ready for an update: contiguous, with param's dtype, detached.

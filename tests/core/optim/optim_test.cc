@@ -7,10 +7,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
+#include <memory>
 
 #include <cohort/cohort.h>
 #include <cohort/core/optim/optim.h>
+
+#include "core/test_util.h"
 
 using namespace cohort;
 using namespace cohort::optim;
@@ -390,4 +394,102 @@ TEST(ClipGradNorm, MatchesTorch) {
   a.setGrad(fromVector<float>({NAN, 1.0f}));
   EXPECT_THROW(clipGradNorm({a}, 1.0, 2.0, /*errorIfNonfinite=*/true), ValueError);
   EXPECT_TRUE(std::isnan(gradNorm({a})));
+}
+
+// ---- float32 master weights for half parameters ------------------------------------------------
+
+namespace {
+
+// Same dtype, shape and bits.
+bool sameBits(const Tensor& a, const Tensor& b) {
+  if (a.dtype() != b.dtype() || a.sizes() != b.sizes()) return false;
+  Tensor x = a.contiguous(), y = b.contiguous();
+  return std::memcmp(x.dataPtr(), y.dataPtr(), static_cast<size_t>(x.nbytes())) == 0;
+}
+
+}  // namespace
+
+TEST(MasterWeights, HalfParametersFollowTheFloat32TrajectoryRoundedOnce) {
+  // A float32 parameter and a bfloat16/float16 one with master weights, fed the same gradients
+  // (values the half type holds exactly): the master is the float32 parameter bit for bit, and
+  // the half parameter is it rounded once, every step, for AdamW and SGD with momentum.
+  for (DType half : {DType::BFloat16, DType::Float16}) {
+    for (int which = 0; which < 2; ++which) {
+      Generator g(3);
+      Tensor p32 = (randn({37}, {}, &g)).to(half).to(DType::Float32).setRequiresGrad(true);
+      Tensor ph = p32.detach().to(half).setRequiresGrad(true);
+      std::unique_ptr<Optimizer> o32, oh;
+      if (which == 0) {
+        o32 = std::make_unique<AdamW>(std::vector<Tensor>{p32}, AdamWOptions{.lr = 1e-3, .weightDecay = 0.1});
+        oh = std::make_unique<AdamW>(std::vector<Tensor>{ph}, AdamWOptions{.lr = 1e-3, .weightDecay = 0.1});
+      } else {
+        o32 = std::make_unique<SGD>(std::vector<Tensor>{p32}, SGDOptions{.lr = 1e-3, .momentum = 0.9});
+        oh = std::make_unique<SGD>(std::vector<Tensor>{ph}, SGDOptions{.lr = 1e-3, .momentum = 0.9});
+      }
+      oh->setMasterWeights();
+      for (int step = 0; step < 8; ++step) {
+        Tensor grad = (randn({37}, {}, &g) * 0.1).to(half);
+        p32.setGrad(grad.to(DType::Float32));
+        ph.setGrad(grad);
+        o32->step();
+        oh->step();
+        const Tensor& master = oh->state(ph)->tensors.at("master");
+        ASSERT_TRUE(sameBits(master, p32.detach())) << dtypeName(half) << " optimizer " << which << " step " << step;
+        ASSERT_TRUE(sameBits(ph.detach(), p32.detach().to(half))) << dtypeName(half) << " step " << step;
+      }
+      // The moments are float32 too.
+      for (const auto& [k, t] : oh->state(ph)->tensors) EXPECT_EQ(t.dtype(), DType::Float32) << k;
+    }
+  }
+}
+
+TEST(MasterWeights, WithoutThemSmallUpdatesOfABFloat16WeightAreLost) {
+  Tensor p = ones({4}, {.dtype = DType::BFloat16}).setRequiresGrad(true);
+  Tensor q = ones({4}, {.dtype = DType::BFloat16}).setRequiresGrad(true);
+  SGD plain({p}, {.lr = 1e-3}), mastered({q}, {.lr = 1e-3});
+  mastered.setMasterWeights();
+  for (int i = 0; i < 10; ++i) {
+    p.setGrad(ones({4}, {.dtype = DType::BFloat16}));
+    q.setGrad(ones({4}, {.dtype = DType::BFloat16}));
+    plain.step();
+    mastered.step();
+  }
+  // 1 - 10 * 1e-3 = 0.99: bfloat16 has 2^-8 steps below 1, so each 1e-3 update rounds away.
+  EXPECT_EQ(p.detach().to(DType::Float32).max().item<double>(), 1.0);
+  EXPECT_NEAR(q.detach().to(DType::Float32).max().item<double>(), 0.99, 2.0 / 256);
+  EXPECT_LT(q.detach().to(DType::Float32).max().item<double>(), 1.0);
+}
+
+TEST(MasterWeights, StateDictCarriesTheMastersAndMisuseIsAValueError) {
+  Generator g(5);
+  Tensor p = randn({6}, {}, &g).to(DType::BFloat16).setRequiresGrad(true);
+  AdamW opt({p}, {.lr = 1e-2});
+  opt.setMasterWeights();
+  std::vector<Tensor> grads;
+  for (int i = 0; i < 6; ++i) grads.push_back(randn({6}, {}, &g).to(DType::BFloat16));
+  for (int i = 0; i < 3; ++i) {
+    p.setGrad(grads[i]);
+    opt.step();
+  }
+  OptimizerStateDict saved = opt.stateDict();
+  ASSERT_TRUE(saved.tensors.count("state.0.master"));
+  EXPECT_EQ(saved.tensors.at("state.0.master").dtype(), DType::Float32);
+  cohort::testing::expectError<ValueError>([&] { opt.setMasterWeights(false); },
+                                           {"setMasterWeights", "before the first step"});
+
+  // Resume into a fresh parameter and optimizer: the same next steps, bit for bit.
+  Tensor p2 = p.detach().clone().setRequiresGrad(true);
+  AdamW resumed({p2}, {.lr = 1e-2});
+  AdamW noMasters({p2}, {.lr = 1e-2});
+  cohort::testing::expectError<ValueError>([&] { noMasters.loadStateDict(saved); },
+                                           {"state.0.master", "setMasterWeights"});
+  resumed.setMasterWeights();
+  resumed.loadStateDict(saved);
+  for (int i = 3; i < 6; ++i) {
+    p.setGrad(grads[i]);
+    p2.setGrad(grads[i]);
+    opt.step();
+    resumed.step();
+    ASSERT_TRUE(sameBits(p.detach(), p2.detach())) << i;
+  }
 }
