@@ -719,18 +719,10 @@ bool nativeHalf(HalfType t, std::string* why) {
 #endif
 }
 
-std::string nativeHalfImpl(HalfType t) {
+// How the native path runs `t`, for describe(): oneDNN's implementation and how it was chosen.
+std::string nativeHalfDetails(HalfType t) {
 #if COHORT_BLAS_HAVE_DNNL_API
-  return nativeProbe(t).impl;
-#else
-  (void)t;
-  return "";
-#endif
-}
-
-std::string nativeHalfHow(HalfType t) {
-#if COHORT_BLAS_HAVE_DNNL_API
-  return nativeProbe(t).how;
+  return fmt::format("{}; {}", nativeProbe(t).impl, nativeProbe(t).how);
 #else
   (void)t;
   return "";
@@ -843,7 +835,7 @@ std::string describe() {
   int n = threadCount();
   auto half = [](HalfType t) {
     std::string why;
-    if (nativeHalf(t, &why)) return fmt::format("oneDNN matmul ({}; {})", nativeHalfImpl(t), nativeHalfHow(t));
+    if (nativeHalf(t, &why)) return fmt::format("oneDNN matmul ({})", nativeHalfDetails(t));
     return fmt::format("widened to float32 ({})", why);
   };
   return fmt::format("float32: {}; float64: {}; bfloat16: {}; float16: {}; {} thread{}", f32, f64,

@@ -11,6 +11,7 @@ length, a JSON header, then raw little-endian data), so no extra package is need
 """
 import json
 import math
+import os
 import struct
 import sys
 
@@ -72,11 +73,17 @@ class CausalSelfAttention(tnn.Module):
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-        mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
-        att = att.masked_fill(~mask, float("-inf"))
-        att = F.softmax(att, dim=-1)
-        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        # COHORT_REF_ATTN_F32=1 (a diagnostic): under autocast, compute the attention in float32, as
+        # cohort's fused attention does inside, instead of PyTorch 1.13's bfloat16 matmuls.
+        f32 = os.environ.get("COHORT_REF_ATTN_F32") == "1" and torch.is_autocast_cpu_enabled()
+        with torch.autocast("cpu", enabled=not f32 and torch.is_autocast_cpu_enabled()):
+            if f32:
+                q, k, v = q.float(), k.float(), v.float()
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
+            att = att.masked_fill(~mask, float("-inf"))
+            att = F.softmax(att, dim=-1)
+            y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
         return self.c_proj(y)
 
 
