@@ -50,10 +50,14 @@ void dgemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, double alpha, co
 // Half-width GEMM: A and B hold bfloat16 or float16 values (raw 16-bit patterns), products
 // accumulate in float32, and C is float32 (cFloat32) or the inputs' half type, rounded once.
 // Same layout, argument checks and k == 0 / alpha == 0 / beta == 0 rules as sgemm.
-// Where oneDNN can run it (its matmul primitive; for bfloat16 on CPUs with AVX512-BF16 it uses
-// those instructions), it runs there: primitives are built once per shape and kept. Elsewhere the
-// inputs are widened to float32 a panel at a time and multiplied by sgemm, so a half GEMM is never
-// much slower than a float32 one (a one-time warning says the fast path is missing).
+// Two paths: oneDNN's matmul primitive (for bfloat16 on CPUs with AVX512-BF16 it uses those
+// instructions; primitives are built once per shape and kept), or A and B widened to float32 and
+// multiplied by sgemm, so a half GEMM is never much slower than a float32 one. Which one runs is
+// decided once per process and type: COHORT_HGEMM=onednn or widen pins it; the default, auto,
+// times both on a 512^3 product at the first call and takes oneDNN only when it is 1.5x faster
+// (where bf16 runs at twice the float32 rate), else widens (where it does not). The paths sum in
+// different orders, so a job that must give the same bits on every run and machine pins one.
+// describe() says which runs and why; an Info line says so when the half type is widened.
 enum class HalfType { BFloat16, Float16 };
 void hgemm(HalfType type, bool cFloat32, Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha,
            const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta, void* c, int64_t ldc);
