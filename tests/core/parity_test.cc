@@ -167,9 +167,10 @@ void runParity(Setup s, const std::string& name, Tolerance tol = {}) {
     double rel = std::abs(losses[i] - refLosses[i]) / std::abs(refLosses[i]);
     worst = std::max(worst, rel);
     EXPECT_LE(rel, tol.lossRel) << name << " step " << i << ": cohort " << losses[i] << " vs torch " << refLosses[i];
-    if (tol.normRel >= 0)
+    if (tol.normRel >= 0) {
       EXPECT_LE(std::abs(norms[i] - refNorms[i]), tol.normRel * std::abs(refNorms[i]) + 1e-6)
           << name << " step " << i << " grad norm: cohort " << norms[i] << " vs torch " << refNorms[i];
+    }
   }
   double finalRel = std::abs(losses.back() - refLosses.back()) / std::abs(refLosses.back());
   EXPECT_LE(finalRel, tol.finalLossRel) << name << " final loss: cohort " << losses.back() << " vs torch "
