@@ -1,5 +1,6 @@
 /*
- * cohort's BLAS: single- and double-precision GEMM, loaded at first use.
+ * cohort's BLAS: single- and double-precision GEMM, loaded at first use (core/blas/blas.cc), and
+ * half-width GEMM on top of them or oneDNN's matmul (hgemm below, core/blas/hgemm.cc).
  *
  * Which library (measured in docs/benchmarks.md, "GEMM"):
  *  - float32 runs on oneDNN's dnnl_sgemm (Debian's libdnnl2, libdnnl.so.2) when that library can be

@@ -1,0 +1,506 @@
+// Half-width GEMM (blas::hgemm): oneDNN's matmul primitive or A and B widened to float32, chosen
+// once per type (blas.h says how).
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <chrono>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <type_traits>
+#include <unordered_map>
+#include <vector>
+
+// oneDNN's C API, for the types and signatures of its matmul primitive (Debian's libdnnl-dev); the
+// functions themselves are looked up in the library cohort loads, so nothing links against it.
+#if __has_include(<oneapi/dnnl/dnnl.h>)
+#include <oneapi/dnnl/dnnl.h>
+#define COHORT_BLAS_HAVE_DNNL_API 1
+#else
+#define COHORT_BLAS_HAVE_DNNL_API 0
+#endif
+
+#include <cohort/core/blas/blas.h>
+#include <cohort/core/blas/detail/loader.h>
+#include <cohort/core/tensor/half.h>
+#include <cohort/core/util/check.h>
+#include <cohort/core/util/env.h>
+#include <cohort/core/util/logging.h>
+
+namespace cohort::blas {
+namespace {
+
+using detail::applyOmpThreads;
+using detail::checkArgs;
+using detail::Dnnl;
+using detail::dnnlLoad;
+using detail::DnnlLoad;
+using detail::scaleC;
+using detail::statusName;
+
+COHORT_ENV_KNOB(kHgemmKnob, "COHORT_HGEMM", "auto",
+                "How bfloat16/float16 GEMM runs: auto (oneDNN's matmul when it exists for the type and measures "
+                "faster than widening to float32 at the first call, else widened), onednn (oneDNN whenever it has a "
+                "non-reference matmul), or widen (always widen to float32 and run the float32 GEMM).");
+
+// ---- half-width GEMM ---------------------------------------------------------------------------
+
+const char* halfName(HalfType t) { return t == HalfType::BFloat16 ? "bfloat16" : "float16"; }
+
+// Widens rows x cols of a half matrix (row stride ld) into a dense float32 buffer.
+[[gnu::noinline]] void widen(HalfType t, const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* s = src + r * ld;
+    float* d = dst + r * cols;
+    if (t == HalfType::Float16) halfToFloatN(reinterpret_cast<const cohort::Half*>(s), d, cols);
+    else bfloat16ToFloatN(reinterpret_cast<const BFloat16*>(s), d, cols);
+  }
+}
+
+// Rounds a dense float32 [rows, cols] buffer into a half matrix with row stride ld.
+// (GCC 12 claims floatToHalfN's tail loop overflows here, for a count it cannot bound; it is a
+// false positive of -Waggressive-loop-optimizations, silenced for this function only.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Waggressive-loop-optimizations"
+[[gnu::noinline]] void narrow(HalfType t, const float* src, int64_t rows, int64_t cols, uint16_t* dst, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* s = src + r * cols;
+    uint16_t* d = dst + r * ld;
+    if (t == HalfType::Float16) floatToHalfN(s, reinterpret_cast<cohort::Half*>(d), cols);
+    else floatToBFloat16N(s, reinterpret_cast<BFloat16*>(d), cols);
+  }
+}
+#pragma GCC diagnostic pop
+
+void hgemmWidened(HalfType t, bool cFloat32, Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha,
+                  const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta, void* c, int64_t ldc) {
+  // A and B widened whole (O(mk + kn) work against O(mnk) for the product) into per-thread
+  // buffers that are reused from call to call.
+  thread_local std::vector<float> wa, wb, wc;
+  int64_t aRows = ta == Trans::No ? m : k, aCols = ta == Trans::No ? k : m;
+  int64_t bRows = tb == Trans::No ? k : n, bCols = tb == Trans::No ? n : k;
+  wa.resize(static_cast<size_t>(aRows * aCols));
+  wb.resize(static_cast<size_t>(bRows * bCols));
+  widen(t, a, aRows, aCols, lda, wa.data());
+  widen(t, b, bRows, bCols, ldb, wb.data());
+  if (cFloat32) {
+    sgemm(ta, tb, m, n, k, alpha, wa.data(), aCols, wb.data(), bCols, beta, static_cast<float*>(c), ldc);
+    return;
+  }
+  wc.resize(static_cast<size_t>(m * n));
+  if (beta != 0.f) widen(t, static_cast<const uint16_t*>(c), m, n, ldc, wc.data());
+  sgemm(ta, tb, m, n, k, alpha, wa.data(), aCols, wb.data(), bCols, beta, wc.data(), n);
+  narrow(t, wc.data(), m, n, static_cast<uint16_t*>(c), ldc);
+}
+
+#if COHORT_BLAS_HAVE_DNNL_API
+
+// oneDNN's matmul primitive, reached through the library dnnlLoad() opened.
+struct DnnlMatmul {
+  decltype(&dnnl_engine_create) engineCreate = nullptr;
+  decltype(&dnnl_stream_create) streamCreate = nullptr;
+  decltype(&dnnl_stream_wait) streamWait = nullptr;
+  decltype(&dnnl_memory_desc_init_by_strides) mdInit = nullptr;
+  decltype(&dnnl_matmul_desc_init) matmulInit = nullptr;
+  decltype(&dnnl_primitive_attr_create) attrCreate = nullptr;
+  decltype(&dnnl_primitive_attr_destroy) attrDestroy = nullptr;
+  decltype(&dnnl_primitive_attr_set_output_scales) attrScales = nullptr;
+  decltype(&dnnl_primitive_attr_set_post_ops) attrPostOps = nullptr;
+  decltype(&dnnl_post_ops_create) postOpsCreate = nullptr;
+  decltype(&dnnl_post_ops_destroy) postOpsDestroy = nullptr;
+  decltype(&dnnl_post_ops_append_sum) postOpsSum = nullptr;
+  decltype(&dnnl_primitive_desc_create) pdCreate = nullptr;
+  decltype(&dnnl_primitive_desc_destroy) pdDestroy = nullptr;
+  decltype(&dnnl_primitive_desc_query) pdQuery = nullptr;
+  decltype(&dnnl_primitive_create) primCreate = nullptr;
+  decltype(&dnnl_primitive_destroy) primDestroy = nullptr;
+  decltype(&dnnl_primitive_execute) execute = nullptr;
+  decltype(&dnnl_memory_create) memCreate = nullptr;
+  decltype(&dnnl_memory_destroy) memDestroy = nullptr;
+  const Dnnl* lib = nullptr;
+  dnnl_engine_t engine = nullptr;
+};
+
+struct DnnlMatmulLoad {
+  const DnnlMatmul* api = nullptr;
+  std::string error;
+};
+
+const DnnlMatmulLoad& dnnlMatmulLoad() {
+  static const DnnlMatmulLoad* l = [] {
+    auto* out = new DnnlMatmulLoad();
+    const DnnlLoad& d = dnnlLoad();
+    if (d.lib == nullptr) {
+      out->error = d.error;
+      return out;
+    }
+    auto* api = new DnnlMatmul();
+    api->lib = d.lib;
+    bool ok = true;
+    auto get = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(d.lib->handle, name));
+      if (fn == nullptr) {
+        ok = false;
+        if (out->error.empty()) out->error = fmt::format("oneDNN has no {}", name);
+      }
+    };
+    get(api->engineCreate, "dnnl_engine_create");
+    get(api->streamCreate, "dnnl_stream_create");
+    get(api->streamWait, "dnnl_stream_wait");
+    get(api->mdInit, "dnnl_memory_desc_init_by_strides");
+    get(api->matmulInit, "dnnl_matmul_desc_init");
+    get(api->attrCreate, "dnnl_primitive_attr_create");
+    get(api->attrDestroy, "dnnl_primitive_attr_destroy");
+    get(api->attrScales, "dnnl_primitive_attr_set_output_scales");
+    get(api->attrPostOps, "dnnl_primitive_attr_set_post_ops");
+    get(api->postOpsCreate, "dnnl_post_ops_create");
+    get(api->postOpsDestroy, "dnnl_post_ops_destroy");
+    get(api->postOpsSum, "dnnl_post_ops_append_sum");
+    get(api->pdCreate, "dnnl_primitive_desc_create");
+    get(api->pdDestroy, "dnnl_primitive_desc_destroy");
+    get(api->pdQuery, "dnnl_primitive_desc_query");
+    get(api->primCreate, "dnnl_primitive_create");
+    get(api->primDestroy, "dnnl_primitive_destroy");
+    get(api->execute, "dnnl_primitive_execute");
+    get(api->memCreate, "dnnl_memory_create");
+    get(api->memDestroy, "dnnl_memory_destroy");
+    if (ok) {
+      dnnl_status_t st = api->engineCreate(&api->engine, dnnl_cpu, 0);
+      if (st != dnnl_success) {
+        ok = false;
+        out->error = fmt::format("oneDNN's CPU engine could not be created (status {})", statusName(st));
+      }
+    }
+    if (!ok) {
+      delete api;
+      return out;
+    }
+    out->api = api;
+    return out;
+  }();
+  return *l;
+}
+
+// One shape's primitive, built on first use and kept.
+struct MatmulKey {
+  HalfType type;
+  bool cFloat32;
+  Trans ta, tb;
+  int64_t m, n, k, lda, ldb, ldc;
+  float alpha, beta;
+  bool operator==(const MatmulKey& o) const {
+    return type == o.type && cFloat32 == o.cFloat32 && ta == o.ta && tb == o.tb && m == o.m && n == o.n && k == o.k &&
+           lda == o.lda && ldb == o.ldb && ldc == o.ldc && floatBits(alpha) == floatBits(o.alpha) &&
+           floatBits(beta) == floatBits(o.beta);
+  }
+};
+struct MatmulKeyHash {
+  size_t operator()(const MatmulKey& key) const {
+    size_t h = static_cast<size_t>(key.type) * 2 + static_cast<size_t>(key.cFloat32);
+    auto mix = [&h](uint64_t v) { h ^= std::hash<uint64_t>()(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+    for (int64_t v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc}) mix(static_cast<uint64_t>(v));
+    mix(static_cast<uint64_t>(key.ta) * 2 + static_cast<uint64_t>(key.tb));
+    mix((static_cast<uint64_t>(floatBits(key.alpha)) << 32) | floatBits(key.beta));
+    return h;
+  }
+};
+
+struct MatmulPrim {
+  dnnl_primitive_t prim = nullptr;
+  dnnl_memory_desc_t a{}, b{}, c{};
+  std::string impl;  // oneDNN's implementation name, e.g. "brg:avx512_core_bf16"
+};
+
+// Builds the primitive for `key`; null with `why` set when oneDNN has no implementation for it.
+std::shared_ptr<MatmulPrim> buildMatmul(const DnnlMatmul& api, const MatmulKey& key, std::string* why) {
+  auto p = std::make_shared<MatmulPrim>();
+  dnnl_data_type_t in = key.type == HalfType::BFloat16 ? dnnl_bf16 : dnnl_f16;
+  dnnl_data_type_t outType = key.cFloat32 ? dnnl_f32 : in;
+  dnnl_dims_t aDims = {key.m, key.k}, bDims = {key.k, key.n}, cDims = {key.m, key.n};
+  dnnl_dims_t aStr = {key.ta == Trans::No ? key.lda : 1, key.ta == Trans::No ? 1 : key.lda};
+  dnnl_dims_t bStr = {key.tb == Trans::No ? key.ldb : 1, key.tb == Trans::No ? 1 : key.ldb};
+  dnnl_dims_t cStr = {key.ldc, 1};
+  dnnl_matmul_desc_t desc;
+  if (api.mdInit(&p->a, 2, aDims, in, aStr) != dnnl_success || api.mdInit(&p->b, 2, bDims, in, bStr) != dnnl_success ||
+      api.mdInit(&p->c, 2, cDims, outType, cStr) != dnnl_success ||
+      api.matmulInit(&desc, &p->a, &p->b, nullptr, &p->c) != dnnl_success) {
+    *why = "oneDNN rejected the matmul's memory layout";
+    return nullptr;
+  }
+  dnnl_primitive_attr_t attr = nullptr;
+  dnnl_post_ops_t postOps = nullptr;
+  api.attrCreate(&attr);
+  if (key.alpha != 1.f) api.attrScales(attr, 1, 0, &key.alpha);
+  if (key.beta != 0.f) {
+    api.postOpsCreate(&postOps);
+    api.postOpsSum(postOps, key.beta);
+    api.attrPostOps(attr, postOps);
+  }
+  dnnl_primitive_desc_t pd = nullptr;
+  dnnl_status_t st = api.pdCreate(&pd, &desc, attr, api.engine, nullptr);
+  if (postOps) api.postOpsDestroy(postOps);
+  api.attrDestroy(attr);
+  if (st != dnnl_success) {
+    *why = fmt::format("oneDNN has no {} matmul on this CPU (status {})", halfName(key.type), statusName(st));
+    return nullptr;
+  }
+  const char* impl = nullptr;
+  if (api.pdQuery(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl) p->impl = impl;
+  st = api.primCreate(&p->prim, pd);
+  api.pdDestroy(pd);
+  if (st != dnnl_success) {
+    *why = fmt::format("oneDNN could not create its {} matmul (status {})", halfName(key.type), statusName(st));
+    return nullptr;
+  }
+  return p;
+}
+
+// Built primitives, most recently used first; at most kMatmulCacheSize are kept.
+constexpr size_t kMatmulCacheSize = 512;
+struct MatmulCache {
+  std::mutex mu;
+  std::list<std::pair<MatmulKey, std::shared_ptr<MatmulPrim>>> order;
+  std::unordered_map<MatmulKey, decltype(order)::iterator, MatmulKeyHash> index;
+};
+
+MatmulCache& matmulCache() {
+  static auto* cache = new MatmulCache();  // never destroyed: primitives may be in use at exit
+  return *cache;
+}
+
+std::shared_ptr<MatmulPrim> cachedMatmul(const DnnlMatmul& api, const MatmulKey& key, std::string* why) {
+  MatmulCache& cache = matmulCache();
+  {
+    std::lock_guard<std::mutex> lock(cache.mu);
+    auto it = cache.index.find(key);
+    if (it != cache.index.end()) {
+      cache.order.splice(cache.order.begin(), cache.order, it->second);
+      return it->second->second;
+    }
+  }
+  std::shared_ptr<MatmulPrim> p = buildMatmul(api, key, why);
+  if (!p) return nullptr;
+  std::lock_guard<std::mutex> lock(cache.mu);
+  auto it = cache.index.find(key);
+  if (it != cache.index.end()) return it->second->second;  // another thread built it meanwhile
+  cache.order.emplace_front(key, p);
+  cache.index[key] = cache.order.begin();
+  if (cache.order.size() > kMatmulCacheSize) {
+    auto& last = cache.order.back();
+    cache.index.erase(last.first);
+    // The primitive is destroyed when its last user lets go of it.
+    cache.order.pop_back();
+  }
+  return p;
+}
+
+// Whether hgemm runs `t` on oneDNN: decided once per type. oneDNN must have a non-reference
+// matmul for it, and with COHORT_HGEMM=auto that matmul must also beat widening to float32 on a
+// 512^3 product by kNativeMargin: on CPUs whose bf16 dot-product instructions issue at the
+// float32 FMA rate, the widened path (float32 GEMM plus an O(n^2) conversion) is as fast or
+// faster, and where bf16 runs at twice the float32 rate oneDNN wins by far more than the margin.
+struct NativeProbe {
+  bool ok = false;
+  std::string why;   // why not, when !ok
+  std::string impl;  // oneDNN's implementation name
+  std::string how;   // how the choice was made, for describe()
+};
+
+void hgemmDnnl(const DnnlMatmul& api, const MatmulKey& key, const uint16_t* a, const uint16_t* b, void* c);
+
+// How much faster oneDNN's half matmul must measure than widening for hgemm to choose it.
+constexpr double kNativeMargin = 1.5;
+
+// Seconds for the fastest of five runs of `fn`.
+template <typename Fn>
+double bestOfFive(Fn&& fn) {
+  double best = 1e30;
+  for (int i = 0; i < 5; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    fn();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+const NativeProbe& nativeProbe(HalfType t) {
+  static const NativeProbe* probes[2] = {nullptr, nullptr};
+  static std::once_flag once[2];
+  int i = t == HalfType::BFloat16 ? 0 : 1;
+  std::call_once(once[i], [&] {
+    std::string mode = kHgemmKnob.str();
+    if (mode != "auto" && mode != "onednn" && mode != "widen")  // (not remembered: every call says so)
+      throw ValueError(fmt::format("environment variable COHORT_HGEMM='{}' is not one of auto, onednn, widen", mode));
+    auto* p = new NativeProbe();
+    probes[i] = p;
+    if (mode == "widen") {
+      p->why = "COHORT_HGEMM=widen";
+      return;
+    }
+    const DnnlMatmulLoad& l = dnnlMatmulLoad();
+    if (l.api == nullptr) {
+      p->why = l.error;
+      return;
+    }
+    constexpr int64_t kN = 512;
+    MatmulKey key{t, false, Trans::No, Trans::No, kN, kN, kN, kN, kN, kN, 1.f, 0.f};
+    std::shared_ptr<MatmulPrim> prim = buildMatmul(*l.api, key, &p->why);
+    if (!prim) return;
+    p->impl = prim->impl;
+    l.api->primDestroy(prim->prim);
+    // oneDNN's reference implementations are correct but far slower than widening to float32.
+    if (prim->impl.find("ref") != std::string::npos) {
+      p->why =
+          fmt::format("oneDNN's only {} matmul here is its reference implementation ({})", halfName(t), prim->impl);
+      return;
+    }
+    if (mode == "onednn") {
+      p->ok = true;
+      p->how = "COHORT_HGEMM=onednn";
+      return;
+    }
+    std::vector<uint16_t> a(kN * kN), b(kN * kN), c(kN * kN);
+    for (size_t j = 0; j < a.size(); ++j) {
+      float v = static_cast<float>((j * 7919) % 1000) / 1000.f - 0.5f;
+      a[j] = t == HalfType::BFloat16 ? BFloat16::fromFloat(v) : cohort::Half::fromFloat(v);
+      b[j] = a[(j * 31) % a.size()];
+    }
+    double native = bestOfFive([&] { hgemmDnnl(*l.api, key, a.data(), b.data(), c.data()); });
+    double widened = bestOfFive([&] {
+      hgemmWidened(t, false, Trans::No, Trans::No, kN, kN, kN, 1.f, a.data(), kN, b.data(), kN, 0.f, c.data(), kN);
+    });
+    auto gf = [](double sec) { return 2.0 * kN * kN * kN / sec / 1e9; };
+    // oneDNN only when it is clearly faster: the two paths round differently (summation order),
+    // so a choice that a loaded machine could flip from run to run would make training runs differ.
+    if (native * kNativeMargin <= widened) {
+      p->ok = true;
+      p->how = fmt::format("measured {:.0f} GFLOP/s against {:.0f} widened", gf(native), gf(widened));
+    } else {
+      p->why = fmt::format("oneDNN's matmul did not measure {}x faster than widening to float32 here ({:.0f} "
+                           "GFLOP/s against {:.0f} widened)",
+                           kNativeMargin, gf(native), gf(widened));
+    }
+    COHORT_LOG(Debug, "hgemm {}: {}", halfName(t), p->ok ? "oneDNN matmul, " + p->how : p->why);
+  });
+  return *probes[i];
+}
+
+void hgemmDnnl(const DnnlMatmul& api, const MatmulKey& key, const uint16_t* a, const uint16_t* b, void* c) {
+  std::string why;
+  std::shared_ptr<MatmulPrim> p = cachedMatmul(api, key, &why);
+  if (!p) {
+    hgemmWidened(key.type, key.cFloat32, key.ta, key.tb, key.m, key.n, key.k, key.alpha, a, key.lda, b, key.ldb,
+                 key.beta, c, key.ldc);
+    return;
+  }
+  thread_local dnnl_stream_t stream = [&] {
+    dnnl_stream_t s = nullptr;
+    dnnl_status_t st = api.streamCreate(&s, api.engine, dnnl_stream_default_flags);
+    if (st != dnnl_success)
+      throw Error(fmt::format("hgemm: oneDNN could not create a stream (status {})", statusName(st)));
+    return s;
+  }();
+  dnnl_memory_t ma = nullptr, mb = nullptr, mc = nullptr;
+  api.memCreate(&ma, &p->a, api.engine, const_cast<uint16_t*>(a));
+  api.memCreate(&mb, &p->b, api.engine, const_cast<uint16_t*>(b));
+  api.memCreate(&mc, &p->c, api.engine, c);
+  dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
+  applyOmpThreads(*api.lib);
+  dnnl_status_t st = api.execute(p->prim, stream, 3, args);
+  if (st == dnnl_success) st = api.streamWait(stream);
+  api.memDestroy(ma);
+  api.memDestroy(mb);
+  api.memDestroy(mc);
+  if (st != dnnl_success)
+    throw Error(fmt::format("hgemm: oneDNN's {} matmul failed with status {} for m={} n={} k={}", halfName(key.type),
+                            statusName(st), key.m, key.n, key.k));
+}
+
+#endif  // COHORT_BLAS_HAVE_DNNL_API
+
+// Whether the native path runs `t`, and why not.
+bool nativeHalf(HalfType t, std::string* why) {
+#if COHORT_BLAS_HAVE_DNNL_API
+  const NativeProbe& p = nativeProbe(t);
+  if (!p.ok && why) *why = p.why;
+  return p.ok;
+#else
+  (void)t;
+  if (why) *why = "cohort was built without oneDNN's headers (Debian package libdnnl-dev)";
+  return false;
+#endif
+}
+
+// How the native path runs `t`, for describe(): oneDNN's implementation and how it was chosen.
+std::string nativeHalfDetails(HalfType t) {
+#if COHORT_BLAS_HAVE_DNNL_API
+  return fmt::format("{}; {}", nativeProbe(t).impl, nativeProbe(t).how);
+#else
+  (void)t;
+  return "";
+#endif
+}
+
+void hgemmChecked(bool native, HalfType t, bool cFloat32, Trans ta, Trans tb, int64_t m, int64_t n, int64_t k,
+                  float alpha, const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta, void* c,
+                  int64_t ldc) {
+  checkArgs("hgemm", ta, tb, m, n, k, lda, ldb, ldc);
+  COHORT_CHECK_T(ValueError, (a != nullptr || m * k == 0) && (b != nullptr || k * n == 0) && c != nullptr,
+                 "hgemm: a null matrix pointer (m={} n={} k={})", m, n, k);
+  if (m == 0 || n == 0) return;
+  if (k == 0 || alpha == 0.f) {
+    if (cFloat32) return scaleC(beta, static_cast<float*>(c), m, n, ldc);
+    std::vector<float> tmp(static_cast<size_t>(m * n));
+    if (beta != 0.f) widen(t, static_cast<const uint16_t*>(c), m, n, ldc, tmp.data());
+    scaleC(beta, tmp.data(), m, n, n);
+    narrow(t, tmp.data(), m, n, static_cast<uint16_t*>(c), ldc);
+    return;
+  }
+#if COHORT_BLAS_HAVE_DNNL_API
+  if (native) {
+    MatmulKey key{t, cFloat32, ta, tb, m, n, k, lda, ldb, ldc, alpha, beta};
+    return hgemmDnnl(*dnnlMatmulLoad().api, key, a, b, c);
+  }
+#else
+  (void)native;
+#endif
+  hgemmWidened(t, cFloat32, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+}  // namespace
+
+namespace detail {
+
+std::string halfDescription(HalfType t) {
+  std::string why;
+  if (nativeHalf(t, &why)) return fmt::format("oneDNN matmul ({})", nativeHalfDetails(t));
+  return fmt::format("widened to float32 ({})", why);
+}
+
+}  // namespace detail
+
+bool hgemmNative(HalfType type, std::string* why) { return nativeHalf(type, why); }
+
+void hgemm(HalfType type, bool cFloat32, Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha,
+           const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta, void* c, int64_t ldc) {
+  bool native = nativeHalf(type, nullptr);
+  if (!native) {
+    // Said once, at Info: the widened path runs at about float32 speed, which is either the best
+    // this CPU offers (measured) or what a missing oneDNN leaves.
+    static std::once_flag said[2];
+    std::call_once(said[type == HalfType::BFloat16 ? 0 : 1], [type] {
+      std::string why;
+      nativeHalf(type, &why);
+      COHORT_LOG(Info, "{} matrix products widen their inputs to float32 (about float32 speed): {}", halfName(type),
+                 why);
+    });
+  }
+  hgemmChecked(native, type, cFloat32, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void hgemmFallback(HalfType type, bool cFloat32, Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha,
+                   const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta, void* c, int64_t ldc) {
+  hgemmChecked(false, type, cFloat32, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+}  // namespace cohort::blas
