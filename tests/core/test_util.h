@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <initializer_list>
 #include <string>
 #include <utility>
@@ -57,6 +58,13 @@ void expectError(F&& f, const std::vector<std::string>& parts) {
     std::string msg = e.what();
     for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
   }
+}
+
+// Same dtype, shape and bits (the memory of both made contiguous).
+inline bool sameBits(const Tensor& a, const Tensor& b) {
+  if (a.dtype() != b.dtype() || a.sizes() != b.sizes()) return false;
+  Tensor x = a.contiguous(), y = b.contiguous();
+  return std::memcmp(x.dataPtr(), y.dataPtr(), static_cast<size_t>(x.nbytes())) == 0;
 }
 
 // Runs a shell command; returns its exit status (as pclose gives it) and its stdout.

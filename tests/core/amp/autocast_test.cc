@@ -28,13 +28,6 @@ namespace {
 using amp::Autocast;
 using amp::CastPolicy;
 
-// Same dtype, shape and bits.
-bool equal(const Tensor& a, const Tensor& b) {
-  if (a.dtype() != b.dtype() || a.sizes() != b.sizes()) return false;
-  if (a.numel() == 0) return true;
-  return (a.to(DType::Float64) - b.to(DType::Float64)).abs().max().item<double>() == 0.0;
-}
-
 using Outputs = std::vector<Tensor>;
 using CaseFn = std::function<Outputs()>;
 
@@ -235,7 +228,7 @@ TEST_P(AutocastVsTorch, EveryOpGivesPyTorchsDtypeAndValues) {
           << key << ": cohort " << dtypeName(got[i].dtype()) << ", PyTorch " << dtypeName(wantDType);
       ASSERT_EQ(got[i].sizes(), want.sizes()) << key;
       if (!isFloating(want.dtype())) {
-        EXPECT_TRUE(equal(got[i].to(DType::Int64), want.to(DType::Int64)))
+        EXPECT_TRUE(cohort::testing::sameBits(got[i].to(DType::Int64), want.to(DType::Int64)))
             << key << "\ncohort " << got[i] << "\nPyTorch " << want;
         continue;
       }
@@ -333,7 +326,7 @@ TEST(AutocastCache, EachWeightIsCastOncePerScopeAndUpdatesAreSeen) {
     Tensor y1 = lin.forward(x), y2 = lin.forward(x);
     EXPECT_EQ(y1.dtype(), DType::BFloat16);
     EXPECT_EQ(amp::cachedCasts(), 2u);  // weight and bias, once each
-    EXPECT_TRUE(equal(y1, y2));
+    EXPECT_TRUE(cohort::testing::sameBits(y1, y2));
     // An in-place update of the weight inside the scope is seen (the cache is keyed by version).
     {
       autograd::NoGradGuard ng;
@@ -341,13 +334,13 @@ TEST(AutocastCache, EachWeightIsCastOncePerScopeAndUpdatesAreSeen) {
       weight.mul_(2.0);
     }
     Tensor y3 = lin.forward(x);
-    EXPECT_FALSE(equal(y1, y3));
+    EXPECT_FALSE(cohort::testing::sameBits(y1, y3));
     Tensor want;
     {
       Autocast off(DeviceType::CPU, DType::BFloat16, {.enabled = false});
       want = linear(x.to(DType::BFloat16), lin.weight().to(DType::BFloat16), lin.bias().to(DType::BFloat16));
     }
-    EXPECT_TRUE(equal(y3, want));
+    EXPECT_TRUE(cohort::testing::sameBits(y3, want));
   }
   EXPECT_EQ(amp::cachedCasts(), 0u);
   {
@@ -389,8 +382,8 @@ TEST(AutocastBackward, GradientsComeBackInTheWeightsDtype) {
   Tensor w = lin.weight().detach().setRequiresGrad(true), xb = x.detach().setRequiresGrad(true);
   Tensor yb = linear(xb.to(DType::BFloat16), w.to(DType::BFloat16), lin.bias().detach().to(DType::BFloat16));
   F::mseLoss(yb.to(DType::Float32), zeros({3, 4})).backward();
-  EXPECT_TRUE(equal(w.grad(), lin.weight().grad()));
-  EXPECT_TRUE(equal(xb.grad(), x.grad()));
+  EXPECT_TRUE(cohort::testing::sameBits(w.grad(), lin.weight().grad()));
+  EXPECT_TRUE(cohort::testing::sameBits(xb.grad(), x.grad()));
 }
 
 TEST(AutocastCheckpoint, RecomputationRunsInTheForwardsDtypes) {
@@ -428,7 +421,7 @@ TEST(AutocastFloat32, DisabledScopeLeavesFloat32BitForBit) {
     Autocast guard(DeviceType::CPU, DType::BFloat16, {.enabled = false});
     off = run();
   }
-  for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(equal(plain[i], off[i])) << i;
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(cohort::testing::sameBits(plain[i], off[i])) << i;
 }
 
 }  // namespace

@@ -398,17 +398,6 @@ TEST(ClipGradNorm, MatchesTorch) {
 
 // ---- float32 master weights for half parameters ------------------------------------------------
 
-namespace {
-
-// Same dtype, shape and bits.
-bool sameBits(const Tensor& a, const Tensor& b) {
-  if (a.dtype() != b.dtype() || a.sizes() != b.sizes()) return false;
-  Tensor x = a.contiguous(), y = b.contiguous();
-  return std::memcmp(x.dataPtr(), y.dataPtr(), static_cast<size_t>(x.nbytes())) == 0;
-}
-
-}  // namespace
-
 TEST(MasterWeights, HalfParametersFollowTheFloat32TrajectoryRoundedOnce) {
   // A float32 parameter and a bfloat16/float16 one with master weights, fed the same gradients
   // (values the half type holds exactly): the master is the float32 parameter bit for bit, and
@@ -434,8 +423,10 @@ TEST(MasterWeights, HalfParametersFollowTheFloat32TrajectoryRoundedOnce) {
         o32->step();
         oh->step();
         const Tensor& master = oh->state(ph)->tensors.at("master");
-        ASSERT_TRUE(sameBits(master, p32.detach())) << dtypeName(half) << " optimizer " << which << " step " << step;
-        ASSERT_TRUE(sameBits(ph.detach(), p32.detach().to(half))) << dtypeName(half) << " step " << step;
+        ASSERT_TRUE(cohort::testing::sameBits(master, p32.detach()))
+            << dtypeName(half) << " optimizer " << which << " step " << step;
+        ASSERT_TRUE(cohort::testing::sameBits(ph.detach(), p32.detach().to(half)))
+            << dtypeName(half) << " step " << step;
       }
       // The moments are float32 too.
       for (const auto& [k, t] : oh->state(ph)->tensors) EXPECT_EQ(t.dtype(), DType::Float32) << k;
@@ -490,6 +481,6 @@ TEST(MasterWeights, StateDictCarriesTheMastersAndMisuseIsAValueError) {
     p2.setGrad(grads[i]);
     opt.step();
     resumed.step();
-    ASSERT_TRUE(sameBits(p.detach(), p2.detach())) << i;
+    ASSERT_TRUE(cohort::testing::sameBits(p.detach(), p2.detach())) << i;
   }
 }

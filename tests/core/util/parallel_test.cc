@@ -22,6 +22,8 @@
 #include <cohort/core/ops/ops.h>
 #include <cohort/core/util/parallel.h>
 
+#include "core/test_util.h"
+
 #include "harness/ranks.h"
 
 namespace cohort {
@@ -146,13 +148,6 @@ TEST(ParallelFor, AForkedChildGetsAWorkingPool) {
   EXPECT_EQ(WEXITSTATUS(child.status), 0) << "the child computed a different exp";
 }
 
-// Bitwise equality of two float tensors.
-bool sameBits(const Tensor& a, const Tensor& b) {
-  Tensor ac = a.contiguous(), bc = b.contiguous();
-  return ac.sizes() == bc.sizes() && ac.dtype() == bc.dtype() &&
-         std::memcmp(ac.dataPtr(), bc.dataPtr(), static_cast<size_t>(ac.nbytes())) == 0;
-}
-
 TEST(ParallelKernels, ResultsAreBitIdenticalOnOneThreadAndOnSeveral) {
   // Sizes below, at and well above the split threshold, and an odd one.
   for (int64_t n : {int64_t{1000}, int64_t{1} << 16, (int64_t{1} << 20) + 3}) {
@@ -197,7 +192,8 @@ TEST(ParallelKernels, ResultsAreBitIdenticalOnOneThreadAndOnSeveral) {
       many = all();
     }
     ASSERT_EQ(one.size(), many.size());
-    for (size_t i = 0; i < one.size(); ++i) EXPECT_TRUE(sameBits(one[i], many[i])) << "result " << i << " at n " << n;
+    for (size_t i = 0; i < one.size(); ++i)
+      EXPECT_TRUE(cohort::testing::sameBits(one[i], many[i])) << "result " << i << " at n " << n;
   }
 }
 
