@@ -2,6 +2,7 @@
 // themselves are in shm_ops.cc).
 #include <cohort/distributed/shm/shm_backend.h>
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <immintrin.h>
 #include <linux/futex.h>
@@ -16,7 +17,10 @@
 #include <climits>
 #include <cstring>
 #include <fstream>
+#include <iterator>
+#include <mutex>
 #include <new>
+#include <optional>
 #include <random>
 
 #include <fmt/format.h>
@@ -140,6 +144,119 @@ uint8_t* mapShared(const std::string& name, size_t bytes, std::string& error) {
   return p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
 }
 
+// ---- names a terminating signal removes (see "Cleanup" in the header) ----------------------------
+
+// A name this process created and has not unlinked yet, as the path unlink() takes (shm_open's
+// objects live in /dev/shm on Linux; unlink, unlike shm_unlink, is async-signal-safe).
+struct PendingName {
+  std::atomic<int> state{0};  // kFree, kBusy (being written or cleared), kHeld
+  char path[NAME_MAX + 16];
+};
+constexpr int kFree = 0, kBusy = 1, kHeld = 2;
+constexpr int kMaxPendingNames = 64;
+PendingName gPending[kMaxPendingNames];
+constexpr int kCleanupSignals[] = {SIGTERM, SIGINT, SIGHUP};
+
+std::mutex gHandlerMu;
+int gHandlerUsers = 0;                                    // live PendingUnlinks (under gHandlerMu)
+bool gHandlerInstalled[std::size(kCleanupSignals)] = {};  // which signals carry onTerminatingSignal
+
+void onTerminatingSignal(int sig) {
+  const int savedErrno = errno;
+  for (PendingName& p : gPending)
+    if (p.state.load(std::memory_order_acquire) == kHeld) ::unlink(p.path);
+  // Then die of the signal as if no handler had been there: it is blocked while this handler
+  // runs, so the raised one arrives when the handler returns.
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+  errno = savedErrno;
+}
+
+// While it lives, `name` is on the list that onTerminatingSignal unlinks, and the handler is in
+// place for every cleanup signal whose disposition was the default (a program's own handler or
+// SIG_IGN is left alone). The last one to go puts the default back where the handler still is.
+class PendingUnlink {
+ public:
+  explicit PendingUnlink(const std::string& name) {
+    {
+      std::lock_guard<std::mutex> lock(gHandlerMu);
+      if (gHandlerUsers++ == 0) {
+        for (size_t i = 0; i < std::size(kCleanupSignals); ++i) {
+          struct sigaction old {};
+          if (sigaction(kCleanupSignals[i], nullptr, &old) != 0) continue;
+          if ((old.sa_flags & SA_SIGINFO) || old.sa_handler != SIG_DFL) continue;
+          struct sigaction sa {};
+          sa.sa_handler = onTerminatingSignal;
+          sigemptyset(&sa.sa_mask);
+          gHandlerInstalled[i] = sigaction(kCleanupSignals[i], &sa, nullptr) == 0;
+        }
+      }
+    }
+    const std::string path = "/dev/shm" + name;
+    if (path.size() >= sizeof(PendingName::path)) return;
+    for (PendingName& p : gPending) {
+      int expected = kFree;
+      if (!p.state.compare_exchange_strong(expected, kBusy)) continue;
+      std::memcpy(p.path, path.c_str(), path.size() + 1);
+      p.state.store(kHeld, std::memory_order_release);
+      slot_ = &p;
+      return;
+    }
+    // All slots taken (more than kMaxPendingNames setups at once): this name goes untracked.
+  }
+  ~PendingUnlink() {
+    if (slot_) slot_->state.store(kFree, std::memory_order_release);
+    std::lock_guard<std::mutex> lock(gHandlerMu);
+    if (--gHandlerUsers > 0) return;
+    for (size_t i = 0; i < std::size(kCleanupSignals); ++i) {
+      if (!gHandlerInstalled[i]) continue;
+      gHandlerInstalled[i] = false;
+      struct sigaction cur {};
+      if (sigaction(kCleanupSignals[i], nullptr, &cur) != 0) continue;
+      if (!(cur.sa_flags & SA_SIGINFO) && cur.sa_handler == onTerminatingSignal) ::signal(kCleanupSignals[i], SIG_DFL);
+    }
+  }
+  PendingUnlink(const PendingUnlink&) = delete;
+  PendingUnlink& operator=(const PendingUnlink&) = delete;
+
+ private:
+  PendingName* slot_ = nullptr;
+};
+
+// Removes the segments that processes of this pid namespace left in /dev/shm when they died
+// without running a handler (SIGKILL, a crash) while their names were still up: a
+// "cohort_*" object with this backend's header whose owner no longer runs. Buffers
+// ("..._b<id>") have no header and are left alone; so is anything another user owns, anything
+// not yet initialised (no magic) and anything whose owner is alive or in another pid namespace.
+void sweepStaleSegments(uint64_t ns) {
+  if (ns == 0) return;
+  DIR* dir = opendir("/dev/shm");
+  if (!dir) return;
+  std::vector<std::string> stale;
+  while (const dirent* e = readdir(dir)) {
+    const std::string name = std::string("/") + e->d_name;
+    if (name.rfind("/cohort_", 0) != 0) continue;
+    int fd = shm_open(name.c_str(), O_RDONLY, 0);
+    if (fd < 0) continue;
+    struct stat st {};
+    void* p = MAP_FAILED;
+    if (fstat(fd, &st) == 0 && st.st_size >= static_cast<off_t>(kHeaderBytes))
+      p = mmap(nullptr, kHeaderBytes, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) continue;
+    // The owner writes its pid into a zeroed header: 0 is "not yet", anything else is the owner.
+    const auto* h = static_cast<const ShmHeader*>(p);
+    const int pid = h->pid, rank = h->rank;
+    const bool dead = h->magic == kMagic && h->pidNamespace == ns && pid > 0 && pid != getpid() && !processAlive(pid);
+    munmap(p, kHeaderBytes);
+    if (dead && shm_unlink(name.c_str()) == 0) stale.push_back(fmt::format("{} (rank {}, pid {})", name, rank, pid));
+  }
+  closedir(dir);
+  if (!stale.empty())
+    COHORT_LOG(Warning, "shm backend: removed {} segment(s) left in /dev/shm by processes that died during setup: {}",
+               stale.size(), fmt::join(stale, ", "));
+}
+
 }  // namespace
 
 ShmConfig ShmConfig::fromEnv() {
@@ -188,7 +305,10 @@ ShmBackend::ShmBackend(const StorePtr& store, int rank, int size, const BackendO
                                 err ? fmt::format(": {}", std::strerror(err)) : std::string()));
   };
 
-  // This rank's segment.
+  // This rank's segment. Its name stays on the signal handler's list until it is unlinked.
+  const uint64_t ns = pidNamespace();
+  sweepStaleSegments(ns);
+  std::optional<PendingUnlink> pending(std::in_place, names_[rank]);
   std::string err;
   uint8_t* mine = createShared(names_[rank], mapBytes_, err);
   if (!mine) {
@@ -201,7 +321,7 @@ ShmBackend::ShmBackend(const StorePtr& store, int rank, int size, const BackendO
   h->pid = getpid();
   h->rank = rank;
   h->slotBytes = slotBytes_;
-  h->pidNamespace = pidNamespace();
+  h->pidNamespace = ns;
   h->counter.store(0);
   h->waiters.store(0);
   h->state.store(kLive);
@@ -243,6 +363,7 @@ ShmBackend::ShmBackend(const StorePtr& store, int rank, int size, const BackendO
     fail(fmt::format("peers did not map the segments: {}", f.detail));
   }
   shm_unlink(names_[rank].c_str());
+  pending.reset();
 
   if (size > 1 && hasBackend("gloo")) {
     try {
@@ -461,6 +582,8 @@ Tensor ShmBackend::allocateCommBuffer(const Shape& sizes, DType dtype, Millis ti
                group_, bytes, why);
     return Backend::allocateCommBuffer(sizes, dtype, timeout);
   };
+  // This rank's name stays on the signal handler's list until it is unlinked (every path out).
+  PendingUnlink pending(nameOf(r));
   try {
     std::string err;
     if (maxBufferBytes_ != 0 && bytes > maxBufferBytes_) {

@@ -11,6 +11,17 @@
  * the group is left in /dev/shm whatever happens, and the memory goes away with the last mapping.
  * If setup fails half way, the ranks unlink every name they know (their own and their peers').
  *
+ * Cleanup. A name is only in /dev/shm between its creation and the meeting that follows, but a
+ * rank may wait there long (for a late peer, up to the group's timeout), and a job stopped then
+ * (scancel, a launcher's SIGTERM, Ctrl-C) would leave it behind: segments of 8 MiB in a /dev/shm
+ * that containers often cap at 64 MiB. So while a rank holds a name it has not unlinked (its
+ * segment in setup, its buffer in allocateCommBuffer), a handler for SIGTERM, SIGINT and SIGHUP
+ * is in place that unlinks those names and then dies of the signal as if it had not been there.
+ * It is installed only for signals whose disposition is the default (a program's own handler or
+ * SIG_IGN is left alone) and removed again when no name is pending. A process killed without a
+ * handler (SIGKILL, a crash) cannot clean up: the next group made in the same pid namespace
+ * removes every cohort segment whose header names an owner that no longer runs, with a warning.
+ *
  * Rounds. Every op is a sequence of rounds that every rank runs in the same order: write into
  * this rank's slot for the round (slot = round % 2), publish the round number in the header's
  * counter, wait until every peer's counter reached it, then read the peers' slots of that round.
