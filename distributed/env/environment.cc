@@ -34,9 +34,12 @@ COHORT_ENV_KNOB(kSlurmProcId, "SLURM_PROCID", "", "Set by Slurm's srun: global r
 COHORT_ENV_KNOB(kSlurmNtasks, "SLURM_NTASKS", "", "Set by Slurm: number of tasks");
 COHORT_ENV_KNOB(kSlurmNprocs, "SLURM_NPROCS", "", "Set by older Slurm: number of tasks (when SLURM_NTASKS is not)");
 COHORT_ENV_KNOB(kSlurmLocalId, "SLURM_LOCALID", "", "Set by Slurm's srun: task rank on this node");
-COHORT_ENV_KNOB(kSlurmNtasksPerNode, "SLURM_NTASKS_PER_NODE", "", "Set by Slurm with --ntasks-per-node");
+COHORT_ENV_KNOB(kSlurmNtasksPerNode, "SLURM_NTASKS_PER_NODE", "",
+                "Set by Slurm with --ntasks-per-node (the job's request: a smaller srun step keeps it)");
+COHORT_ENV_KNOB(kSlurmStepTasksPerNode, "SLURM_STEP_TASKS_PER_NODE", "",
+                "Set by Slurm's srun: the step's tasks on each node, compressed (\"2(x3),1\")");
 COHORT_ENV_KNOB(kSlurmTasksPerNode, "SLURM_TASKS_PER_NODE", "",
-                "Set by Slurm: tasks on each node, compressed (\"2(x3),1\")");
+                "Set by Slurm: tasks on each node, compressed (\"2(x3),1\"; srun sets the step's)");
 COHORT_ENV_KNOB(kSlurmNodeId, "SLURM_NODEID", "", "Set by Slurm: index of this node in the allocation");
 COHORT_ENV_KNOB(kSlurmStepNodeList, "SLURM_STEP_NODELIST", "", "Set by Slurm's srun: the step's nodes (compressed)");
 COHORT_ENV_KNOB(kSlurmJobNodeList, "SLURM_JOB_NODELIST", "", "Set by Slurm: the allocation's nodes (compressed)");
@@ -63,6 +66,7 @@ const std::vector<const Knob*>& allLaunchKnobs() {
                                                   &kSlurmNprocs,
                                                   &kSlurmLocalId,
                                                   &kSlurmNtasksPerNode,
+                                                  &kSlurmStepTasksPerNode,
                                                   &kSlurmTasksPerNode,
                                                   &kSlurmNodeId,
                                                   &kSlurmStepNodeList,
@@ -76,8 +80,8 @@ const char* kLookedFor =
     "torchrun-style (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; optional LOCAL_RANK, LOCAL_WORLD_SIZE), "
     "OpenMPI mpirun (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK, "
     "OMPI_COMM_WORLD_LOCAL_SIZE; MASTER_ADDR for multi-host jobs), "
-    "Slurm srun (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE or SLURM_TASKS_PER_NODE with "
-    "SLURM_NODEID, SLURM_STEP_NODELIST or SLURM_JOB_NODELIST or SLURM_NODELIST)";
+    "Slurm srun (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_STEP_TASKS_PER_NODE or SLURM_TASKS_PER_NODE "
+    "with SLURM_NODEID or SLURM_NTASKS_PER_NODE, SLURM_STEP_NODELIST or SLURM_JOB_NODELIST or SLURM_NODELIST)";
 
 std::string foundVariables() {
   std::vector<std::string> found;
@@ -248,9 +252,18 @@ LaunchEnvironment fromSlurm() {
   else if (auto n2 = kSlurmNprocs.raw()) world = *n2;
   else r.need("SLURM_NTASKS (or SLURM_NPROCS)");
   std::string lr = r.need(kSlurmLocalId);
+  // The tasks on this node: the step's per-node list first. SLURM_NTASKS_PER_NODE is the job's
+  // --ntasks-per-node, which a smaller step (`srun -n 1` in a 2-task allocation) inherits
+  // unchanged, so it is only the fallback when no list is set.
+  const Knob* countsKnob = nullptr;
+  for (const Knob* k : {&kSlurmStepTasksPerNode, &kSlurmTasksPerNode}) {
+    if (k->raw()) {
+      countsKnob = k;
+      break;
+    }
+  }
   auto perNode = kSlurmNtasksPerNode.raw();
-  auto tasksPerNode = kSlurmTasksPerNode.raw();
-  if (!perNode && !tasksPerNode) r.need("SLURM_NTASKS_PER_NODE or SLURM_TASKS_PER_NODE");
+  if (!countsKnob && !perNode) r.need("SLURM_STEP_TASKS_PER_NODE, SLURM_TASKS_PER_NODE or SLURM_NTASKS_PER_NODE");
   std::optional<std::pair<std::string, std::string>> first;
   auto addr = kMasterAddr.raw();
   if (!addr) {
@@ -265,30 +278,32 @@ LaunchEnvironment fromSlurm() {
       static_cast<int>(parseInt(src, kSlurmNtasks.raw() ? "SLURM_NTASKS" : "SLURM_NPROCS", world, 1, 1 << 30));
   e.rank = static_cast<int>(r.integer(kSlurmProcId, rank, 0, 1 << 30));
   e.localRank = static_cast<int>(r.integer(kSlurmLocalId, lr, 0, 1 << 30));
-  if (perNode) {
-    e.localWorldSize = static_cast<int>(r.integer(kSlurmNtasksPerNode, *perNode, 1, 1 << 30));
-  } else {
+  const char* localSizeName = kSlurmNtasksPerNode.name();
+  if (countsKnob) {
+    const std::string list = *countsKnob->raw();
+    localSizeName = countsKnob->name();
     std::vector<int> counts;
     try {
-      counts = expandTasksPerNode(*tasksPerNode);
+      counts = expandTasksPerNode(list);
     } catch (const ValueError& err) {
-      fail(src, fmt::format("SLURM_TASKS_PER_NODE is malformed: {}", err.what()));
+      fail(src, fmt::format("{} is malformed: {}", countsKnob->name(), err.what()));
     }
     size_t node = 0;
     if (counts.size() > 1) {
       auto id = kSlurmNodeId.raw();
       if (!id)
-        fail(src,
-             fmt::format("SLURM_TASKS_PER_NODE=\"{}\" lists several nodes but SLURM_NODEID is missing", *tasksPerNode));
+        fail(src, fmt::format("{}=\"{}\" lists several nodes but SLURM_NODEID is missing", countsKnob->name(), list));
       node = static_cast<size_t>(r.integer(kSlurmNodeId, *id, 0, 1 << 30));
       if (node >= counts.size()) {
-        fail(src, fmt::format("SLURM_NODEID={} but SLURM_TASKS_PER_NODE=\"{}\" lists only {} nodes", node,
-                              *tasksPerNode, counts.size()));
+        fail(src, fmt::format("SLURM_NODEID={} but {}=\"{}\" lists only {} nodes", node, countsKnob->name(), list,
+                              counts.size()));
       }
     }
     e.localWorldSize = counts[node];
+  } else {
+    e.localWorldSize = static_cast<int>(r.integer(kSlurmNtasksPerNode, *perNode, 1, 1 << 30));
   }
-  validateRanks(src, e, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE");
+  validateRanks(src, e, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", localSizeName);
   if (addr) {
     e.masterAddr = *addr;
     e.masterAddrOrigin = "MASTER_ADDR";

@@ -16,9 +16,11 @@
  *     Master port: MASTER_PORT when set; else 20000 + (OMPI_MCA_ess_base_jobid mod 10000), so
  *     concurrent mpirun jobs on one host do not collide; else 29500.
  *  3. Slurm's srun (marker: SLURM_PROCID):
- *     SLURM_PROCID, SLURM_NTASKS (or SLURM_NPROCS), SLURM_LOCALID; local world size from
- *     SLURM_NTASKS_PER_NODE, else this node's entry (SLURM_NODEID) of SLURM_TASKS_PER_NODE
- *     ("2(x3),1"). Master address: MASTER_ADDR when set, else the first host of
+ *     SLURM_PROCID, SLURM_NTASKS (or SLURM_NPROCS), SLURM_LOCALID; local world size from this
+ *     node's entry (SLURM_NODEID) of SLURM_STEP_TASKS_PER_NODE or SLURM_TASKS_PER_NODE ("2(x3),1"),
+ *     which srun sets for the step, else SLURM_NTASKS_PER_NODE (the job's --ntasks-per-node,
+ *     which a smaller step such as `srun -n 1` inside the allocation inherits unchanged, so it
+ *     is only the fallback). Master address: MASTER_ADDR when set, else the first host of
  *     SLURM_STEP_NODELIST, SLURM_JOB_NODELIST or SLURM_NODELIST (the first that is set): srun
  *     places task 0 on the first node of the step. Master port: MASTER_PORT when set, else
  *     20000 + (SLURM_JOB_ID mod 10000), else 29500.

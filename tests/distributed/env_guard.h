@@ -56,6 +56,7 @@ class EnvGuard {
                                                 "SLURM_NPROCS",
                                                 "SLURM_LOCALID",
                                                 "SLURM_NTASKS_PER_NODE",
+                                                "SLURM_STEP_TASKS_PER_NODE",
                                                 "SLURM_TASKS_PER_NODE",
                                                 "SLURM_NODEID",
                                                 "SLURM_STEP_NODELIST",

@@ -181,12 +181,34 @@ TEST(DetectEnvironment, Slurm) {
   EXPECT_EQ(detectEnvironment().masterAddr, "gpu09");
   g.set("SLURM_NODEID", "3");
   EXPECT_EQ(detectEnvironment().localWorldSize, 1);
-  g.set("SLURM_NTASKS_PER_NODE", "2").set("SLURM_NODEID", "0");
-  EXPECT_EQ(detectEnvironment().localWorldSize, 2);
+  // The per-node list wins over the job's --ntasks-per-node, and the step's list over the job's.
+  g.set("SLURM_NTASKS_PER_NODE", "2");
+  EXPECT_EQ(detectEnvironment().localWorldSize, 1);
+  g.set("SLURM_STEP_TASKS_PER_NODE", "3,4(x3)");
+  EXPECT_EQ(detectEnvironment().localWorldSize, 4);
+  g.set("SLURM_NODEID", "0");
+  EXPECT_EQ(detectEnvironment().localWorldSize, 3);
   g.set("MASTER_ADDR", "10.0.0.9").set("MASTER_PORT", "30000");
   e = detectEnvironment();
   EXPECT_EQ(e.masterAddr, "10.0.0.9");
   EXPECT_EQ(e.masterPort, 30000);
+}
+
+// `srun -n 1` inside an `sbatch --ntasks-per-node=2` allocation (what a real Slurm 22.05 sets):
+// the step has one task, SLURM_NTASKS and SLURM_TASKS_PER_NODE say so, SLURM_NTASKS_PER_NODE
+// still holds the job's 2.
+TEST(DetectEnvironment, SlurmStepSmallerThanTheAllocation) {
+  EnvGuard g;
+  g.set("SLURM_PROCID", "0").set("SLURM_NTASKS", "1").set("SLURM_NPROCS", "1").set("SLURM_LOCALID", "0");
+  g.set("SLURM_NTASKS_PER_NODE", "2").set("SLURM_TASKS_PER_NODE", "1").set("SLURM_STEP_TASKS_PER_NODE", "1");
+  g.set("SLURM_NODEID", "0").set("SLURM_STEP_NODELIST", "vm").set("SLURM_JOB_NODELIST", "vm").set("SLURM_JOB_ID", "5");
+  LaunchEnvironment e = detectEnvironment();
+  EXPECT_EQ(e.worldSize, 1);
+  EXPECT_EQ(e.localWorldSize, 1);
+  EXPECT_EQ(e.masterAddr, "vm");
+  // Only the job's --ntasks-per-node: still the fallback.
+  g.unset("SLURM_TASKS_PER_NODE").unset("SLURM_STEP_TASKS_PER_NODE").set("SLURM_NTASKS", "2");
+  EXPECT_EQ(detectEnvironment().localWorldSize, 2);
 }
 
 TEST(DetectEnvironment, SlurmOlderVariables) {
@@ -245,7 +267,8 @@ TEST(DetectEnvironment, MissingVariablesAreNamedWithWhatWasFound) {
   msg = valueErrorOf([] { detectEnvironment(); });
   EXPECT_NE(msg.find("Slurm launch detected"), std::string::npos) << msg;
   EXPECT_NE(msg.find("SLURM_NTASKS (or SLURM_NPROCS)"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("SLURM_NTASKS_PER_NODE or SLURM_TASKS_PER_NODE"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("SLURM_STEP_TASKS_PER_NODE, SLURM_TASKS_PER_NODE or SLURM_NTASKS_PER_NODE"), std::string::npos)
+      << msg;
   EXPECT_NE(msg.find("SLURM_JOB_NODELIST"), std::string::npos) << msg;
   EXPECT_NE(msg.find("Found: SLURM_PROCID=1, SLURM_LOCALID=0"), std::string::npos) << msg;
 
@@ -308,6 +331,13 @@ TEST(DetectEnvironment, MalformedValues) {
         {"SLURM_TASKS_PER_NODE", "2(y2)"},
         {"SLURM_JOB_NODELIST", "n[1-2]"}},
        "SLURM_TASKS_PER_NODE is malformed"},
+      {{{"SLURM_PROCID", "1"},
+        {"SLURM_NTASKS", "2"},
+        {"SLURM_LOCALID", "1"},
+        {"SLURM_STEP_TASKS_PER_NODE", "1"},
+        {"SLURM_NTASKS_PER_NODE", "2"},
+        {"SLURM_JOB_NODELIST", "n1"}},
+       "SLURM_LOCALID=1 is not below SLURM_STEP_TASKS_PER_NODE=1"},
       {{{"SLURM_PROCID", "0"},
         {"SLURM_NTASKS", "2"},
         {"SLURM_LOCALID", "0"},
