@@ -2,9 +2,11 @@
 #include <cohort/core/autograd/engine.h>
 
 #include <algorithm>
+#include <cctype>
 
 #include <cohort/core/autograd/grad_mode.h>
 #include <cohort/core/ops/ops.h>
+#include <cohort/core/profiler/record.h>
 
 namespace cohort::autograd {
 namespace {
@@ -188,12 +190,26 @@ bool GraphTask::emit(Node* node, size_t i, Tensor grad) {
   return true;
 }
 
+namespace {
+// A backward function's span in a profile: "mm" -> "mmBackward", so it is not counted with the
+// forward op of the same name; nodes named for themselves ("AccumulateGrad") keep their name.
+std::string backwardSpanName(const std::string& node) {
+  if (node.empty() || std::isupper(static_cast<unsigned char>(node[0])) || node.ends_with("Backward")) return node;
+  return node + "Backward";
+}
+}  // namespace
+
 std::vector<Tensor> GraphTask::runNode(Node* node, std::vector<Tensor> inputs) {
   node->runPreHooks(inputs);
   // Backward functions run in the dtypes their forward recorded, whatever autocast scope the
   // thread calling backward() has open.
   amp::detail::ExcludeGuard noAutocast;
+  profiler::detail::SpanHandle span;
+  if (profiler::detail::active()) [[unlikely]]
+    span =
+        profiler::detail::beginSpan(profiler::EventKind::Backward, backwardSpanName(node->name()), node->sequenceNr());
   std::vector<Tensor> out = node->apply(std::move(inputs));
+  if (span.id >= 0) profiler::detail::endSpan(span);
   if (!retainGraph_) node->releaseSaved();
   return out;
 }

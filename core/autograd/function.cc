@@ -2,6 +2,7 @@
 
 #include <cohort/core/autograd/engine.h>
 #include <cohort/core/ops/ops.h>
+#include <cohort/core/profiler/record.h>
 
 namespace cohort::autograd {
 namespace {
@@ -97,6 +98,8 @@ std::shared_ptr<Node> record(const char* name, const std::vector<Tensor>& inputs
     m.outputNr = nr++;
     m.requiresGrad = true;
   }
+  if (profiler::detail::active()) [[unlikely]]
+    profiler::detail::noteForwardSeq(node->sequenceNr());
   return node;
 }
 

@@ -89,7 +89,9 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
     if (!old.defined()) {
       bool exclusive =
           g.implPtr().use_count() == 1 && g.storage().use_count() == 1 && g.isContiguous() && g.sizes() == leaf.sizes();
-      store->set(leaf_, exclusive ? g : g.expand(leaf.sizes()).clone());
+      Tensor grad = exclusive ? g : g.expand(leaf.sizes()).clone();
+      setMemoryCategory(grad, MemoryCategory::Gradients);
+      store->set(leaf_, grad);
     } else {
       store->set(leaf_, add(old, g));  // out of place: a gradient handed out earlier stays as it was
     }
@@ -106,6 +108,7 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
     bool exclusive =
         g.implPtr().use_count() == 1 && g.storage().use_count() == 1 && g.isContiguous() && g.sizes() == leaf.sizes();
     meta.grad = exclusive ? g : g.expand(leaf.sizes()).clone();
+    setMemoryCategory(meta.grad, MemoryCategory::Gradients);
   } else {
     // In place, so a .grad that is a view into a bucket (DDP) stays that view.
     meta.grad.add_(g);

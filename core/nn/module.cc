@@ -132,6 +132,7 @@ Tensor Module::registerParameter(const std::string& name, Tensor tensor, bool re
                                  "(detach() it first)",
                                  name_, name));
   tensor.setRequiresGrad(requiresGrad);
+  setMemoryCategory(tensor, MemoryCategory::Parameters);
   params_.insert(name, tensor);
   return tensor;
 }

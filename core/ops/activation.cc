@@ -6,6 +6,7 @@
 #include <cohort/core/ops/detail/simd.h>
 #include <cohort/core/ops/detail/vec_math.h>
 #include <cohort/core/ops/ops.h>
+#include <cohort/core/profiler/record.h>
 
 namespace cohort {
 
@@ -14,6 +15,7 @@ using GradList = std::vector<Tensor>;
 namespace vm = vecmath;
 
 Tensor relu(const Tensor& a) {
+  COHORT_RECORD_OP("relu", a);
   if (a.defined() && a.dtype() == DType::Bool)
     throw ValueError(fmt::format("relu: not supported for bool tensors (shape {})", shapeStr(a.sizes())));
   Tensor out = detail::unaryOp(a, "relu", [](auto x) COHORT_KERNEL_FN {
@@ -30,6 +32,7 @@ Tensor relu(const Tensor& a) {
 }
 
 Tensor sigmoid(const Tensor& a) {
+  COHORT_RECORD_OP("sigmoid", a);
   Tensor out = detail::simd::unary(a, detail::simd::Unary::Sigmoid);
   if (!out.defined()) out = detail::unaryFloatOp(a, "sigmoid", [](auto x) COHORT_KERNEL_FN { return vm::sigmoid(x); });
   autograd::record("sigmoid", {a}, {out}, {out}, [](Ctx& ctx, const GradList& g) -> GradList {
@@ -42,6 +45,7 @@ Tensor sigmoid(const Tensor& a) {
 }
 
 Tensor tanh(const Tensor& a) {
+  COHORT_RECORD_OP("tanh", a);
   Tensor out = detail::simd::unary(a, detail::simd::Unary::Tanh);
   if (!out.defined()) out = detail::unaryFloatOp(a, "tanh", [](auto x) COHORT_KERNEL_FN { return vm::tanh(x); });
   autograd::record("tanh", {a}, {out}, {out}, [](Ctx& ctx, const GradList& g) -> GradList {
@@ -54,6 +58,7 @@ Tensor tanh(const Tensor& a) {
 }
 
 Tensor silu(const Tensor& a) {
+  COHORT_RECORD_OP("silu", a);
   Tensor out = detail::simd::unary(a, detail::simd::Unary::Silu);
   if (!out.defined()) out = detail::unaryFloatOp(a, "silu", [](auto x) COHORT_KERNEL_FN { return vm::silu(x); });
   autograd::record("silu", {a}, {out}, {a}, [](Ctx& ctx, const GradList& g) -> GradList {
@@ -70,6 +75,7 @@ Tensor silu(const Tensor& a) {
 }
 
 Tensor gelu(const Tensor& a, bool tanhApprox) {
+  COHORT_RECORD_OP("gelu", a, tanhApprox);
   Tensor out = detail::simd::unary(a, tanhApprox ? detail::simd::Unary::GeluTanh : detail::simd::Unary::GeluErf);
   if (!out.defined())
     out = tanhApprox ? detail::unaryFloatOp(a, "gelu_tanh", [](auto x) COHORT_KERNEL_FN { return vm::geluTanh(x); })

@@ -39,6 +39,7 @@
 #include <cohort/core/ops/detail/attention.h>
 #include <cohort/core/ops/detail/vec_math.h>
 #include <cohort/core/ops/functional.h>
+#include <cohort/core/profiler/record.h>
 #include <cohort/core/tensor/generator.h>
 #include <cohort/core/util/parallel.h>
 
@@ -668,6 +669,7 @@ Tensor unfusedAttention(const Tensor& q, const Tensor& k, const Tensor& v, const
 }  // namespace
 
 Tensor scaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& opts) {
+  COHORT_RECORD_OP("scaledDotProductAttention", q, k, v, opts);
   COHORT_AUTOCAST("scaledDotProductAttention", scaledDotProductAttention, q, k, v, opts);
   const Dims d = checkArgs(q, k, v, opts);
   if (!q.device().isCpu()) return unfusedAttention(q, k, v, opts);

@@ -5,6 +5,7 @@
 #include <cohort/core/autograd/function.h>
 #include <cohort/core/ops/detail/elementwise_impl.h>
 #include <cohort/core/ops/ops.h>
+#include <cohort/core/profiler/record.h>
 
 namespace cohort {
 
@@ -14,21 +15,27 @@ using GradList = std::vector<Tensor>;
 // ---- comparisons ---------------------------------------------------------------------------------
 
 Tensor eq(const Tensor& a, const Tensor& b) {
+  COHORT_RECORD_OP("eq", a, b);
   return detail::compareOp(a, b, "eq", [](auto x, auto y) COHORT_KERNEL_FN { return x == y; });
 }
 Tensor ne(const Tensor& a, const Tensor& b) {
+  COHORT_RECORD_OP("ne", a, b);
   return detail::compareOp(a, b, "ne", [](auto x, auto y) COHORT_KERNEL_FN { return x != y; });
 }
 Tensor lt(const Tensor& a, const Tensor& b) {
+  COHORT_RECORD_OP("lt", a, b);
   return detail::compareOp(a, b, "lt", [](auto x, auto y) COHORT_KERNEL_FN { return x < y; });
 }
 Tensor le(const Tensor& a, const Tensor& b) {
+  COHORT_RECORD_OP("le", a, b);
   return detail::compareOp(a, b, "le", [](auto x, auto y) COHORT_KERNEL_FN { return x <= y; });
 }
 Tensor gt(const Tensor& a, const Tensor& b) {
+  COHORT_RECORD_OP("gt", a, b);
   return detail::compareOp(a, b, "gt", [](auto x, auto y) COHORT_KERNEL_FN { return x > y; });
 }
 Tensor ge(const Tensor& a, const Tensor& b) {
+  COHORT_RECORD_OP("ge", a, b);
   return detail::compareOp(a, b, "ge", [](auto x, auto y) COHORT_KERNEL_FN { return x >= y; });
 }
 
@@ -85,8 +92,14 @@ Tensor maxMin(const Tensor& a, const Tensor& b, bool isMax) {
 
 }  // namespace
 
-Tensor maximum(const Tensor& a, const Tensor& b) { return maxMin(a, b, true); }
-Tensor minimum(const Tensor& a, const Tensor& b) { return maxMin(a, b, false); }
+Tensor maximum(const Tensor& a, const Tensor& b) {
+  COHORT_RECORD_OP("maximum", a, b);
+  return maxMin(a, b, true);
+}
+Tensor minimum(const Tensor& a, const Tensor& b) {
+  COHORT_RECORD_OP("minimum", a, b);
+  return maxMin(a, b, false);
+}
 
 // ---- where ---------------------------------------------------------------------------------------
 
@@ -140,6 +153,7 @@ Tensor whereRaw(const Tensor& cond, const Tensor& a, const Tensor& b, DType dt, 
 }  // namespace
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  COHORT_RECORD_OP("where", cond, a, b);
   if (!cond.defined()) throw ValueError("where: the condition tensor is undefined");
   detail::checkBinary(a, b, "where");
   detail::checkBinary(cond, a, "where");

@@ -15,6 +15,7 @@
 #include <cohort/core/blas/blas.h>
 #include <cohort/core/ops/dispatch.h>
 #include <cohort/core/ops/functional.h>
+#include <cohort/core/profiler/record.h>
 
 namespace cohort::nn::functional {
 namespace {
@@ -240,6 +241,7 @@ Shape poolOutShape(const Tensor& x, const PoolGeom& g) {
 }  // namespace
 
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dOptions& opts) {
+  COHORT_RECORD_OP("conv2d", input, weight, bias, opts);
   COHORT_AUTOCAST("conv2d", conv2d, input, weight, bias, opts);
   if (!input.defined() || !weight.defined()) throw ValueError("conv2d: input and weight must be defined");
   if (!input.device().isCpu()) dispatch::throwNoKernel("conv2d", input.device());  // CPU kernels only, so far
@@ -310,6 +312,7 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, con
 }
 
 Tensor maxPool2d(const Tensor& input, const Pool2dOptions& opts) {
+  COHORT_RECORD_OP("maxPool2d", input, opts);
   PoolGeom g = poolGeometry(input, opts, "maxPool2d");
   if (!input.device().isCpu()) dispatch::throwNoKernel("maxPool2d", input.device());
   const DType dt = input.dtype();
@@ -380,6 +383,7 @@ Tensor maxPool2d(const Tensor& input, const Pool2dOptions& opts) {
 }
 
 Tensor avgPool2d(const Tensor& input, const Pool2dOptions& opts) {
+  COHORT_RECORD_OP("avgPool2d", input, opts);
   PoolGeom g = poolGeometry(input, opts, "avgPool2d");
   if (!input.device().isCpu()) dispatch::throwNoKernel("avgPool2d", input.device());
   const DType dt = input.dtype();

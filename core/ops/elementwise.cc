@@ -13,6 +13,7 @@
 #include <cohort/core/ops/detail/simd.h>
 #include <cohort/core/ops/detail/vec_math.h>
 #include <cohort/core/ops/ops.h>
+#include <cohort/core/profiler/record.h>
 
 namespace cohort {
 
@@ -54,6 +55,7 @@ void checkBinary(const Tensor& a, const Tensor& b, const char* op) {
 // ---- add / sub / mul / div ----------------------------------------------------------------------
 
 Tensor add(const Tensor& a, const Tensor& b, Scalar alpha) {
+  COHORT_RECORD_OP("add", a, b, alpha);
   Tensor out;
   bool unitAlpha = alpha.toDouble() == 1.0;
   if (unitAlpha) {
@@ -70,6 +72,7 @@ Tensor add(const Tensor& a, const Tensor& b, Scalar alpha) {
 }
 
 Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) {
+  COHORT_RECORD_OP("sub", a, b, alpha);
   if (a.defined() && a.dtype() == DType::Bool && b.defined() && b.dtype() == DType::Bool)
     throw ValueError("sub: subtraction of two bool tensors is not supported; use logical operations");
   Tensor out;
@@ -87,6 +90,7 @@ Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) {
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
+  COHORT_RECORD_OP("mul", a, b);
   Tensor out = detail::binaryOp(a, b, "mul", [](auto x, auto y) COHORT_KERNEL_FN { return x * y; });
   autograd::record("mul", {a, b}, {out}, {a, b}, [](Ctx& ctx, const GradList& g) -> GradList {
     GradList r(2);
@@ -98,6 +102,7 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
+  COHORT_RECORD_OP("div", a, b);
   // True division: integer inputs give float32, as in PyTorch.
   Tensor af = a, bf = b;
   if (a.defined() && b.defined() && !isFloating(promoteTypes(a.dtype(), b.dtype()))) {
@@ -116,12 +121,14 @@ Tensor div(const Tensor& a, const Tensor& b) {
 }
 
 Tensor add(const Tensor& a, Scalar s) {
+  COHORT_RECORD_OP("add", a, s);
   Tensor out = detail::scalarOp(a, s, "add", [](auto x, auto v) COHORT_KERNEL_FN { return x + v; });
   autograd::record("add", {a}, {out}, {}, [](Ctx&, const GradList& g) -> GradList { return {g[0]}; });
   return out;
 }
 
 Tensor mul(const Tensor& a, Scalar s) {
+  COHORT_RECORD_OP("mul", a, s);
   Tensor out = detail::scalarOp(a, s, "mul", [](auto x, auto v) COHORT_KERNEL_FN { return x * v; });
   double sv = s.toDouble();
   autograd::record("mul", {a}, {out}, {}, [sv](Ctx&, const GradList& g) -> GradList { return {g[0] * sv}; });
@@ -129,6 +136,7 @@ Tensor mul(const Tensor& a, Scalar s) {
 }
 
 Tensor div(const Tensor& a, Scalar s) {
+  COHORT_RECORD_OP("div", a, s);
   Tensor af = a.defined() && !isFloating(a.dtype()) ? a.to(DType::Float32) : a;
   double sv = s.toDouble();
   Tensor out = detail::scalarOp(af, Scalar(sv), "div", [](auto x, auto v) COHORT_KERNEL_FN { return x / v; });
@@ -137,12 +145,14 @@ Tensor div(const Tensor& a, Scalar s) {
 }
 
 Tensor rsub(const Tensor& a, Scalar s) {
+  COHORT_RECORD_OP("rsub", a, s);
   Tensor out = detail::scalarOp(a, s, "rsub", [](auto x, auto v) COHORT_KERNEL_FN { return v - x; });
   autograd::record("rsub", {a}, {out}, {}, [](Ctx&, const GradList& g) -> GradList { return {-g[0]}; });
   return out;
 }
 
 Tensor neg(const Tensor& a) {
+  COHORT_RECORD_OP("neg", a);
   if (a.defined() && a.dtype() == DType::Bool) throw ValueError("neg: negation of a bool tensor is not supported");
   Tensor out = detail::unaryOp(a, "neg", [](auto x) COHORT_KERNEL_FN { return -x; });
   autograd::record("neg", {a}, {out}, {}, [](Ctx&, const GradList& g) -> GradList { return {-g[0]}; });
@@ -263,6 +273,7 @@ Tensor powScalarKernel(const Tensor& x, double e) {
 }  // namespace
 
 Tensor pow(const Tensor& a, Scalar exponent) {
+  COHORT_RECORD_OP("pow", a, exponent);
   COHORT_AUTOCAST("pow", pow, a, exponent);
   if (!a.defined()) throw ValueError("pow: the input tensor is undefined");
   DType dt = detail::scalarResultType(a, exponent);
@@ -299,6 +310,7 @@ Tensor pow(const Tensor& a, Scalar exponent) {
 }
 
 Tensor pow(const Tensor& a, const Tensor& b) {
+  COHORT_RECORD_OP("pow", a, b);
   COHORT_AUTOCAST("pow", pow, a, b);
   detail::checkBinary(a, b, "pow");
   DType dt = detail::resultType(a, b);
@@ -342,6 +354,7 @@ Tensor pow(const Tensor& a, const Tensor& b) {
 // ---- unary math ----------------------------------------------------------------------------------
 
 Tensor exp(const Tensor& a) {
+  COHORT_RECORD_OP("exp", a);
   COHORT_AUTOCAST("exp", exp, a);
   Tensor out = detail::simd::unary(a, detail::simd::Unary::Exp);
   if (!out.defined()) out = detail::unaryFloatOp(a, "exp", [](auto x) COHORT_KERNEL_FN { return vm::exp(x); });
@@ -351,6 +364,7 @@ Tensor exp(const Tensor& a) {
 }
 
 Tensor log(const Tensor& a) {
+  COHORT_RECORD_OP("log", a);
   COHORT_AUTOCAST("log", log, a);
   Tensor out = detail::simd::unary(a, detail::simd::Unary::Log);
   if (!out.defined()) out = detail::unaryFloatOp(a, "log", [](auto x) COHORT_KERNEL_FN { return vm::log(x); });
@@ -360,6 +374,7 @@ Tensor log(const Tensor& a) {
 }
 
 Tensor sqrt(const Tensor& a) {
+  COHORT_RECORD_OP("sqrt", a);
   Tensor out = detail::unaryFloatOp(a, "sqrt", [](auto x) COHORT_KERNEL_FN { return std::sqrt(x); });
   autograd::record("sqrt", {a}, {out}, {out}, [](Ctx& ctx, const GradList& g) -> GradList {
     return {detail::binaryFloatOp(g[0], ctx.saved(0), "sqrt backward",
@@ -369,6 +384,7 @@ Tensor sqrt(const Tensor& a) {
 }
 
 Tensor rsqrt(const Tensor& a) {
+  COHORT_RECORD_OP("rsqrt", a);
   COHORT_AUTOCAST("rsqrt", rsqrt, a);
   Tensor out = detail::unaryFloatOp(a, "rsqrt", [](auto x) COHORT_KERNEL_FN { return vm::rsqrt(x); });
   autograd::record("rsqrt", {a}, {out}, {out}, [](Ctx& ctx, const GradList& g) -> GradList {
@@ -382,6 +398,7 @@ Tensor rsqrt(const Tensor& a) {
 }
 
 Tensor abs(const Tensor& a) {
+  COHORT_RECORD_OP("abs", a);
   if (a.defined() && a.dtype() == DType::Bool)
     throw ValueError(fmt::format("abs: not supported for bool tensors (shape {})", shapeStr(a.sizes())));
   Tensor out = detail::unaryOp(a, "abs", [](auto x) COHORT_KERNEL_FN {
@@ -451,6 +468,7 @@ Tensor clampGrad(const Tensor& g, const Tensor& x, const std::optional<Scalar>& 
 }  // namespace detail
 
 Tensor clamp(const Tensor& a, std::optional<Scalar> lo, std::optional<Scalar> hi) {
+  COHORT_RECORD_OP("clamp", a, lo, hi);
   if (!a.defined()) throw ValueError("clamp: the input tensor is undefined");
   if (!lo && !hi) throw ValueError("clamp: at least one of min and max must be given");
   DType dt = a.dtype();

@@ -12,6 +12,7 @@
 #include <cohort/core/autograd/function.h>
 #include <cohort/core/ops/detail/index_dispatch.h>
 #include <cohort/core/ops/ops.h>
+#include <cohort/core/profiler/record.h>
 #include <cohort/core/tensor/iter.h>
 
 namespace cohort {
@@ -262,6 +263,7 @@ Tensor triangle(const Tensor& a, int64_t k, bool lower) {
 }  // namespace
 
 Tensor indexSelect(const Tensor& a, int64_t dim, const Tensor& index) {
+  COHORT_RECORD_OP("indexSelect", a, dim, index);
   requireDefined(a, "indexSelect", "input");
   requireDefined(index, "indexSelect", "index");
   requireIndexDType(index, "indexSelect");
@@ -294,6 +296,7 @@ Tensor indexSelect(const Tensor& a, int64_t dim, const Tensor& index) {
 }
 
 Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
+  COHORT_RECORD_OP("gather", a, dim, index);
   requireDefined(a, "gather", "input");
   requireDefined(index, "gather", "index");
   requireIndexDType(index, "gather");
@@ -316,6 +319,7 @@ Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
 }
 
 Tensor scatterAdd(const Tensor& a, int64_t dim, const Tensor& index, const Tensor& src) {
+  COHORT_RECORD_OP("scatterAdd", a, dim, index, src);
   COHORT_AUTOCAST("scatterAdd", scatterAdd, a, dim, index, src);
   requireDefined(a, "scatterAdd", "input");
   requireDefined(index, "scatterAdd", "index");
@@ -356,6 +360,7 @@ Tensor scatterAdd(const Tensor& a, int64_t dim, const Tensor& index, const Tenso
 }
 
 Tensor maskedFill(const Tensor& a, const Tensor& mask, Scalar value) {
+  COHORT_RECORD_OP("maskedFill", a, mask, value);
   requireDefined(a, "maskedFill", "input");
   requireDefined(mask, "maskedFill", "mask");
   if (mask.dtype() != DType::Bool)
@@ -397,10 +402,17 @@ Tensor maskedFill(const Tensor& a, const Tensor& mask, Scalar value) {
   return out;
 }
 
-Tensor tril(const Tensor& a, int64_t diagonal) { return triangle(a, diagonal, true); }
-Tensor triu(const Tensor& a, int64_t diagonal) { return triangle(a, diagonal, false); }
+Tensor tril(const Tensor& a, int64_t diagonal) {
+  COHORT_RECORD_OP("tril", a, diagonal);
+  return triangle(a, diagonal, true);
+}
+Tensor triu(const Tensor& a, int64_t diagonal) {
+  COHORT_RECORD_OP("triu", a, diagonal);
+  return triangle(a, diagonal, false);
+}
 
 Tensor oneHot(const Tensor& indices, int64_t numClasses) {
+  COHORT_RECORD_OP("oneHot", indices, numClasses);
   requireDefined(indices, "oneHot", "indices");
   requireIndexDType(indices, "oneHot");
   if (numClasses < -1)

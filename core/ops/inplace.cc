@@ -17,6 +17,7 @@
 #include <cohort/core/autograd/grad_mode.h>
 #include <cohort/core/ops/detail/elementwise_impl.h>
 #include <cohort/core/ops/ops.h>
+#include <cohort/core/profiler/record.h>
 
 namespace cohort {
 
@@ -140,6 +141,7 @@ void applyInplace(Tensor& self, const std::array<Tensor, N>& others, DType compu
 // ---- add_ / sub_ ---------------------------------------------------------------------------------
 
 Tensor& Tensor::add_(const Tensor& o, Scalar alpha) {
+  COHORT_RECORD_OP("add_", *this, o, alpha);
   precheck("add_", *this, {&o});
   DType dt = withScalar(promoteTypes(dtype(), o.dtype()), alpha);
   double al = alpha.toDouble();
@@ -157,6 +159,7 @@ Tensor& Tensor::add_(const Tensor& o, Scalar alpha) {
 }
 
 Tensor& Tensor::add_(Scalar v) {
+  COHORT_RECORD_OP("add_", *this, v);
   precheck("add_", *this, {});
   DType dt = withScalar(dtype(), v);
   const double s = v.toDouble();
@@ -168,6 +171,7 @@ Tensor& Tensor::add_(Scalar v) {
 }
 
 Tensor& Tensor::sub_(const Tensor& o, Scalar alpha) {
+  COHORT_RECORD_OP("sub_", *this, o, alpha);
   if (defined() && o.defined() && dtype() == DType::Bool && o.dtype() == DType::Bool)
     throw ValueError("sub_: subtraction of two bool tensors is not supported; use logical operations");
   precheck("sub_", *this, {&o});
@@ -189,6 +193,7 @@ Tensor& Tensor::sub_(const Tensor& o, Scalar alpha) {
 // ---- mul_ / div_ ---------------------------------------------------------------------------------
 
 Tensor& Tensor::mul_(const Tensor& o) {
+  COHORT_RECORD_OP("mul_", *this, o);
   precheck("mul_", *this, {&o});
   DType dt = promoteTypes(dtype(), o.dtype());
   checkCast("mul_", dt, *this);
@@ -207,6 +212,7 @@ Tensor& Tensor::mul_(const Tensor& o) {
 }
 
 Tensor& Tensor::mul_(Scalar v) {
+  COHORT_RECORD_OP("mul_", *this, v);
   precheck("mul_", *this, {});
   DType dt = withScalar(dtype(), v);
   double sv = v.toDouble();
@@ -218,6 +224,7 @@ Tensor& Tensor::mul_(Scalar v) {
 }
 
 Tensor& Tensor::div_(const Tensor& o) {
+  COHORT_RECORD_OP("div_", *this, o);
   precheck("div_", *this, {&o});
   DType dt = promoteTypes(dtype(), o.dtype());
   if (!isFloating(dt)) dt = DType::Float32;  // true division
@@ -235,6 +242,7 @@ Tensor& Tensor::div_(const Tensor& o) {
 }
 
 Tensor& Tensor::div_(Scalar v) {
+  COHORT_RECORD_OP("div_", *this, v);
   precheck("div_", *this, {});
   DType dt = isFloating(dtype()) ? dtype() : DType::Float32;
   double sv = v.toDouble();
@@ -248,6 +256,7 @@ Tensor& Tensor::div_(Scalar v) {
 // ---- addcmul_ / addcdiv_ / lerp_ -----------------------------------------------------------------
 
 Tensor& Tensor::addcmul_(const Tensor& t1, const Tensor& t2, Scalar value) {
+  COHORT_RECORD_OP("addcmul_", *this, t1, t2, value);
   precheck("addcmul_", *this, {&t1, &t2});
   DType dt = withScalar(promoteTypes(promoteTypes(dtype(), t1.dtype()), t2.dtype()), value);
   double v = value.toDouble();
@@ -266,6 +275,7 @@ Tensor& Tensor::addcmul_(const Tensor& t1, const Tensor& t2, Scalar value) {
 }
 
 Tensor& Tensor::addcdiv_(const Tensor& t1, const Tensor& t2, Scalar value) {
+  COHORT_RECORD_OP("addcdiv_", *this, t1, t2, value);
   precheck("addcdiv_", *this, {&t1, &t2});
   DType dt = withScalar(promoteTypes(promoteTypes(dtype(), t1.dtype()), t2.dtype()), value);
   if (!isFloating(dt))
@@ -289,6 +299,7 @@ Tensor& Tensor::addcdiv_(const Tensor& t1, const Tensor& t2, Scalar value) {
 }
 
 Tensor& Tensor::lerp_(const Tensor& end, Scalar weight) {
+  COHORT_RECORD_OP("lerp_", *this, end, weight);
   precheck("lerp_", *this, {&end});
   DType dt = promoteTypes(dtype(), end.dtype());
   if (!isFloating(dt))
@@ -317,6 +328,7 @@ Tensor& Tensor::lerp_(const Tensor& end, Scalar weight) {
 // ---- clamp_ / sqrt_ / maskedFill_ ----------------------------------------------------------------
 
 Tensor& Tensor::clamp_(std::optional<Scalar> lo, std::optional<Scalar> hi) {
+  COHORT_RECORD_OP("clamp_", *this, lo, hi);
   precheck("clamp_", *this, {});
   if (!lo && !hi) throw ValueError("clamp_: at least one of min and max must be given");
   if (((lo && !lo->isIntegral()) || (hi && !hi->isIntegral())) && !isFloating(dtype()))
@@ -336,6 +348,7 @@ Tensor& Tensor::clamp_(std::optional<Scalar> lo, std::optional<Scalar> hi) {
 }
 
 Tensor& Tensor::sqrt_() {
+  COHORT_RECORD_OP("sqrt_", *this);
   precheck("sqrt_", *this, {});
   checkCast("sqrt_", DType::Float32, *this);
   applyInplace<0>(
@@ -355,6 +368,7 @@ Tensor& Tensor::sqrt_() {
 }
 
 Tensor& Tensor::maskedFill_(const Tensor& mask, Scalar value) {
+  COHORT_RECORD_OP("maskedFill_", *this, mask, value);
   precheck("maskedFill_", *this, {&mask});
   if (mask.dtype() != DType::Bool)
     throw ValueError(fmt::format("maskedFill_: the mask must be a bool tensor, got {} (shape {})", mask.dtype(),

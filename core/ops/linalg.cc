@@ -4,6 +4,7 @@
 #include <cohort/core/blas/blas.h>
 #include <cohort/core/ops/dispatch.h>
 #include <cohort/core/ops/ops.h>
+#include <cohort/core/profiler/record.h>
 
 namespace cohort {
 namespace {
@@ -104,6 +105,7 @@ void checkFloatOrSame(const Tensor& a, const Tensor& b, const char* op) {
 }  // namespace
 
 Tensor mm(const Tensor& a, const Tensor& b) {
+  COHORT_RECORD_OP("mm", a, b);
   COHORT_AUTOCAST("mm", mm, a, b);
   checkFloatOrSame(a, b, "mm");
   if (a.dim() != 2 || b.dim() != 2)
@@ -127,6 +129,7 @@ Tensor mm(const Tensor& a, const Tensor& b) {
 }
 
 Tensor bmm(const Tensor& a, const Tensor& b) {
+  COHORT_RECORD_OP("bmm", a, b);
   COHORT_AUTOCAST("bmm", bmm, a, b);
   checkFloatOrSame(a, b, "bmm");
   if (a.dim() != 3 || b.dim() != 3)
@@ -158,6 +161,7 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  COHORT_RECORD_OP("matmul", a, b);
   COHORT_AUTOCAST("matmul", matmul, a, b);
   checkFloatOrSame(a, b, "matmul");
   int64_t da = a.dim(), db = b.dim();
@@ -209,6 +213,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
+  COHORT_RECORD_OP("linear", input, weight, bias);
   COHORT_AUTOCAST("linear", linear, input, weight, bias);
   checkFloatOrSame(input, weight, "linear");
   if (weight.dim() != 2)
@@ -268,6 +273,7 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
 }
 
 Tensor addmm(const Tensor& self, const Tensor& a, const Tensor& b, Scalar beta, Scalar alpha) {
+  COHORT_RECORD_OP("addmm", self, a, b, beta, alpha);
   COHORT_AUTOCAST("addmm", addmm, self, a, b, beta, alpha);
   checkFloatOrSame(a, b, "addmm");
   if (a.dim() != 2 || b.dim() != 2 || a.size(1) != b.size(0))

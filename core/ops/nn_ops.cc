@@ -16,6 +16,7 @@
 #include <cohort/core/ops/detail/reduce_impl.h>
 #include <cohort/core/ops/detail/vec_math.h>
 #include <cohort/core/ops/functional.h>
+#include <cohort/core/profiler/record.h>
 #include <cohort/core/tensor/generator.h>
 #include <cohort/core/util/parallel.h>
 
@@ -462,20 +463,24 @@ void layerNormBackward(const T* x, const T* w, const T* g, const Acc<T>* mean, c
 }  // namespace
 
 Tensor softmax(const Tensor& x, int64_t dim) {
+  COHORT_RECORD_OP("softmax", x, dim);
   COHORT_AUTOCAST("softmax", softmax, x, dim);
   return softmaxImpl<false>(x, dim, "softmax");
 }
 Tensor logSoftmax(const Tensor& x, int64_t dim) {
+  COHORT_RECORD_OP("logSoftmax", x, dim);
   COHORT_AUTOCAST("logSoftmax", logSoftmax, x, dim);
   return softmaxImpl<true>(x, dim, "logSoftmax");
 }
 
 Tensor nllLoss(const Tensor& input, const Tensor& target, Reduction reduction, int64_t ignoreIndex) {
+  COHORT_RECORD_OP("nllLoss", input, target, reduction, ignoreIndex);
   COHORT_AUTOCAST("nllLoss", nllLoss, input, target, reduction, ignoreIndex);
   return nllImpl(input, target, reduction, ignoreIndex, "nllLoss");
 }
 
 Tensor crossEntropy(const Tensor& input, const Tensor& target, CrossEntropyOptions opts) {
+  COHORT_RECORD_OP("crossEntropy", input, target, opts);
   COHORT_AUTOCAST("crossEntropy", crossEntropy, input, target, opts);
   const char* op = "crossEntropy";
   requireFloat(input, op, "the input");
@@ -576,6 +581,7 @@ Tensor fusedMseLoss(const Tensor& input, const Tensor& target, Reduction reducti
 }  // namespace
 
 Tensor mseLoss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  COHORT_RECORD_OP("mseLoss", input, target, reduction);
   COHORT_AUTOCAST("mseLoss", mseLoss, input, target, reduction);
   requireFloat(input, "mseLoss", "the input");
   requireFloat(target, "mseLoss", "the target");
@@ -595,6 +601,7 @@ Tensor mseLoss(const Tensor& input, const Tensor& target, Reduction reduction) {
 }
 
 Tensor layerNorm(const Tensor& x, const Shape& normalizedShape, const Tensor& weight, const Tensor& bias, double eps) {
+  COHORT_RECORD_OP("layerNorm", x, normalizedShape, weight, bias, eps);
   COHORT_AUTOCAST("layerNorm", layerNorm, x, normalizedShape, weight, bias, eps);
   const char* op = "layerNorm";
   requireFloat(x, op, "the input");
@@ -660,6 +667,7 @@ Tensor layerNorm(const Tensor& x, const Shape& normalizedShape, const Tensor& we
 }
 
 Tensor embedding(const Tensor& indices, const Tensor& weight) {
+  COHORT_RECORD_OP("embedding", indices, weight);
   const char* op = "embedding";
   requireDefined(indices, op, "the indices");
   requireDefined(weight, op, "the weight");
@@ -721,6 +729,7 @@ Tensor embedding(const Tensor& indices, const Tensor& weight) {
 }
 
 Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
+  COHORT_RECORD_OP("dropout", x, p, training, gen);
   const char* op = "dropout";
   requireFloat(x, op, "the input");
   if (!(p >= 0.0 && p <= 1.0))

@@ -25,6 +25,7 @@
 #include <cohort/core/ops/detail/reduce_impl.h>
 #include <cohort/core/ops/detail/vec_math.h>
 #include <cohort/core/ops/dispatch.h>
+#include <cohort/core/profiler/record.h>
 #include <cohort/core/tensor/iter.h>
 
 namespace cohort {
@@ -328,6 +329,7 @@ Tensor evenSplitGrad(const Tensor& x, const Tensor& m, const Tensor& g, const Sh
 // ---- sum / mean ---------------------------------------------------------------------------------
 
 Tensor sum(const Tensor& a, const Shape& dims, bool keepdim) {
+  COHORT_RECORD_OP("sum", a, dims, keepdim);
   COHORT_AUTOCAST("sum", sum, a, dims, keepdim);
   detail::ReducePlan p = detail::planReduce(a, dims, keepdim, "sum");
   // Integers and bools sum to int64, as in PyTorch.
@@ -352,6 +354,7 @@ Tensor sum(const Tensor& a, const Shape& dims, bool keepdim) {
 }
 
 Tensor mean(const Tensor& a, const Shape& dims, bool keepdim) {
+  COHORT_RECORD_OP("mean", a, dims, keepdim);
   if (a.defined() && !isFloating(a.dtype()))
     throw ValueError(fmt::format("mean: expected a floating-point tensor, got {} of shape {}; convert with to() first",
                                  a.dtype(), shapeStr(a.sizes())));
@@ -375,6 +378,7 @@ Tensor mean(const Tensor& a, const Shape& dims, bool keepdim) {
 }
 
 Tensor sumToShape(const Tensor& a, const Shape& shape) {
+  COHORT_RECORD_OP("sumToShape", a, shape);
   if (a.sizes() == shape) return a;
   int64_t nd = a.dim(), ns = static_cast<int64_t>(shape.size());
   if (ns > nd)
@@ -418,8 +422,14 @@ Tensor extreme(const Tensor& a, const Shape& dims, bool keepdim, const char* op)
 
 }  // namespace
 
-Tensor amax(const Tensor& a, const Shape& dims, bool keepdim) { return extreme<true>(a, dims, keepdim, "amax"); }
-Tensor amin(const Tensor& a, const Shape& dims, bool keepdim) { return extreme<false>(a, dims, keepdim, "amin"); }
+Tensor amax(const Tensor& a, const Shape& dims, bool keepdim) {
+  COHORT_RECORD_OP("amax", a, dims, keepdim);
+  return extreme<true>(a, dims, keepdim, "amax");
+}
+Tensor amin(const Tensor& a, const Shape& dims, bool keepdim) {
+  COHORT_RECORD_OP("amin", a, dims, keepdim);
+  return extreme<false>(a, dims, keepdim, "amin");
+}
 
 // ---- var / std ------------------------------------------------------------------------------------
 
@@ -577,9 +587,11 @@ Tensor varStd(const Tensor& a, const Shape& dims, int64_t correction, bool keepd
 }  // namespace
 
 Tensor var(const Tensor& a, const Shape& dims, int64_t correction, bool keepdim) {
+  COHORT_RECORD_OP("var", a, dims, correction, keepdim);
   return varStd(a, dims, correction, keepdim, false, "var");
 }
 Tensor std(const Tensor& a, const Shape& dims, int64_t correction, bool keepdim) {
+  COHORT_RECORD_OP("std", a, dims, correction, keepdim);
   return varStd(a, dims, correction, keepdim, true, "std");
 }
 
@@ -627,6 +639,7 @@ struct PowSumOp : detail::SumOp<T, T, Map> {
 }  // namespace
 
 Tensor norm(const Tensor& a, double p, const Shape& dims, bool keepdim) {
+  COHORT_RECORD_OP("norm", a, p, dims, keepdim);
   COHORT_AUTOCAST("norm", norm, a, p, dims, keepdim);
   detail::requireFloat(a, "norm");
   if (std::isnan(p)) throw ValueError(fmt::format("norm: p must not be NaN (input shape {})", shapeStr(a.sizes())));

@@ -10,6 +10,7 @@
 #include <cohort/core/ops/detail/reduce_dispatch.h>
 #include <cohort/core/ops/detail/reduce_impl.h>
 #include <cohort/core/ops/dispatch.h>
+#include <cohort/core/profiler/record.h>
 #include <cohort/core/tensor/iter.h>
 
 namespace cohort {
@@ -205,15 +206,19 @@ Tensor argExtreme(const Tensor& a, std::optional<int64_t> dim, bool keepdim, con
 }  // namespace
 
 std::pair<Tensor, Tensor> max(const Tensor& a, int64_t dim, bool keepdim) {
+  COHORT_RECORD_OP("max", a, dim, keepdim);
   return extremeDim<true>(a, dim, keepdim, true, "max");
 }
 std::pair<Tensor, Tensor> min(const Tensor& a, int64_t dim, bool keepdim) {
+  COHORT_RECORD_OP("min", a, dim, keepdim);
   return extremeDim<false>(a, dim, keepdim, true, "min");
 }
 Tensor argmax(const Tensor& a, std::optional<int64_t> dim, bool keepdim) {
+  COHORT_RECORD_OP("argmax", a, dim, keepdim);
   return argExtreme<true>(a, dim, keepdim, "argmax");
 }
 Tensor argmin(const Tensor& a, std::optional<int64_t> dim, bool keepdim) {
+  COHORT_RECORD_OP("argmin", a, dim, keepdim);
   return argExtreme<false>(a, dim, keepdim, "argmin");
 }
 

@@ -9,6 +9,7 @@
 #include <cohort/core/autograd/grad_mode.h>
 #include <cohort/core/autograd/node.h>
 #include <cohort/core/ops/ops.h>
+#include <cohort/core/profiler/profiler.h>
 
 namespace cohort::optim {
 
@@ -75,6 +76,11 @@ const ParamState* Optimizer::state(const Tensor& param) const {
 
 void Optimizer::step() {
   autograd::NoGradGuard ng;
+  // State made on the first step is the optimizer's (the memory profiler's categories).
+  MemoryCategoryScope stateMemory(MemoryCategory::OptimizerState);
+  profiler::detail::SpanHandle span;
+  if (profiler::detail::active()) [[unlikely]]
+    span = profiler::detail::beginSpan(profiler::EventKind::Range, fmt::format("Optimizer.step#{}.step", type_));
   // A parameter a wrapper took over after this optimizer was built (FSDP routes its gradient to
   // a flat shard) would otherwise be skipped silently, every step, as one without a gradient.
   int64_t index = 0;
@@ -88,6 +94,8 @@ void Optimizer::step() {
     if (masterWeights_) stepWithMasters(g);
     else stepGroup(g);
   }
+  if (span.id >= 0) profiler::detail::endSpan(span);
+  profiler::markStep();
 }
 
 namespace {

@@ -5,6 +5,7 @@
 #include <mutex>
 #include <vector>
 
+#include <cohort/core/autograd/grad_mode.h>
 #include <cohort/core/util/env.h>
 
 #include <cohort/core/util/check.h>
@@ -207,5 +208,52 @@ Allocator* setAllocator(Device d, Allocator* a) {
 AllocatorStats memoryStats(Device d) { return allocatorFor(d)->stats(); }
 void resetPeakMemory(Device d) { allocatorFor(d)->resetPeak(); }
 void emptyCache(Device d) { allocatorFor(d)->emptyCache(); }
+
+}  // namespace cohort
+
+namespace cohort {
+
+namespace {
+constexpr int kUnsetCategory = -1;
+thread_local int tlsCategory = kUnsetCategory;
+std::atomic<int64_t> gCategoryBytes[kNumDeviceTypes][kNumMemoryCategories];
+}  // namespace
+
+const char* memoryCategoryName(MemoryCategory c) {
+  switch (c) {
+    case MemoryCategory::Activations: return "activations";
+    case MemoryCategory::Parameters: return "parameters";
+    case MemoryCategory::Gradients: return "gradients";
+    case MemoryCategory::OptimizerState: return "optimizer state";
+    case MemoryCategory::Communication: return "communication";
+    case MemoryCategory::Other: return "other";
+  }
+  return "?";
+}
+
+MemoryCategoryScope::MemoryCategoryScope(MemoryCategory c) : prev_(tlsCategory) { tlsCategory = static_cast<int>(c); }
+MemoryCategoryScope::~MemoryCategoryScope() { tlsCategory = prev_; }
+
+MemoryCategory currentMemoryCategory() {
+  if (tlsCategory != kUnsetCategory) return static_cast<MemoryCategory>(tlsCategory);
+  return autograd::isGradEnabled() ? MemoryCategory::Activations : MemoryCategory::Other;
+}
+
+int64_t CategoryBytes::total() const {
+  int64_t t = 0;
+  for (int64_t b : bytes) t += b;
+  return t;
+}
+
+CategoryBytes memoryByCategory(DeviceType type) {
+  CategoryBytes out;
+  for (int c = 0; c < kNumMemoryCategories; ++c)
+    out.bytes[c] = gCategoryBytes[static_cast<int>(type)][c].load(std::memory_order_relaxed);
+  return out;
+}
+
+void detail::accountCategory(DeviceType type, MemoryCategory c, int64_t delta) {
+  gCategoryBytes[static_cast<int>(type)][static_cast<int>(c)].fetch_add(delta, std::memory_order_relaxed);
+}
 
 }  // namespace cohort

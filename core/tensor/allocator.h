@@ -70,6 +70,41 @@ Allocator* allocatorFor(Device d);
 // The caller keeps ownership of both and must keep `a` alive while tensors use it.
 Allocator* setAllocator(Device d, Allocator* a);
 
+// What tensor memory is for, so memory can be broken down by purpose (the memory profiler's
+// timeline, out-of-memory reports). A storage gets the category of the scope it is allocated in
+// (MemoryCategoryScope), else Activations while grad mode is on and Other when it is off; code that
+// learns later what a tensor is (Module::registerParameter, gradient accumulation, optimizers,
+// DDP's buckets) re-tags its storage with setMemoryCategory (core/tensor/tensor.h).
+enum class MemoryCategory : uint8_t { Activations, Parameters, Gradients, OptimizerState, Communication, Other };
+inline constexpr int kNumMemoryCategories = 6;
+const char* memoryCategoryName(MemoryCategory c);  // "activations", "parameters", ...
+
+// Allocations on this thread get `c` for the scope's extent (scopes nest).
+class MemoryCategoryScope {
+ public:
+  explicit MemoryCategoryScope(MemoryCategory c);
+  ~MemoryCategoryScope();
+  MemoryCategoryScope(const MemoryCategoryScope&) = delete;
+  MemoryCategoryScope& operator=(const MemoryCategoryScope&) = delete;
+
+ private:
+  int prev_;
+};
+// The category an allocation made now on this thread gets.
+MemoryCategory currentMemoryCategory();
+
+// Bytes of live tensor storage on devices of `type`, per category (always counted, profiler on or
+// off: one relaxed atomic add per allocation and free). Memory a storage wraps but does not own
+// (from_blob-style) is not counted.
+struct CategoryBytes {
+  int64_t bytes[kNumMemoryCategories] = {};
+  int64_t total() const;
+};
+CategoryBytes memoryByCategory(DeviceType type = DeviceType::CPU);
+namespace detail {
+void accountCategory(DeviceType type, MemoryCategory c, int64_t delta);
+}  // namespace detail
+
 // The accounting of the current allocator of `d`.
 AllocatorStats memoryStats(Device d = Device::cpu());
 void resetPeakMemory(Device d = Device::cpu());

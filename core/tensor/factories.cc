@@ -3,6 +3,7 @@
 
 #include <cohort/core/autograd/function.h>
 #include <cohort/core/ops/ops.h>
+#include <cohort/core/profiler/record.h>
 #include <cohort/core/tensor/iter.h>
 
 namespace cohort {
@@ -40,6 +41,7 @@ Tensor empty(const Shape& shape, TensorOptions opts) {
 }
 
 Tensor full(const Shape& shape, Scalar value, TensorOptions opts) {
+  COHORT_RECORD_OP("full", shape, value, opts);
   bool rg = opts.requiresGrad;
   opts.requiresGrad = false;
   Tensor t = empty(shape, opts);
@@ -47,18 +49,40 @@ Tensor full(const Shape& shape, Scalar value, TensorOptions opts) {
   if (rg) t.setRequiresGrad(true);
   return t;
 }
-Tensor zeros(const Shape& shape, TensorOptions opts) { return full(shape, 0, opts); }
-Tensor ones(const Shape& shape, TensorOptions opts) { return full(shape, 1, opts); }
+Tensor zeros(const Shape& shape, TensorOptions opts) {
+  COHORT_RECORD_OP("zeros", shape, opts);
+  return full(shape, 0, opts);
+}
+Tensor ones(const Shape& shape, TensorOptions opts) {
+  COHORT_RECORD_OP("ones", shape, opts);
+  return full(shape, 1, opts);
+}
 Tensor emptyLike(const Tensor& t) { return empty(t.sizes(), {.dtype = t.dtype(), .device = t.device()}); }
-Tensor zerosLike(const Tensor& t) { return zeros(t.sizes(), {.dtype = t.dtype(), .device = t.device()}); }
-Tensor onesLike(const Tensor& t) { return ones(t.sizes(), {.dtype = t.dtype(), .device = t.device()}); }
-Tensor fullLike(const Tensor& t, Scalar v) { return full(t.sizes(), v, {.dtype = t.dtype(), .device = t.device()}); }
+Tensor zerosLike(const Tensor& t) {
+  COHORT_RECORD_OP("zerosLike", t);
+  return zeros(t.sizes(), {.dtype = t.dtype(), .device = t.device()});
+}
+Tensor onesLike(const Tensor& t) {
+  COHORT_RECORD_OP("onesLike", t);
+  return ones(t.sizes(), {.dtype = t.dtype(), .device = t.device()});
+}
+Tensor fullLike(const Tensor& t, Scalar v) {
+  COHORT_RECORD_OP("fullLike", t, v);
+  return full(t.sizes(), v, {.dtype = t.dtype(), .device = t.device()});
+}
 
-Tensor scalarTensor(Scalar v, TensorOptions opts) { return full({}, v, opts); }
+Tensor scalarTensor(Scalar v, TensorOptions opts) {
+  COHORT_RECORD_OP("scalarTensor", v, opts);
+  return full({}, v, opts);
+}
 
-Tensor arange(Scalar end, TensorOptions opts) { return arange(0, end, 1, opts); }
+Tensor arange(Scalar end, TensorOptions opts) {
+  COHORT_RECORD_OP("arange", end, opts);
+  return arange(0, end, 1, opts);
+}
 
 Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions opts) {
+  COHORT_RECORD_OP("arange", start, end, step, opts);
   double s = start.toDouble(), e = end.toDouble(), st = step.toDouble();
   if (st == 0) throw ValueError("arange: step must be nonzero");
   if ((e - s) / st < 0)
@@ -74,6 +98,7 @@ Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions opts) {
 }
 
 Tensor linspace(double start, double end, int64_t steps, TensorOptions opts) {
+  COHORT_RECORD_OP("linspace", start, end, steps, opts);
   if (steps < 0) throw ValueError(fmt::format("linspace: number of steps must be non-negative, got {}", steps));
   if (!opts.device.isCpu()) return finish(linspace(start, end, steps, hostOptions(opts)).to(opts.device), opts);
   Tensor t = empty({steps}, {.dtype = opts.dtype, .device = opts.device});
@@ -92,6 +117,7 @@ Tensor linspace(double start, double end, int64_t steps, TensorOptions opts) {
 }
 
 Tensor eye(int64_t n, int64_t m, TensorOptions opts) {
+  COHORT_RECORD_OP("eye", n, m, opts);
   if (m < 0) m = n;
   if (n < 0) throw ValueError(fmt::format("eye: n must be non-negative, got {}", n));
   if (!opts.device.isCpu()) return finish(eye(n, m, hostOptions(opts)).to(opts.device), opts);
@@ -212,25 +238,30 @@ Tensor& fillRandom(Tensor& t, Generator* gen, const char* op, Fill&& fill) {
 }  // namespace
 
 Tensor& uniform_(Tensor& t, double low, double high, Generator* gen) {
+  COHORT_RECORD_OP("uniform_", t, low, high, gen);
   return fillRandom(t, gen, "uniform_", [&](Tensor& x, Generator& g) { fillUniform(x, g, low, high); });
 }
 Tensor& normal_(Tensor& t, double mean, double stddev, Generator* gen) {
+  COHORT_RECORD_OP("normal_", t, mean, stddev, gen);
   return fillRandom(t, gen, "normal_", [&](Tensor& x, Generator& g) { fillNormal(x, g, mean, stddev); });
 }
 
 Tensor rand(const Shape& shape, TensorOptions opts, Generator* gen) {
+  COHORT_RECORD_OP("rand", shape, opts, gen);
   Tensor t = empty(shape, {.dtype = opts.dtype, .device = opts.device});
   uniform_(t, 0.0, 1.0, gen);
   return finish(t, opts);
 }
 
 Tensor randn(const Shape& shape, TensorOptions opts, Generator* gen) {
+  COHORT_RECORD_OP("randn", shape, opts, gen);
   Tensor t = empty(shape, {.dtype = opts.dtype, .device = opts.device});
   normal_(t, 0.0, 1.0, gen);
   return finish(t, opts);
 }
 
 Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opts, Generator* gen) {
+  COHORT_RECORD_OP("randint", low, high, shape, opts, gen);
   if (high <= low) throw ValueError(fmt::format("randint: high ({}) must be greater than low ({})", high, low));
   if (!opts.device.isCpu()) return randint(low, high, shape, hostOptions(opts), gen).to(opts.device);
   Tensor t = empty(shape, {.dtype = opts.dtype, .device = opts.device});

@@ -34,6 +34,10 @@ class Storage {
   const std::string& releasedNote() const { return releasedNote_; }
   void setReleasedNote(std::string note) { releasedNote_ = std::move(note); }
 
+  // What the memory is for (allocator.h); changing it moves the bytes between categories.
+  MemoryCategory category() const { return category_; }
+  void setCategory(MemoryCategory c);
+
   // Frees the memory; views stay valid objects but their data may not be touched until
   // reallocate(). Idempotent.
   void release();
@@ -42,6 +46,7 @@ class Storage {
 
  private:
   void free();
+  void acquire(size_t nbytes, MemoryCategory c);  // allocates, counts and reports to the profiler
 
   void* data_ = nullptr;
   size_t nbytes_ = 0;
@@ -49,6 +54,7 @@ class Storage {
   Allocator* allocator_ = nullptr;      // null when wrapping external memory
   std::function<void(void*)> deleter_;  // for external memory
   bool released_ = false;
+  MemoryCategory category_ = MemoryCategory::Other;
   std::string releasedNote_;
 };
 

@@ -426,3 +426,9 @@ Tensor operator/(Scalar a, const Tensor& b) { return mul(b.pow(-1), a); }
 Tensor operator-(const Tensor& a) { return neg(a); }
 
 }  // namespace cohort
+
+namespace cohort {
+void setMemoryCategory(const Tensor& t, MemoryCategory c) {
+  if (t.defined() && t.storage()) t.storage()->setCategory(c);
+}
+}  // namespace cohort

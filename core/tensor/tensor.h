@@ -36,9 +36,10 @@ namespace cohort {
 
 using Shape = std::vector<int64_t>;
 std::string shapeStr(const Shape& s);  // "[2, 3]"
-
 class Tensor;
 class Generator;
+// Re-tags the memory under a tensor (its whole storage) as being for `c` (allocator.h).
+void setMemoryCategory(const Tensor& t, MemoryCategory c);
 namespace autograd {
 class Node;
 struct AutogradMeta;

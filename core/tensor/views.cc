@@ -6,6 +6,7 @@
 #include <cohort/core/autograd/function.h>
 #include <cohort/core/ops/detail/elementwise_dispatch.h>
 #include <cohort/core/ops/ops.h>
+#include <cohort/core/profiler/record.h>
 #include <cohort/core/tensor/iter.h>
 
 namespace cohort {
@@ -340,6 +341,7 @@ Tensor Tensor::asStrided(const Shape& sz, const Shape& st, int64_t offset) const
 // ---- copies ------------------------------------------------------------------------------------
 
 Tensor& Tensor::copy_(const Tensor& src) {
+  COHORT_RECORD_OP("copy_", *this, src);
   requireDefined("copy_");
   src.requireDefined("copy_ (source)");
   broadcastShapes(src.sizes(), sizes(), "copy_");
@@ -391,6 +393,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
 }
 
 Tensor& Tensor::fill_(Scalar v) {
+  COHORT_RECORD_OP("fill_", *this, v);
   requireDefined("fill_");
   autograd::checkInplace("fill_", *this);
   if (!device().isCpu()) {
@@ -425,6 +428,7 @@ Tensor Tensor::contiguous() const {
 }
 
 Tensor Tensor::clone() const {
+  COHORT_RECORD_OP("clone", *this);
   requireDefined("clone");
   Tensor out = empty(sizes(), {.dtype = dtype(), .device = device()});
   {
@@ -436,6 +440,7 @@ Tensor Tensor::clone() const {
 }
 
 Tensor Tensor::to(DType dt) const {
+  COHORT_RECORD_OP("to", *this, dt);
   requireDefined("to");
   if (dt == dtype()) return *this;
   Tensor out = empty(sizes(), {.dtype = dt, .device = device()});
@@ -451,6 +456,7 @@ Tensor Tensor::to(DType dt) const {
 }
 
 Tensor Tensor::to(Device d) const {
+  COHORT_RECORD_OP("to", *this, d);
   requireDefined("to");
   if (d == device()) return *this;
   Tensor src = detach().contiguous();                            // on a device, copy_'s kernel gathers it
@@ -471,6 +477,7 @@ Tensor Tensor::to(Device d) const {
 // ---- joining -----------------------------------------------------------------------------------
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t d) {
+  COHORT_RECORD_OP("cat", tensors, d);
   COHORT_AUTOCAST("cat", cat, tensors, d);
   if (tensors.empty()) throw ValueError("cat: expects a non-empty list of tensors");
   const Tensor& ref = tensors[0];
@@ -513,6 +520,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t d) {
 }
 
 Tensor stack(const std::vector<Tensor>& tensors, int64_t d) {
+  COHORT_RECORD_OP("stack", tensors, d);
   COHORT_AUTOCAST("stack", stack, tensors, d);
   if (tensors.empty()) throw ValueError("stack: expects a non-empty list of tensors");
   for (size_t i = 0; i < tensors.size(); ++i) {

@@ -14,6 +14,7 @@
 #include <cohort/core/ops/functional.h>
 #include <cohort/core/ops/ops.h>
 #include <cohort/core/optim/optim.h>
+#include <cohort/core/profiler/profiler.h>
 #include <cohort/core/tensor/generator.h>
 #include <cohort/core/tensor/tensor.h>
 #include <cohort/core/util/env.h>

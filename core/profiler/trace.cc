@@ -1,0 +1,346 @@
+// Chrome trace event export of a Profile, and the merge of several ranks' traces into one.
+//
+// Format: {"traceEvents": [...], "displayTimeUnit": "ms", "cohort": {...}}. Spans are complete
+// events ("ph": "X") with ts/dur in microseconds; processes are ranks, threads are the threads that
+// recorded (and named tracks such as "pg world"); flows ("s"/"f") carry numeric ids, a 53-bit hash
+// of a string naming the flow, so the two ends agree across ranks without coordination. Memory
+// events are PyTorch's "[memory]" instant events, plus a counter track of live bytes by category.
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <unordered_map>
+
+#include <nlohmann/json.hpp>
+
+#include <cohort/core/profiler/detail/session.h>
+#include <cohort/core/util/check.h>
+
+namespace cohort::profiler {
+
+namespace detail {
+
+void appendJsonEscaped(std::string& out, std::string_view s) {
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) out += fmt::format("\\u{:04x}", static_cast<int>(c));
+        else out += c;
+    }
+  }
+}
+
+}  // namespace detail
+
+namespace {
+
+const char* category(EventKind k) {
+  switch (k) {
+    case EventKind::Op:
+    case EventKind::Backward: return "cpu_op";
+    case EventKind::Range:
+    case EventKind::Step: return "user_annotation";
+    case EventKind::Collective: return "collective";
+    case EventKind::Wait: return "wait";
+    case EventKind::Rpc: return "rpc";
+    case EventKind::Ddp: return "ddp";
+    case EventKind::Fsdp: return "fsdp";
+  }
+  return "other";
+}
+
+// FNV-1a, kept to 53 bits so JSON readers that parse numbers as doubles keep it exact.
+uint64_t flowId(std::string_view s) {
+  uint64_t h = 1469598103934665603ull;
+  for (char c : s) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ull;
+  }
+  return h & ((uint64_t{1} << 53) - 1);
+}
+
+struct Writer {
+  std::string out;
+  bool first = true;
+  void begin() {
+    if (!first) out += ",\n";
+    first = false;
+  }
+  void str(std::string_view s) {
+    out += '"';
+    detail::appendJsonEscaped(out, s);
+    out += '"';
+  }
+  void ts(int64_t ns) { fmt::format_to(std::back_inserter(out), "{:.3f}", static_cast<double>(ns) / 1e3); }
+};
+
+// "[float32, Scalar]" as a JSON array of strings.
+void dtypesArray(std::string& out, const std::string& dtypes) {
+  out += '[';
+  std::string_view s = dtypes;
+  if (s.size() >= 2 && s.front() == '[' && s.back() == ']') s = s.substr(1, s.size() - 2);
+  bool first = true;
+  while (!s.empty()) {
+    size_t comma = s.find(", ");
+    std::string_view item = s.substr(0, comma);
+    if (!first) out += ", ";
+    first = false;
+    out += '"';
+    detail::appendJsonEscaped(out, item);
+    out += '"';
+    if (comma == std::string_view::npos) break;
+    s = s.substr(comma + 2);
+  }
+  out += ']';
+}
+
+void flowEvent(Writer& w, int rank, uint32_t tid, int64_t ns, const std::string& id, bool start, const char* cat) {
+  w.begin();
+  fmt::format_to(std::back_inserter(w.out),
+                 R"({{"ph": "{}", "cat": "{}", "name": "{}", "id": {}, "pid": {}, "tid": {}, "ts": )",
+                 start ? "s" : "f", cat, cat, flowId(id), rank, tid);
+  w.ts(ns);
+  if (!start) w.out += R"(, "bp": "e")";
+  w.out += '}';
+}
+
+}  // namespace
+
+std::string Profile::chromeTrace(int64_t clockOffsetNs, TraceStats* stats) {
+  const std::vector<Event>& ev = events();
+  const int rank = opts_.rank;
+  Writer w;
+  w.out.reserve(ev.size() * 180 + memory_.size() * 260 + 4096);
+  w.out += "{\"traceEvents\": [\n";
+  w.begin();
+  fmt::format_to(std::back_inserter(w.out),
+                 R"({{"ph": "M", "name": "process_name", "pid": {}, "tid": 0, "args": {{"name": "rank {}"}}}})", rank,
+                 rank);
+  w.begin();
+  fmt::format_to(std::back_inserter(w.out),
+                 R"({{"ph": "M", "name": "process_sort_index", "pid": {}, "tid": 0, "args": {{"sort_index": {}}}}})",
+                 rank, rank);
+  for (uint32_t t = 0; t < threads_.size(); ++t) {
+    const ThreadInfo& th = threads_[t];
+    w.begin();
+    fmt::format_to(std::back_inserter(w.out),
+                   R"({{"ph": "M", "name": "thread_name", "pid": {}, "tid": {}, "args": {{"name": )", rank, t);
+    w.str(th.osTid > 0 ? fmt::format("{} ({})", th.name, th.osTid) : th.name);
+    w.out += "}}";
+    w.begin();
+    fmt::format_to(std::back_inserter(w.out),
+                   R"({{"ph": "M", "name": "thread_sort_index", "pid": {}, "tid": {}, "args": {{"sort_index": {}}}}})",
+                   rank, t, th.osTid > 0 ? t : 1000 + t);
+  }
+  // Forward ops by sequence number, to draw forward -> backward flows.
+  std::unordered_map<uint64_t, size_t> forwardBySeq;
+  for (size_t i = 0; i < ev.size(); ++i)
+    if (ev[i].kind == EventKind::Op && ev[i].seq != 0) forwardBySeq.emplace(ev[i].seq, i);
+  for (size_t i = 0; i < ev.size(); ++i) {
+    const Event& e = ev[i];
+    const int64_t start = e.startNs - clockOffsetNs;
+    w.begin();
+    fmt::format_to(std::back_inserter(w.out), R"({{"ph": "X", "cat": "{}", "name": )", category(e.kind));
+    w.str(e.name);
+    fmt::format_to(std::back_inserter(w.out), R"(, "pid": {}, "tid": {}, "ts": )", rank, e.thread);
+    w.ts(start);
+    w.out += ", \"dur\": ";
+    w.ts(e.durationNs());
+    w.out += ", \"args\": {";
+    bool firstArg = true;
+    auto arg = [&](std::string_view key) {
+      if (!firstArg) w.out += ", ";
+      firstArg = false;
+      w.str(key);
+      w.out += ": ";
+    };
+    if (!e.shapes.empty()) {
+      arg("Input Dims");
+      w.out += e.shapes;
+      arg("Input type");
+      dtypesArray(w.out, e.dtypes);
+    }
+    if (e.seq != 0 && (e.kind == EventKind::Op || e.kind == EventKind::Backward)) {
+      arg("Sequence number");
+      fmt::format_to(std::back_inserter(w.out), "{}", e.seq);
+    }
+    if (opts_.memory && (e.allocBytes != 0 || e.freedBytes != 0 || e.totalAllocBytes != 0)) {
+      arg("Self Alloc Bytes");
+      fmt::format_to(std::back_inserter(w.out), "{}", e.allocBytes);
+      arg("Self Freed Bytes");
+      fmt::format_to(std::back_inserter(w.out), "{}", e.freedBytes);
+      arg("Total Alloc Bytes");
+      fmt::format_to(std::back_inserter(w.out), "{}", e.totalAllocBytes);
+    }
+    for (const Arg& a : e.args) {
+      arg(a.key);
+      if (a.isNumber) fmt::format_to(std::back_inserter(w.out), "{}", a.number);
+      else w.str(a.text);
+    }
+    w.out += "}}";
+    for (const Flow& f : e.flows) flowEvent(w, rank, e.thread, start, f.id, f.start, category(e.kind));
+    if (e.kind == EventKind::Backward && e.seq != 0) {
+      auto it = forwardBySeq.find(e.seq);
+      if (it != forwardBySeq.end()) {
+        const Event& fwd = ev[it->second];
+        const std::string id = fmt::format("fwdbwd/{}/{}", rank, e.seq);
+        flowEvent(w, rank, fwd.thread, fwd.startNs - clockOffsetNs, id, true, "fwdbwd");
+        flowEvent(w, rank, e.thread, start, id, false, "fwdbwd");
+      }
+    }
+  }
+  // Memory: PyTorch's instant events, and a counter of live CPU bytes by category.
+  CategoryBytes live = baseline_;
+  for (const MemoryEvent& m : memory_) {
+    const bool cpu = m.device.type() == DeviceType::CPU;
+    if (cpu) {
+      if (m.kind == MemoryEventKind::Alloc) live.bytes[static_cast<int>(m.category)] += m.bytes;
+      if (m.kind == MemoryEventKind::Free) live.bytes[static_cast<int>(m.category)] -= m.bytes;
+      if (m.kind == MemoryEventKind::Retag) {
+        live.bytes[static_cast<int>(m.from)] -= m.bytes;
+        live.bytes[static_cast<int>(m.category)] += m.bytes;
+      }
+    }
+    const int64_t ts = m.ns - clockOffsetNs;
+    if (m.kind != MemoryEventKind::Retag) {
+      w.begin();
+      fmt::format_to(
+          std::back_inserter(w.out),
+          R"({{"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": {}, "tid": {}, "ts": )",
+          rank, m.thread);
+      w.ts(ts);
+      fmt::format_to(
+          std::back_inserter(w.out),
+          R"(, "args": {{"Device Type": {}, "Device Id": {}, "Addr": {}, "Bytes": {}, "Total Allocated": {}, )"
+          R"("Total Reserved": 0, "Category": "{}", "Op": )",
+          static_cast<int>(m.device.type()), cpu ? -1 : m.device.index(), m.addr,
+          m.kind == MemoryEventKind::Alloc ? m.bytes : -m.bytes, cpu ? live.total() : 0,
+          memoryCategoryName(m.category));
+      w.str(m.op);
+      if (!m.stack.empty()) {
+        w.out += ", \"Stack\": ";
+        w.str(m.stack);
+      }
+      w.out += "}}";
+    }
+    if (cpu) {
+      w.begin();
+      fmt::format_to(std::back_inserter(w.out), R"({{"ph": "C", "name": "CPU memory by category", "pid": {}, "ts": )",
+                     rank);
+      w.ts(ts);
+      w.out += ", \"args\": {";
+      for (int c = 0; c < kNumMemoryCategories; ++c)
+        fmt::format_to(std::back_inserter(w.out), R"({}"{}": {})", c == 0 ? "" : ", ",
+                       memoryCategoryName(static_cast<MemoryCategory>(c)), live.bytes[c]);
+      w.out += "}}";
+    }
+  }
+  const int64_t steps = static_cast<int64_t>(stepBounds_.size());
+  fmt::format_to(std::back_inserter(w.out),
+                 "\n], \"displayTimeUnit\": \"ms\", \"cohort\": {{\"version\": 1, \"rank\": {}, \"clockOffsetNs\": {}, "
+                 "\"steps\": {}, \"events\": {}, \"memoryEvents\": {}}}}}\n",
+                 rank, clockOffsetNs, steps, ev.size(), memory_.size());
+  if (stats != nullptr) {
+    stats->bytes = static_cast<int64_t>(w.out.size());
+    stats->events = static_cast<int64_t>(ev.size() + memory_.size());
+    stats->steps = steps;
+    stats->bytesPerStep = stats->bytes / std::max<int64_t>(steps, 1);
+  }
+  return std::move(w.out);
+}
+
+namespace detail {
+void writeTextFile(const std::string& path, const std::string& text, const char* what) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (f) f.write(text.data(), static_cast<std::streamsize>(text.size()));
+  if (f) f.close();
+  if (!f) throw Error(fmt::format("{}: cannot write '{}': {}", what, path, std::strerror(errno)));
+}
+}  // namespace detail
+
+TraceStats Profile::exportChromeTrace(const std::string& path) {
+  TraceStats stats;
+  std::string text = chromeTrace(0, &stats);
+  detail::writeTextFile(path, text, "Profile::exportChromeTrace");
+  return stats;
+}
+
+// ---- Merging ranks ----
+
+std::string mergeTraces(const std::vector<std::string>& rankTraces) {
+  using nlohmann::json;
+  if (rankTraces.empty()) throw ValueError("mergeTraces: no traces to merge");
+  json merged = json::object();
+  json& out = merged["traceEvents"] = json::array();
+  // (group, seq) -> the collective's event on each rank (index into out).
+  std::map<std::pair<std::string, int64_t>, std::vector<size_t>> collectives;
+  std::vector<int> ranks;
+  for (size_t i = 0; i < rankTraces.size(); ++i) {
+    json t = json::parse(rankTraces[i], nullptr, false);
+    if (t.is_discarded() || !t.is_object() || !t.contains("traceEvents") || !t["traceEvents"].is_array() ||
+        !t.contains("cohort"))
+      throw ValueError(fmt::format("mergeTraces: input {} is not a cohort Chrome trace (JSON object with traceEvents "
+                                   "and cohort metadata)",
+                                   i));
+    int rank = t["cohort"].value("rank", -1);
+    if (std::find(ranks.begin(), ranks.end(), rank) != ranks.end())
+      throw ValueError(fmt::format("mergeTraces: rank {} appears twice (input {})", rank, i));
+    ranks.push_back(rank);
+    for (json& e : t["traceEvents"]) {
+      if (e.value("ph", "") == "X" && e.value("cat", "") == "collective" && e.contains("args")) {
+        const json& a = e["args"];
+        if (a.contains("group") && a.contains("seq") && a["seq"].get<int64_t>() > 0)
+          collectives[{a["group"].get<std::string>(), a["seq"].get<int64_t>()}].push_back(out.size());
+      }
+      out.push_back(std::move(e));
+    }
+  }
+  // Each collective: how long each rank waited for the last one to arrive, how long it then took,
+  // and flows from the first rank's event to every other rank's.
+  int64_t matched = 0;
+  for (auto& [key, idx] : collectives) {
+    if (idx.size() < 2) continue;
+    ++matched;
+    double lastStart = 0;
+    for (size_t k : idx) lastStart = std::max(lastStart, out[k]["ts"].get<double>());
+    for (size_t k : idx) {
+      json& e = out[k];
+      double ts = e["ts"].get<double>(), dur = e["dur"].get<double>();
+      e["args"]["wait_us"] = std::round((lastStart - ts) * 1e3) / 1e3;
+      e["args"]["move_us"] = std::round(std::max(0.0, ts + dur - lastStart) * 1e3) / 1e3;
+    }
+    const json& first = out[idx[0]];
+    for (size_t j = 1; j < idx.size(); ++j) {
+      const json& e = out[idx[j]];
+      const uint64_t id = flowId(fmt::format("coll/{}/{}/{}", key.first, key.second, j));
+      out.push_back({{"ph", "s"},
+                     {"cat", "collective"},
+                     {"name", "collective"},
+                     {"id", id},
+                     {"pid", first["pid"]},
+                     {"tid", first["tid"]},
+                     {"ts", first["ts"]}});
+      out.push_back({{"ph", "f"},
+                     {"bp", "e"},
+                     {"cat", "collective"},
+                     {"name", "collective"},
+                     {"id", id},
+                     {"pid", e["pid"]},
+                     {"tid", e["tid"]},
+                     {"ts", e["ts"]}});
+    }
+  }
+  std::sort(ranks.begin(), ranks.end());
+  merged["displayTimeUnit"] = "ms";
+  merged["cohort"] = {{"version", 1}, {"merged", true}, {"ranks", ranks}, {"matchedCollectives", matched}};
+  return merged.dump();
+}
+
+}  // namespace cohort::profiler
