@@ -1,4 +1,5 @@
 #include <cohort/distributed/init.h>
+#include <cohort/distributed/job_profile.h>
 
 #include <unistd.h>
 
@@ -138,6 +139,7 @@ ProcessGroupPtr initProcessGroup(const InitOptions& options) {
     }
     gDefault = pg;
   }
+  if (std::optional<JobProfileOptions> prof = jobProfileOptionsFromEnv()) startJobProfiling(pg, *prof);
   return pg;
 }
 
@@ -155,6 +157,7 @@ bool isInitialized() {
 }
 
 void destroyProcessGroup() {
+  finishJobProfiling();  // a profiling window still open: what it recorded goes to its file
   ProcessGroupPtr old;
   {
     std::lock_guard<std::mutex> lock(gDefaultMu);

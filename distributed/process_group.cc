@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -9,6 +10,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cohort/core/profiler/record.h>
 #include <cohort/core/util/env.h>
 #include <cohort/core/util/error.h>
 #include <cohort/core/util/logging.h>
@@ -228,6 +230,40 @@ const BackendPtr& ProcessGroup::backendFor(OpType op, DeviceType device) const {
 
 // ---- work bookkeeping ----------------------------------------------------------------------
 
+namespace {
+// Bytes of the tensors an op's flight-recorder text describes ("[4, 8] float32; [3] int64").
+int64_t bytesOfShapes(std::string_view text) {
+  int64_t total = 0;
+  while (!text.empty()) {
+    size_t end = text.find("; ");
+    std::string_view item = text.substr(0, end);
+    size_t close = item.find(']');
+    if (item.starts_with('[') && close != std::string_view::npos) {
+      int64_t numel = 1;
+      std::string_view dims = item.substr(1, close - 1);
+      while (!dims.empty()) {
+        size_t comma = dims.find(", ");
+        std::string_view d = dims.substr(0, comma);
+        int64_t v = 0;
+        std::from_chars(d.data(), d.data() + d.size(), v);
+        numel *= v;
+        if (comma == std::string_view::npos) break;
+        dims = dims.substr(comma + 2);
+      }
+      std::string_view dt = item.substr(close + 1);
+      while (dt.starts_with(' ')) dt.remove_prefix(1);
+      try {
+        total += numel * static_cast<int64_t>(elementSize(dtypeFromName(std::string(dt))));
+      } catch (const ValueError&) {
+      }
+    }
+    if (end == std::string_view::npos) break;
+    text = text.substr(end + 2);
+  }
+  return total;
+}
+}  // namespace
+
 WorkPtr ProcessGroup::startWork(OpType op, Millis timeout, RecordFn record, FingerprintFn fingerprint,
                                 std::string p2pLabel) {
   Millis t = timeout.count() < 0 ? opts_.timeout : timeout;
@@ -252,6 +288,14 @@ WorkPtr ProcessGroup::startWork(OpType op, Millis timeout, RecordFn record, Fing
     work->setLabel(Work::CompletionKey(), std::move(p2pLabel));
   }
   work->setObserver(Work::CompletionKey(), observer_, entry);
+  if (profiler::detail::active()) [[unlikely]] {
+    auto p = std::make_unique<Work::Profiled>();
+    p->startNs = profiler::detail::nowNs();
+    p->rank = rank_;
+    record(p->shapes, p->detail);
+    p->bytes = bytesOfShapes(p->shapes);
+    work->setProfiled(Work::CompletionKey(), std::move(p));
+  }
   if (collective) progress_->markStarted(seq);
   if (collective && opts_.debug == DebugLevel::Detail && fingerprint) {
     try {
@@ -268,6 +312,8 @@ template <typename F>
 WorkPtr ProcessGroup::launch(const WorkPtr& work, const BackendPtr& backend, F&& call) {
   // When wait() gives up, the backend stops its transport so no thread stays blocked.
   work->setAbortBackend(Work::CompletionKey(), backend);
+  if (Work::Profiled* p = work->profiled(Work::CompletionKey())) [[unlikely]]
+    p->backend = backend->name();
   try {
     call();
   } catch (...) {

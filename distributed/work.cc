@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <cohort/core/profiler/record.h>
 #include <cohort/core/util/error.h>
 #include <cohort/distributed/backend.h>
 
@@ -61,12 +62,31 @@ std::exception_ptr Work::distError(const std::string& detail) const {
   return std::make_exception_ptr(DistError(compose(*this, "failed", detail)));
 }
 
+void Work::recordProfiled(bool failed) const {
+  const Profiled& p = *profiled_;
+  std::vector<profiler::Arg> args = {profiler::Arg::str("group", group_),
+                                     profiler::Arg::num("seq", static_cast<int64_t>(seq_)),
+                                     profiler::Arg::num("rank", p.rank),
+                                     profiler::Arg::str("backend", p.backend),
+                                     profiler::Arg::num("bytes", p.bytes),
+                                     profiler::Arg::str("shapes", p.shapes)};
+  if (!p.detail.empty()) args.push_back(profiler::Arg::str("detail", p.detail));
+  if (!label_.empty()) args.push_back(profiler::Arg::str("peer", label_));
+  if (failed) args.push_back(profiler::Arg::str("state", "failed"));
+  profiler::detail::recordSpan(profiler::EventKind::Collective, opTypeName(op_), "pg " + group_, p.startNs,
+                               profiler::detail::nowNs(), std::move(args));
+}
+
 void Work::finish(CompletionKey, std::vector<Tensor> outputs) {
+  if (profiled_) [[unlikely]]
+    recordProfiled(false);
   if (observer_ && !observed_.exchange(true)) observer_->onComplete(*this, observerToken_, nullptr);
   complete(&outputs, nullptr);
 }
 void Work::fail(CompletionKey, std::exception_ptr error) {
   COHORT_CHECK(error != nullptr, "Work::fail needs an exception");
+  if (profiled_) [[unlikely]]
+    recordProfiled(true);
   if (observer_ && !observed_.exchange(true)) observer_->onComplete(*this, observerToken_, error);
   complete(nullptr, std::move(error));
 }
@@ -125,6 +145,9 @@ void Work::wait() {
     rethrowIfFailed();
     return;
   }
+  profiler::detail::OpScope blocked;  // the time this thread spends blocked, in the trace
+  if (profiler::detail::active()) [[unlikely]]
+    blocked.beginKind(profiler::EventKind::Wait, "wait " + describe());
   if (waitUntilDone(std::max(deadline_, std::chrono::steady_clock::now()) + kBackendGrace)) {
     rethrowIfFailed();
     return;
@@ -139,6 +162,9 @@ void Work::wait() {
 }
 
 void Work::wait(Millis timeout) {
+  profiler::detail::OpScope blocked;
+  if (profiler::detail::active() && !isCompleted()) [[unlikely]]
+    blocked.beginKind(profiler::EventKind::Wait, "wait " + describe());
   if (waitUntilDone(std::chrono::steady_clock::now() + timeout)) {
     rethrowIfFailed();
     return;

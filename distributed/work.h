@@ -138,6 +138,17 @@ class Work {
   void setLabel(CompletionKey, std::string label) { label_ = std::move(label); }
   std::string describe() const;  // "allreduce #12 in group 'world'", "send (to rank 1, tag 7) in group 'world'"
 
+  // While the profiler records (core/profiler/record.h): what the op's trace event says, filled by
+  // ProcessGroup when the op is issued; its completion records the span on the group's track.
+  struct Profiled {
+    int64_t startNs = 0;
+    std::string shapes, detail, backend;
+    int64_t bytes = 0;
+    int rank = 0;
+  };
+  void setProfiled(CompletionKey, std::unique_ptr<Profiled> p) { profiled_ = std::move(p); }
+  Profiled* profiled(CompletionKey) { return profiled_.get(); }
+
  private:
   OpType op_;
   uint64_t seq_;
@@ -166,6 +177,8 @@ class Work {
   std::weak_ptr<Backend> abortBackend_;
   std::once_flag abortOnce_;
   void abortOnce();
+  std::unique_ptr<Profiled> profiled_;
+  void recordProfiled(bool failed) const;
 };
 
 using WorkPtr = std::shared_ptr<Work>;

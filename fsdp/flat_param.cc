@@ -7,6 +7,7 @@
 #include <cohort/core/autograd/grad_mode.h>
 #include <cohort/core/autograd/node.h>
 #include <cohort/core/ops/ops.h>
+#include <cohort/core/profiler/record.h>
 #include <cohort/core/util/check.h>
 #include <cohort/core/util/error.h>
 #include <cohort/core/util/logging.h>
@@ -43,6 +44,7 @@ FlatParamHandle::FlatParamHandle(std::string label, std::vector<FlatParamInfo> p
     }
   }
   shard_.setRequiresGrad(true);
+  setMemoryCategory(shard_, MemoryCategory::Parameters);
 
   aliased_ = s == 1 && computeDtype_ == masterDtype_;
   if (aliased_) {
@@ -51,6 +53,7 @@ FlatParamHandle::FlatParamHandle(std::string label, std::vector<FlatParamInfo> p
   } else {
     fullStorage_ =
         std::make_shared<Storage>(static_cast<size_t>(paddedNumel_) * elementSize(computeDtype_), Device::cpu());
+    fullStorage_->setCategory(MemoryCategory::Parameters);  // kept across release and re-gather
     fullStorage_->release();
   }
   fullStorage_->setReleasedNote(fmt::format(
@@ -132,11 +135,13 @@ void FlatParamHandle::startGather() {
   autograd::NoGradGuard noGrad;
   if (fullStorage_->released())
     fullStorage_->reallocate(static_cast<size_t>(paddedNumel_) * elementSize(computeDtype_));
+  gatherStartNs_ = profiler::detail::active() ? profiler::detail::nowNs() : 0;
   gatherInput_ = computeDtype_ == masterDtype_ ? shard_.detach() : shard_.detach().to(computeDtype_);
   if (shardSize() == 1) {
     fullFlat_.copy_(gatherInput_);
     gatherInput_ = Tensor();
     gathered_ = true;
+    recordFsdp("gather", gatherStartNs_);
     return;
   }
   pending_ = groups_.shard->allgatherIntoTensor(fullFlat_, gatherInput_);
@@ -150,6 +155,16 @@ void FlatParamHandle::waitGather() {
   gatherInput_ = Tensor();
   w->wait();
   gathered_ = true;
+  recordFsdp("gather", gatherStartNs_);
+}
+
+void FlatParamHandle::recordFsdp(const char* what, int64_t startNs) const {
+  if (startNs == 0 || !profiler::detail::active()) return;
+  profiler::detail::recordSpan(profiler::EventKind::Fsdp, fmt::format("FSDP {} {}", what, label_), "fsdp", startNs,
+                               profiler::detail::nowNs(),
+                               {profiler::Arg::str("unit", label_),
+                                profiler::Arg::num("bytes",
+                                                   paddedNumel_ * static_cast<int64_t>(elementSize(computeDtype_)))});
 }
 
 void FlatParamHandle::release() {
@@ -158,6 +173,8 @@ void FlatParamHandle::release() {
   if (!gathered_) return;
   fullStorage_->release();
   gathered_ = false;
+  if (profiler::detail::active()) [[unlikely]]
+    recordFsdp("free", profiler::detail::nowNs());
 }
 
 void FlatParamHandle::writeBackShard() {
@@ -178,6 +195,7 @@ Tensor FlatParamHandle::startReduce(const std::vector<Tensor>& grads) {
                label_);
   COHORT_CHECK_EQ(grads.size(), params_.size(), "FSDP unit '{}': one gradient per parameter", label_);
   reduced_ = true;
+  reduceStartNs_ = profiler::detail::active() ? profiler::detail::nowNs() : 0;
   autograd::NoGradGuard noGrad;
   flatGrad_ = empty({paddedNumel_}, {.dtype = reduceDtype_});
   if (paddedNumel_ > numel_) flatGrad_.narrow(0, numel_, paddedNumel_ - numel_).zero_();
@@ -219,6 +237,7 @@ void FlatParamHandle::finishReduce() {
   }
   gradShard_ = Tensor();
   gradOut_ = Tensor();  // autograd holds it now (the shard's AccumulateGrad takes it without a copy)
+  recordFsdp("reduce-scatter", reduceStartNs_);
 }
 
 }  // namespace cohort::fsdp

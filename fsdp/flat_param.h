@@ -133,6 +133,9 @@ class FlatParamHandle {
   bool aliased_ = false;
   bool gathered_ = false;
   dist::WorkPtr pending_;
+  // While the profiler records: when the running gather and reduce started (0: not recorded).
+  int64_t gatherStartNs_ = 0, reduceStartNs_ = 0;
+  void recordFsdp(const char* what, int64_t startNs) const;
   Tensor gatherInput_;  // keeps a cast shard alive while the gather runs
 
   bool reduced_ = false;

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <map>
 
 #include <fmt/format.h>
@@ -14,6 +15,7 @@
 
 #include <cohort/core/util/env.h>
 #include <cohort/core/util/error.h>
+#include <cohort/distributed/job_profile.h>
 #include <cohort/launcher/rendezvous.h>
 #include <cohort/launcher/worker_group.h>
 
@@ -120,6 +122,7 @@ std::vector<WorkerSpec> workerSpecs(const LaunchOptions& o, const RoundInfo& inf
     add("COHORT_RESTART_COUNT", info.round);
     add("COHORT_MAX_RESTARTS", o.maxRestarts);
     add("COHORT_STORE_HOSTED_BY_LAUNCHER", 1);
+    if (!o.profileDir.empty()) add("COHORT_PROFILE", std::filesystem::absolute(o.profileDir).string());
     specs.push_back(std::move(s));
   }
   return specs;
@@ -138,6 +141,27 @@ std::string failureSummary(const RoundInfo& info, const WorkerExit& e, const std
     for (auto& l : lines) s += fmt::format("\n    [{}]: {}", e.globalRank, l);
   }
   return s;
+}
+
+// After a profiled job: the workers merged their traces when the window closed; a job that ended
+// before it left only per-rank files, merged here.
+void reportProfile(const std::string& dir) {
+  const std::string trace = dir + "/trace.json";
+  try {
+    if (!std::filesystem::exists(trace)) {
+      int n = dist::mergeRankTraceFiles(dir);
+      if (n == 0) {
+        say(fmt::format("--profile: no rank wrote a trace into {} (did the job reach an optimizer step?)", dir));
+        return;
+      }
+      say(fmt::format("--profile: merged the traces of {} ranks (the job ended before its profiling window closed)",
+                      n));
+    }
+    say(fmt::format("--profile: job trace {} ({} bytes); open it in https://ui.perfetto.dev or chrome://tracing", trace,
+                    std::filesystem::file_size(trace)));
+  } catch (const std::exception& e) {
+    say(fmt::format("--profile: {}", e.what()));
+  }
 }
 
 }  // namespace
@@ -261,6 +285,7 @@ int superviseNode(const LaunchOptions& o) {
       gSupervising = false;
       rdzv->leave(round, info.numNodes);
       say(fmt::format("all {} workers of the job finished", info.worldSize));
+      if (!o.profileDir.empty()) reportProfile(o.profileDir);
       return 0;
     }
     group.stop(o.stopTimeout);

@@ -106,6 +106,9 @@ void declare(CLI::App& app, Parsed& p) {
                  "rendezvous host when no --rdzv-endpoint is given (torchrun's static rendezvous)");
   app.add_option("--master-port,--master_port", o.masterPort, "rendezvous port with --master-addr (default 29500)")
       ->check(CLI::Range(1, 65535));
+  app.add_option("--profile", o.profileDir,
+                 "profile every rank over a window of steps (COHORT_PROFILE_STEPS, default 1:3) and merge the ranks' "
+                 "traces into DIR/trace.json (Chrome trace: open in ui.perfetto.dev)");
   app.add_flag("--help-env", o.helpEnv, "list every environment variable the runtime reads, and exit");
   app.add_flag("--version", o.version, "print the version and exit");
 }

@@ -55,6 +55,9 @@ struct LaunchOptions {
   std::optional<std::vector<int>> localRanksFilter{};  // console shows only these local ranks
   std::string masterAddr{};
   std::optional<int> masterPort{};
+  // Job profiling (distributed/job_profile.h): workers get COHORT_PROFILE=<absolute dir>, and the
+  // rank traces left there are merged into <dir>/trace.json if the job did not merge them itself.
+  std::string profileDir{};
   std::string program{};
   std::vector<std::string> programArgs{};
   bool helpEnv = false;

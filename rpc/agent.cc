@@ -2,6 +2,7 @@
 
 #include <tuple>
 
+#include <cohort/core/profiler/record.h>
 #include <cohort/core/util/logging.h>
 #include <cohort/rpc/detail/dist_autograd.h>
 #include <cohort/rpc/detail/rref_protocol.h>
@@ -220,6 +221,19 @@ Future<Value> RpcAgent::send(int rank, Op op, const std::string& fn, Value body,
   }
   auto [id, fut] = registerPending(rank, what, timeout);
   if (id == 0) return fut;  // the peer is known dead
+  // While the profiler records: the call from send to response on the "rpc client" track, with
+  // the bytes that left, and a flow to where the peer served it.
+  std::shared_ptr<int64_t> sentBytes;
+  if (profiler::detail::active()) [[unlikely]] {
+    sentBytes = std::make_shared<int64_t>(0);
+    fut.addCallback([start = profiler::detail::nowNs(), sentBytes, id, rank, fn, op, self = self_.rank](Future<Value>) {
+      profiler::detail::recordSpan(profiler::EventKind::Rpc, fmt::format("rpc {} {}", opName(op), fn), "rpc client",
+                                   start, profiler::detail::nowNs(),
+                                   {profiler::Arg::num("to", rank), profiler::Arg::num("id", static_cast<int64_t>(id)),
+                                    profiler::Arg::num("bytes_sent", *sentBytes)},
+                                   {profiler::Flow{fmt::format("rpc/{}/{}", self, id), true}});
+    });
+  }
   // Forks to third workers: the owner must count the receiver's reference before this message
   // leaves, so the addrefs go first. Later requests to `rank` must not overtake this one while it
   // waits for them (a fetch overtaking the create it follows would find no rref), so every
@@ -253,11 +267,15 @@ Future<Value> RpcAgent::send(int rank, Op op, const std::string& fn, Value body,
   f.function = fn;
   f.body = std::move(body);
   f.context = std::move(tag);
-  auto finish = [this, rank, slot, id, f = std::move(f)](std::exception_ptr e) {
+  auto finish = [this, rank, slot, id, f = std::move(f), sentBytes](std::exception_ptr e) {
     std::optional<EncodedFrame> enc;
     if (!e) {
       try {
         enc = encodeFrame(f, rrefs_->encoderFor(rank), options_.limits);
+        if (sentBytes) {
+          *sentBytes = static_cast<int64_t>(enc->payload.size());
+          for (const Tensor& t : enc->tensors) *sentBytes += static_cast<int64_t>(t.nbytes());
+        }
       } catch (...) {
         e = std::current_exception();
       }
@@ -526,7 +544,18 @@ void RpcAgent::onRequest(int from, Frame frame, Respond respond) {
         std::string fn = frame.function;
         auto task = [this, from, frame = std::move(frame), respond]() mutable {
           detail::ContextScope scope(detail::contextOf(frame.context));
+          const int64_t start = profiler::detail::active() ? profiler::detail::nowNs() : 0;
           Future<Value> r = dispatchCall(frame.function, std::move(frame.body));
+          if (start != 0) [[unlikely]] {
+            // Served: from the pool picking the request up to the result being ready.
+            r.addCallback([start, from, id = frame.id, fn = frame.function](Future<Value>) {
+              profiler::detail::recordSpan(profiler::EventKind::Rpc, fmt::format("rpc serve {}", fn), "rpc server",
+                                           start, profiler::detail::nowNs(),
+                                           {profiler::Arg::num("from", from),
+                                            profiler::Arg::num("id", static_cast<int64_t>(id))},
+                                           {profiler::Flow{fmt::format("rpc/{}/{}", from, id), false}});
+            });
+          }
           respondWith(from, frame, r, respond);
         };
         if (!pool_->run(task)) respond(errorFrame(id, fn, "the agent has shut down"));

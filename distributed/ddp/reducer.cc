@@ -10,6 +10,7 @@
 #include <cohort/core/autograd/grad_mode.h>
 #include <cohort/core/autograd/node.h>
 #include <cohort/core/ops/ops.h>
+#include <cohort/core/profiler/record.h>
 #include <cohort/core/util/check.h>
 #include <cohort/core/util/error.h>
 #include <cohort/core/util/logging.h>
@@ -128,6 +129,10 @@ void Reducer::buildBuckets(const std::vector<size_t>& order) {
     // From the backend (collective: every rank builds the same buckets at the same point): on shm
     // it is memory every rank maps, and the bucket's all-reduce copies nothing in or out.
     bucket.buffer = pg_->allocateCommBuffer({layout.total}, layout.dtype);
+    // For the memory profiler: the gradients themselves when .grad views the bucket, else a copy
+    // made for communication.
+    setMemoryCategory(bucket.buffer,
+                      opts_.gradientAsBucketView ? MemoryCategory::Gradients : MemoryCategory::Communication);
     std::vector<Tensor> views = detail::views(bucket.buffer, layout);
     for (size_t s = 0; s < bucket.params.size(); ++s) {
       size_t idx = bucket.params[s];
@@ -309,7 +314,20 @@ void Reducer::launch(size_t b) {
   for (size_t idx : bucket.params) gb.parameters.push_back(params_[idx]);
   gb.iteration = iterations_;
   bucket.launched = true;
+  const int64_t startNs = profiler::detail::active() ? profiler::detail::nowNs() : 0;
   bucket.result = hook_->run(*pg_, gb);
+  if (startNs != 0) [[unlikely]] {
+    // The bucket from ready (all its gradients in) to reduced, on the group's DDP track.
+    std::vector<profiler::Arg> args = {profiler::Arg::num("bucket", static_cast<int64_t>(b)),
+                                       profiler::Arg::num("params", static_cast<int64_t>(bucket.params.size())),
+                                       profiler::Arg::num("bytes", static_cast<int64_t>(bucket.buffer.nbytes())),
+                                       profiler::Arg::str("hook", hook_->name()),
+                                       profiler::Arg::num("iteration", static_cast<int64_t>(iterations_))};
+    bucket.result.addCallback([startNs, b, track = "ddp " + pg_->name(), args = std::move(args)](Future<Tensor>) {
+      profiler::detail::recordSpan(profiler::EventKind::Ddp, fmt::format("DDP bucket {}", b), track, startNs,
+                                   profiler::detail::nowNs(), args);
+    });
+  }
 }
 
 void Reducer::waitBuckets() {

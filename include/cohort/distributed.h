@@ -9,4 +9,5 @@
 #include <cohort/distributed/device_mesh.h>
 #include <cohort/distributed/grad_scaler.h>
 #include <cohort/distributed/init.h>
+#include <cohort/distributed/job_profile.h>
 #include <cohort/distributed/process_group.h>
