@@ -66,39 +66,54 @@ uint64_t flowId(std::string_view s) {
   return h & ((uint64_t{1} << 53) - 1);
 }
 
+// Appends to a fmt::memory_buffer (fmt's fastest output); timestamps are printed as integers.
 struct Writer {
-  std::string out;
+  fmt::memory_buffer out;
   bool first = true;
   void begin() {
-    if (!first) out += ",\n";
+    if (!first) raw(",\n");
     first = false;
   }
+  void raw(std::string_view s) { out.append(s.data(), s.data() + s.size()); }
   void str(std::string_view s) {
-    out += '"';
-    detail::appendJsonEscaped(out, s);
-    out += '"';
+    out.push_back('"');
+    bool plain = true;
+    for (char c : s) plain = plain && c != '"' && c != '\\' && static_cast<unsigned char>(c) >= 0x20;
+    if (plain) {
+      raw(s);
+    } else {
+      std::string escaped;
+      detail::appendJsonEscaped(escaped, s);
+      raw(escaped);
+    }
+    out.push_back('"');
   }
-  void ts(int64_t ns) { fmt::format_to(std::back_inserter(out), "{:.3f}", static_cast<double>(ns) / 1e3); }
+  // Microseconds with three decimals, from nanoseconds, without floating point.
+  void ts(int64_t ns) {
+    if (ns < 0) {
+      out.push_back('-');
+      ns = -ns;
+    }
+    fmt::format_to(std::back_inserter(out), "{}.{:03}", ns / 1000, ns % 1000);
+  }
 };
 
 // "[float32, Scalar]" as a JSON array of strings.
-void dtypesArray(std::string& out, const std::string& dtypes) {
-  out += '[';
+void dtypesArray(Writer& w, const std::string& dtypes) {
+  w.out.push_back('[');
   std::string_view s = dtypes;
   if (s.size() >= 2 && s.front() == '[' && s.back() == ']') s = s.substr(1, s.size() - 2);
   bool first = true;
   while (!s.empty()) {
     size_t comma = s.find(", ");
     std::string_view item = s.substr(0, comma);
-    if (!first) out += ", ";
+    if (!first) w.raw(", ");
     first = false;
-    out += '"';
-    detail::appendJsonEscaped(out, item);
-    out += '"';
+    w.str(item);
     if (comma == std::string_view::npos) break;
     s = s.substr(comma + 2);
   }
-  out += ']';
+  w.out.push_back(']');
 }
 
 void flowEvent(Writer& w, int rank, uint32_t tid, int64_t ns, const std::string& id, bool start, const char* cat) {
@@ -107,8 +122,8 @@ void flowEvent(Writer& w, int rank, uint32_t tid, int64_t ns, const std::string&
                  R"({{"ph": "{}", "cat": "{}", "name": "{}", "id": {}, "pid": {}, "tid": {}, "ts": )",
                  start ? "s" : "f", cat, cat, flowId(id), rank, tid);
   w.ts(ns);
-  if (!start) w.out += R"(, "bp": "e")";
-  w.out += '}';
+  if (!start) w.raw(R"(, "bp": "e")");
+  w.out.push_back('}');
 }
 
 }  // namespace
@@ -117,8 +132,8 @@ std::string Profile::chromeTrace(int64_t clockOffsetNs, TraceStats* stats) {
   const std::vector<Event>& ev = events();
   const int rank = opts_.rank;
   Writer w;
-  w.out.reserve(ev.size() * 180 + memory_.size() * 260 + 4096);
-  w.out += "{\"traceEvents\": [\n";
+  w.out.reserve(ev.size() * 200 + memory_.size() * 420 + 4096);
+  w.raw("{\"traceEvents\": [\n");
   w.begin();
   fmt::format_to(std::back_inserter(w.out),
                  R"({{"ph": "M", "name": "process_name", "pid": {}, "tid": 0, "args": {{"name": "rank {}"}}}})", rank,
@@ -133,7 +148,7 @@ std::string Profile::chromeTrace(int64_t clockOffsetNs, TraceStats* stats) {
     fmt::format_to(std::back_inserter(w.out),
                    R"({{"ph": "M", "name": "thread_name", "pid": {}, "tid": {}, "args": {{"name": )", rank, t);
     w.str(th.osTid > 0 ? fmt::format("{} ({})", th.name, th.osTid) : th.name);
-    w.out += "}}";
+    w.raw("}}");
     w.begin();
     fmt::format_to(std::back_inserter(w.out),
                    R"({{"ph": "M", "name": "thread_sort_index", "pid": {}, "tid": {}, "args": {{"sort_index": {}}}}})",
@@ -151,21 +166,21 @@ std::string Profile::chromeTrace(int64_t clockOffsetNs, TraceStats* stats) {
     w.str(e.name);
     fmt::format_to(std::back_inserter(w.out), R"(, "pid": {}, "tid": {}, "ts": )", rank, e.thread);
     w.ts(start);
-    w.out += ", \"dur\": ";
+    w.raw(", \"dur\": ");
     w.ts(e.durationNs());
-    w.out += ", \"args\": {";
+    w.raw(", \"args\": {");
     bool firstArg = true;
     auto arg = [&](std::string_view key) {
-      if (!firstArg) w.out += ", ";
+      if (!firstArg) w.raw(", ");
       firstArg = false;
       w.str(key);
-      w.out += ": ";
+      w.raw(": ");
     };
     if (!e.shapes.empty()) {
       arg("Input Dims");
-      w.out += e.shapes;
+      w.raw(e.shapes);
       arg("Input type");
-      dtypesArray(w.out, e.dtypes);
+      dtypesArray(w, e.dtypes);
     }
     if (e.seq != 0 && (e.kind == EventKind::Op || e.kind == EventKind::Backward)) {
       arg("Sequence number");
@@ -184,7 +199,7 @@ std::string Profile::chromeTrace(int64_t clockOffsetNs, TraceStats* stats) {
       if (a.isNumber) fmt::format_to(std::back_inserter(w.out), "{}", a.number);
       else w.str(a.text);
     }
-    w.out += "}}";
+    w.raw("}}");
     for (const Flow& f : e.flows) flowEvent(w, rank, e.thread, start, f.id, f.start, category(e.kind));
     if (e.kind == EventKind::Backward && e.seq != 0) {
       auto it = forwardBySeq.find(e.seq);
@@ -225,21 +240,21 @@ std::string Profile::chromeTrace(int64_t clockOffsetNs, TraceStats* stats) {
           memoryCategoryName(m.category));
       w.str(m.op);
       if (!m.stack.empty()) {
-        w.out += ", \"Stack\": ";
+        w.raw(", \"Stack\": ");
         w.str(m.stack);
       }
-      w.out += "}}";
+      w.raw("}}");
     }
     if (cpu) {
       w.begin();
       fmt::format_to(std::back_inserter(w.out), R"({{"ph": "C", "name": "CPU memory by category", "pid": {}, "ts": )",
                      rank);
       w.ts(ts);
-      w.out += ", \"args\": {";
+      w.raw(", \"args\": {");
       for (int c = 0; c < kNumMemoryCategories; ++c)
         fmt::format_to(std::back_inserter(w.out), R"({}"{}": {})", c == 0 ? "" : ", ",
                        memoryCategoryName(static_cast<MemoryCategory>(c)), live.bytes[c]);
-      w.out += "}}";
+      w.raw("}}");
     }
   }
   const int64_t steps = static_cast<int64_t>(stepBounds_.size());
@@ -253,7 +268,7 @@ std::string Profile::chromeTrace(int64_t clockOffsetNs, TraceStats* stats) {
     stats->steps = steps;
     stats->bytesPerStep = stats->bytes / std::max<int64_t>(steps, 1);
   }
-  return std::move(w.out);
+  return fmt::to_string(w.out);
 }
 
 namespace detail {
