@@ -5,15 +5,19 @@
 //   build/examples/train_digits --model cnn --epochs 15
 //   cohortrun --standalone --nproc-per-node 2 build/examples/train_digits --ddp
 //   mpirun -np 2 build/examples/train_digits --ddp
+//   build/examples/train_digits --tensorboard runs/digits   # then: tensorboard --logdir runs
 //
 // With --ddp each rank trains on its DistributedSampler shard of every epoch (the global batch is
 // --batch-size × ranks) with DistributedDataParallel averaging gradients; rank 0 prints progress
 // and every rank prints a checksum of its final parameters (identical on every rank).
+// With --tensorboard DIR rank 0 also logs, at every progress line, train/loss, train/lr and
+// train/throughput (samples/s) to a TensorBoard event file in DIR, and eval/accuracy at the end.
 #include <CLI/CLI.hpp>
 
 #include <cohort/cohort.h>
 #include <cohort/core/data/data_loader.h>
 #include <cohort/core/data/digits.h>
+#include <cohort/core/io/summary_writer.h>
 #include <cohort/core/nn/nn.h>
 #include <cohort/core/optim/optim.h>
 #include <cohort/distributed.h>
@@ -73,6 +77,9 @@ int main(int argc, char** argv) {
   std::string backend;
   app.add_flag("--ddp", ddp, "data-parallel over the job's ranks (under cohortrun, mpirun or srun)");
   app.add_option("--backend", backend, "collective backend with --ddp (default: COHORT_BACKEND, else auto)");
+  std::string tensorboard;
+  app.add_option("--tensorboard", tensorboard,
+                 "log loss, learning rate, throughput and test accuracy to TensorBoard event files in this folder");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -92,6 +99,8 @@ int main(int argc, char** argv) {
     data::DataLoader loader(train, lo);
     int64_t total = epochs * loader.numBatches(), step = 0;
     const bool talk = rank == 0;
+    std::unique_ptr<io::SummaryWriter> tb;
+    if (talk && !tensorboard.empty()) tb = std::make_unique<io::SummaryWriter>(tensorboard);
     if (talk)
       fmt::print(
           "train_digits: {} ({} parameters), {} train / {} test images, {} epochs of {} steps{}\n", model,
@@ -114,13 +123,24 @@ int main(int argc, char** argv) {
         opt.step();
         ++step;
         progress.add(batch.target.numel() * world);
-        if (talk && (step % logInterval == 0 || step == total))
-          progress.log(step, loss.item<double>(), fmt::format("epoch {}", epoch + 1));
+        if (talk && (step % logInterval == 0 || step == total)) {
+          const double lossValue = loss.item<double>();
+          const double samplesPerSecond = progress.log(step, lossValue, fmt::format("epoch {}", epoch + 1));
+          if (tb) {
+            tb->addScalar("train/loss", lossValue, step);
+            tb->addScalar("train/lr", opt.paramGroups()[0].lr(), step);
+            tb->addScalar("train/throughput", samplesPerSecond, step);
+          }
+        }
       }
     }
     double acc = accuracy(*net, *test);
     if (talk)
       fmt::print("test accuracy: {:.2f}% ({} images) after {:.1f} s\n", 100.0 * acc, test->size(), progress.elapsed());
+    if (tb) {
+      tb->addScalar("eval/accuracy", acc, step);
+      tb->close();
+    }
     if (pg) fmt::print("rank {} parameter checksum {:016x}\n", rank, examples::parameterChecksum(*net));
     return 0;
   } catch (const std::exception& e) {

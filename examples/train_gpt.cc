@@ -35,6 +35,9 @@
 // fp16 also scales the loss with an amp::GradScaler (its skip decision agreed over the ranks under
 // --ddp and --fsdp), prints the loss scale whenever it changes, and keeps the scaler's state in
 // the checkpoint. Not with --pipeline.
+// With --tensorboard DIR rank 0 also logs, at every progress line, train/loss, train/lr,
+// train/throughput (tokens/s) and, with --amp fp16, train/loss_scale to a TensorBoard event file in
+// DIR, and the validation loss (eval/loss) at the end; `tensorboard --logdir DIR` shows them.
 #include <CLI/CLI.hpp>
 
 #include <filesystem>
@@ -45,6 +48,7 @@
 #include <cohort/core/data/text.h>
 #include <cohort/core/io/atomic_file.h>
 #include <cohort/core/io/checkpoint.h>
+#include <cohort/core/io/summary_writer.h>
 #include <cohort/core/nn/nn.h>
 #include <cohort/core/optim/optim.h>
 #include <cohort/distributed.h>
@@ -113,7 +117,8 @@ class LocalStages : public nn::Module {
 int trainPipelined(const PipelineRun& run, nn::GPTConfig cfg, const std::string& backend, int64_t steps,
                    int64_t stopAfter, int64_t batchSize, int64_t warmup, int64_t logInterval, int64_t ckptEvery,
                    double lr, double minLr, double weightDecay, double clip, uint64_t seed,
-                   const std::string& checkpoint, bool resume, int64_t sampleTokens, const std::string& prompt) {
+                   const std::string& checkpoint, bool resume, int64_t sampleTokens, const std::string& prompt,
+                   const std::string& tensorboard) {
   namespace fs = std::filesystem;
   auto world = dist::initProcessGroup({.backend = backend});
   const int N = run.stages, W = world->size();
@@ -122,6 +127,8 @@ int trainPipelined(const PipelineRun& run, nn::GPTConfig cfg, const std::string&
   dist::DeviceMesh mesh(world, {{"data", W / N}, {"pipe", N}});
   const int replica = mesh.coordinate("data"), pipeRank = mesh.coordinate("pipe"), replicas = W / N;
   const bool talk = world->rank() == 0;
+  std::unique_ptr<io::SummaryWriter> tb;
+  if (talk && !tensorboard.empty()) tb = std::make_unique<io::SummaryWriter>(tensorboard);
 
   Corpus corpus(cfg.blockSize);
   const data::CharVocab& vocab = corpus.vocab;
@@ -188,8 +195,15 @@ int trainPipelined(const PipelineRun& run, nn::GPTConfig cfg, const std::string&
         mesh.group("data")->allreduce(loss)->wait();
         loss = loss / static_cast<double>(replicas);
       }
-      if (talk && (step % logInterval == 0 || step == stopAt))
-        progress.log(step, loss.item<double>(), fmt::format("lr {:.2e}", opt.paramGroups()[0].lr()));
+      if (talk && (step % logInterval == 0 || step == stopAt)) {
+        const double lossValue = loss.item<double>(), lr = opt.paramGroups()[0].lr();
+        const double tokensPerSecond = progress.log(step, lossValue, fmt::format("lr {:.2e}", lr));
+        if (tb) {
+          tb->addScalar("train/loss", lossValue, step);
+          tb->addScalar("train/lr", lr, step);
+          tb->addScalar("train/throughput", tokensPerSecond, step);
+        }
+      }
       if (!checkpoint.empty() && (step % ckptEvery == 0 || step == stopAt)) {
         // Replica 0's pipeline ranks write step-<k>/, then rank 0 commits it.
         const std::string dir = fmt::format("{}/step-{}", checkpoint, step);
@@ -235,7 +249,12 @@ int trainPipelined(const PipelineRun& run, nn::GPTConfig cfg, const std::string&
   world->barrier()->wait();
   if (!talk) return 0;
   fmt::print("parameter checksum {:016x}\n", examples::parameterChecksum(*gpt));
-  fmt::print("validation loss: {:.4f}\n", evalLoss(*gpt, valLoader, 20, cfg.vocabSize));
+  const double valLoss = evalLoss(*gpt, valLoader, 20, cfg.vocabSize);
+  fmt::print("validation loss: {:.4f}\n", valLoss);
+  if (tb) {
+    tb->addScalar("eval/loss", valLoss, step);
+    tb->close();
+  }
   if (sampleTokens > 0) {
     gpt->eval();
     Tensor idx = vocab.encodeTensor(prompt).unsqueeze(0);
@@ -305,6 +324,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb"}));
   app.add_option("--micro-batches", pipelined.microbatches, "micro-batches per step with --pipeline")
       ->check(CLI::PositiveNumber);
+  std::string tensorboard;
+  app.add_option("--tensorboard", tensorboard,
+                 "log loss, learning rate, throughput (and the loss scale) to TensorBoard event files in this folder");
   CLI11_PARSE(app, argc, argv);
   if (resume && checkpoint.empty()) {
     fmt::print(stderr, "train_gpt: --resume needs --checkpoint\n");
@@ -319,11 +341,13 @@ int main(int argc, char** argv) {
     manualSeed(seed);
     if (pipelined.stages > 0)
       return trainPipelined(pipelined, cfg, backend, steps, stopAfter, batchSize, warmup, logInterval, ckptEvery, lr,
-                            minLr, weightDecay, clip, seed, checkpoint, resume, sampleTokens, prompt);
+                            minLr, weightDecay, clip, seed, checkpoint, resume, sampleTokens, prompt, tensorboard);
     dist::ProcessGroupPtr pg;
     if (ddp || useFsdp) pg = dist::initProcessGroup({.backend = backend});
     const int rank = pg ? pg->rank() : 0, world = pg ? pg->size() : 1;
     const bool talk = rank == 0;
+    std::unique_ptr<io::SummaryWriter> tb;
+    if (talk && !tensorboard.empty()) tb = std::make_unique<io::SummaryWriter>(tensorboard);
     Corpus corpus(cfg.blockSize);
     const data::CharVocab& vocab = corpus.vocab;
     const std::string& text = corpus.text;
@@ -411,8 +435,16 @@ int main(int argc, char** argv) {
         sched.step();
         ++step;
         progress.add(b.data.numel() * world);
-        if (talk && (step % logInterval == 0 || step == stopAt))
-          progress.log(step, loss.item<double>(), fmt::format("lr {:.2e}", opt.paramGroups()[0].lr()));
+        if (talk && (step % logInterval == 0 || step == stopAt)) {
+          const double lossValue = loss.item<double>(), lr = opt.paramGroups()[0].lr();
+          const double tokensPerSecond = progress.log(step, lossValue, fmt::format("lr {:.2e}", lr));
+          if (tb) {
+            tb->addScalar("train/loss", lossValue, step);
+            tb->addScalar("train/lr", lr, step);
+            tb->addScalar("train/throughput", tokensPerSecond, step);
+            if (fp16) tb->addScalar("train/loss_scale", scaler->getScale(), step);
+          }
+        }
         if (!checkpoint.empty() && (step % ckptEvery == 0 || step == stopAt) && (sharded || talk)) {
           io::TrainingState st;
           st.scheduler = sched.state();
@@ -445,7 +477,12 @@ int main(int argc, char** argv) {
     }
     if (!talk) return 0;
     nn::GPT& finalModel = *gpt;
-    fmt::print("validation loss: {:.4f}\n", evalLoss(finalModel, valLoader, 20, cfg.vocabSize));
+    const double valLoss = evalLoss(finalModel, valLoader, 20, cfg.vocabSize);
+    fmt::print("validation loss: {:.4f}\n", valLoss);
+    if (tb) {
+      tb->addScalar("eval/loss", valLoss, step);
+      tb->close();
+    }
     if (sampleTokens > 0) {
       finalModel.eval();
       Tensor idx = vocab.encodeTensor(prompt).unsqueeze(0);

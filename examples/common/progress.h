@@ -24,7 +24,8 @@ class Progress {
   // Counts `items` processed (samples or tokens) since the last call.
   void add(int64_t items) { items_ += items; }
 
-  void log(int64_t step, double loss, const std::string& extra = "") {
+  // Prints the line; returns the throughput it printed (items per second since the last line).
+  double log(int64_t step, double loss, const std::string& extra = "") {
     auto now = std::chrono::steady_clock::now();
     double elapsed = std::chrono::duration<double>(now - start_).count();
     double window = std::chrono::duration<double>(now - last_).count();
@@ -37,6 +38,7 @@ class Progress {
     std::fflush(stdout);
     items_ = 0;
     last_ = now;
+    return rate;
   }
   // Resumed runs measure the ETA from where they started.
   void setStartStep(int64_t s) { startStep_ = s; }
