@@ -9,6 +9,7 @@
 //   cohortrun --standalone --nproc-per-node 2 build/examples/train_gpt --pipeline 2 --checkpoint run.ckpt --resume
 //   cohortrun --standalone --nproc-per-node 2 build/examples/train_gpt --ddp --amp bf16 --checkpoint run.ckpt --resume
 //   cohortrun --standalone --nproc-per-node 4 build/examples/train_gpt --pipeline 2 --schedule zb --micro-batches 8
+//   build/examples/train_gpt --steps 10 --profile prof          # prof/trace.json (Perfetto) and prof/memory.html
 //
 // With --ddp every rank trains on its DistributedSampler shard (global batch = --batch-size ×
 // ranks) under DistributedDataParallel; rank 0 prints and writes the checkpoint, every rank
@@ -62,6 +63,7 @@
 
 #include "common/checksum.h"
 #include "common/progress.h"
+#include "common/step_profiler.h"
 
 using namespace cohort;
 
@@ -324,12 +326,20 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb"}));
   app.add_option("--micro-batches", pipelined.microbatches, "micro-batches per step with --pipeline")
       ->check(CLI::PositiveNumber);
+  std::string profileDir;
+  app.add_option("--profile", profileDir,
+                 "profile steps 3-5 (memory and shapes): DIR/trace.json for Perfetto, DIR/memory.html, the op table");
   std::string tensorboard;
   app.add_option("--tensorboard", tensorboard,
                  "log loss, learning rate, throughput (and the loss scale) to TensorBoard event files in this folder");
   CLI11_PARSE(app, argc, argv);
   if (resume && checkpoint.empty()) {
     fmt::print(stderr, "train_gpt: --resume needs --checkpoint\n");
+    return 2;
+  }
+  if (pipelined.stages > 0 && !profileDir.empty()) {
+    fmt::print(stderr,
+               "train_gpt: --profile is not supported with --pipeline; profile the job with cohortrun --profile DIR\n");
     return 2;
   }
   if (pipelined.stages > 0 && ampName != "none") {
@@ -411,6 +421,7 @@ int main(int argc, char** argv) {
                     : "");
 
     int64_t stopAt = stopAfter > 0 ? std::min(stopAfter, steps) : steps;
+    examples::StepProfiler stepProfiler(profileDir, rank, world, step + 2);
     examples::Progress progress(stopAt, "tokens");
     progress.setStartStep(step);
     while (step < stopAt) {
@@ -434,6 +445,7 @@ int main(int argc, char** argv) {
                      stepped ? "" : " (inf/NaN gradient: step skipped)");
         sched.step();
         ++step;
+        stepProfiler.afterStep(step);
         progress.add(b.data.numel() * world);
         if (talk && (step % logInterval == 0 || step == stopAt)) {
           const double lossValue = loss.item<double>(), lr = opt.paramGroups()[0].lr();
