@@ -30,6 +30,9 @@ packages=(
   libssl-dev
   # launcher tests (network namespaces)
   iproute2
+  # a one-node Slurm for the Slurm test (scripts/slurm/local_cluster.sh; it runs with auth/none,
+  # so munge comes along as a dependency but is never started)
+  slurmctld slurmd slurm-client
   # scripts/lint.sh: formatting (the root .clang-format is written for 14) and the naming rules
   clang-format-14 clang-tidy-14
 )
