@@ -26,6 +26,7 @@ from torch_reference import GPT  # noqa: E402  (the same nanoGPT layout as cohor
 
 
 AMP = None  # torch.bfloat16 under --amp bf16
+PROFILER = False  # --profiler on
 
 
 def autocast():
@@ -52,10 +53,18 @@ def time_steps(step, steps, warmup):
     for _ in range(warmup):
         step()
     times = []
+    prof = None
+    if PROFILER:  # --profiler on: the timed steps under PyTorch's profiler with profile_memory
+        from torch.profiler import ProfilerActivity, profile
+        prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True)
+        prof.__enter__()
     for _ in range(steps):
         t0 = time.process_time()  # CPU time, as bench/train_step.cc (the machines are shared)
         step()
         times.append((time.process_time() - t0) * 1e3)
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        return statistics.median(times), 0.0
     return statistics.median(times), step_peak_mb(step)
 
 
@@ -100,14 +109,17 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--model", default="all")
     ap.add_argument("--amp", default="none", choices=["none", "bf16"])
+    ap.add_argument("--profiler", default="off", choices=["off", "on"])
     a = ap.parse_args()
-    global AMP
+    global AMP, PROFILER
+    PROFILER = a.profiler == "on"
     AMP = torch.bfloat16 if a.amp == "bf16" else None
     torch.set_num_threads(1)
 
     def line(model, result):
         ms, peak = result
-        print(json.dumps({"model": model, "amp": a.amp, "ms_per_step": ms, "step_peak_mb": round(peak, 1)}),
+        print(json.dumps({"model": model, "amp": a.amp, "profiler": a.profiler, "ms_per_step": ms,
+                          "step_peak_mb": round(peak, 1)}),
               flush=True)
     if a.model in ("mlp", "all"):
         line("mlp", mlp(a.steps, a.warmup))

@@ -9,7 +9,10 @@
 // --amp bf16|fp16 runs forward and loss under amp::Autocast (float32 weights; fp16 also scales the
 // loss with an amp::GradScaler, as a float16 run needs).
 //
-//   build/bench/train_step [--steps N] [--model mlp|gpt|all] [--amp none|bf16|fp16] [--profile]
+// --profiler on runs the timed steps under a profiler::Profile recording memory and shapes (the
+// profiler's overhead; "profiler" in the JSON line, with the trace's bytes per step).
+//
+//   build/bench/train_step [--steps N] [--model mlp|gpt|all] [--amp none|bf16|fp16] [--profile] [--profiler off|on]
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -45,16 +48,26 @@ struct Phases {
   }
 };
 
+bool gProfiler = false;
+int64_t gTraceBytesPerStep = 0;
+
 template <typename Step>
 Phases timeSteps(int warmup, int steps, Step&& step) {
   Phases p;
   for (int i = 0; i < warmup; ++i) step(nullptr);
+  std::unique_ptr<profiler::Profile> prof;
+  if (gProfiler) prof = std::make_unique<profiler::Profile>(profiler::ProfileOptions{.memory = true, .shapes = true});
   resetPeakMemory();
   for (int i = 0; i < steps; ++i) {
     const int64_t liveBefore = memoryStats().bytesLive;
     resetPeakMemory();
     step(&p);
     p.stepPeakBytes = std::max(p.stepPeakBytes, memoryStats().peakBytes - liveBefore);
+  }
+  if (prof) {
+    profiler::TraceStats stats;
+    (void)prof->chromeTrace(0, &stats);
+    gTraceBytesPerStep = stats.bytesPerStep;
   }
   return p;
 }
@@ -72,6 +85,8 @@ void report(const char* model, const std::string& amp, const Phases& p, bool pro
       "{{\"model\": \"{}\", \"amp\": \"{}\", \"ms_per_step\": {:.3f}, \"peak_mb\": {:.1f}, \"step_peak_mb\": {:.1f}",
       model, amp, Phases::median(p.total), static_cast<double>(memoryStats().peakBytes) / mb,
       static_cast<double>(p.stepPeakBytes) / mb);
+  fmt::print(", \"profiler\": \"{}\"", gProfiler ? "on" : "off");
+  if (gProfiler) fmt::print(", \"trace_bytes_per_step\": {}", gTraceBytesPerStep);
   if (profile)
     fmt::print(", \"forward_ms\": {:.3f}, \"backward_ms\": {:.3f}, \"optimizer_ms\": {:.3f}", Phases::median(p.fwd),
                Phases::median(p.bwd), Phases::median(p.opt));
@@ -119,7 +134,11 @@ int main(int argc, char** argv) {
   app.add_option("--amp", ampName, "none, bf16 or fp16 (autocast; fp16 with a GradScaler)")
       ->check(CLI::IsMember({"none", "bf16", "fp16"}));
   app.add_flag("--profile", profile, "also report forward/backward/optimizer time");
+  std::string profilerMode = "off";
+  app.add_option("--profiler", profilerMode, "on: time the steps under the profiler (memory and shapes recorded)")
+      ->check(CLI::IsMember({"off", "on"}));
   CLI11_PARSE(app, argc, argv);
+  gProfiler = profilerMode == "on";
   blas::setNumThreads(1);
   const std::optional<DType> amp = ampDType(ampName);
   // Loss scaling only where float16 needs it; a disabled scaler is a plain backward and step.
