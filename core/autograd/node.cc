@@ -9,7 +9,8 @@
 
 namespace cohort::autograd {
 namespace {
-std::atomic<uint64_t> gNextSeq{0};
+// From 1: 0 is AccumulateGrad's (it runs last) and, for the profiler, "no node".
+std::atomic<uint64_t> gNextSeq{1};
 std::atomic<int> gNextHookHandle{1};
 }  // namespace
 

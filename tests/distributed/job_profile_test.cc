@@ -115,7 +115,7 @@ TEST(JobProfile, DdpBucketsOnEveryRankInOneMergedTrace) {
     }
     EXPECT_TRUE(std::filesystem::exists(fmt::format("{}/memory_rank{}.html", dir, r)));
   }
-  EXPECT_GE(buckets[0], 2 * 3);  // at least three buckets in each of the two profiled steps
+  EXPECT_GE(buckets[0], 2 * 2);  // at least two buckets in each of the two profiled steps
   EXPECT_EQ(buckets[0], buckets[1]);
   EXPECT_FALSE(allreduceSeqs[0].empty());
   EXPECT_EQ(allreduceSeqs[0], allreduceSeqs[1]);

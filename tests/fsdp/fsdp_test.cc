@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,6 +22,7 @@
 #include <cohort/core/optim/adam.h>
 #include <cohort/core/optim/clip_grad.h>
 #include <cohort/core/optim/sgd.h>
+#include <cohort/core/profiler/profiler.h>
 #include <cohort/fsdp/fully_sharded_data_parallel.h>
 
 #include "distributed/pg_test_util.h"
@@ -181,6 +183,32 @@ TEST(FSDP, FullShardFreesUnitsAfterForwardAndShardGradOpKeepsThemUntilBackward) 
       EXPECT_FALSE(f.unit(1).gathered());
     });
   }
+}
+
+// The profiler sees every unit's gathers, frees and reduce-scatters (on the "fsdp" track), and
+// a unit's full buffer counts as parameters in the memory categories.
+TEST(FSDP, ProfilerRecordsGathersFreesAndReduceScatters) {
+  ThreadWorld tw("gloo", 2);
+  profiler::Profile prof({.memory = true});
+  tw.run([&](int r) {
+    auto net = std::make_shared<Net>(42);
+    FullyShardedDataParallel f(net, borrow(tw.pg(r)), {.autoWrapPolicy = wrapModuleTypes({"Block"})});
+    nn::functional::mseLoss(f(inputs(r, 0)), targets(r, 0)).backward();
+  });
+  prof.stop();
+  std::map<std::string, int> count;
+  for (const profiler::Event& e : prof.events())
+    if (e.kind == profiler::EventKind::Fsdp) count[e.name.substr(0, e.name.find(' ', 5))]++;
+  // Two ranks; every unit gathers for forward and again for backward (FULL_SHARD), frees after
+  // each, and reduce-scatters its gradient once.
+  EXPECT_GT(count["FSDP gather"], 0);
+  EXPECT_GT(count["FSDP free"], 0);
+  EXPECT_GT(count["FSDP reduce-scatter"], 0);
+  EXPECT_EQ(count["FSDP reduce-scatter"] % 2, 0);
+  bool paramRetag = false;
+  for (const auto& m : prof.memoryEvents())
+    if (m.kind == profiler::MemoryEventKind::Alloc && m.category == MemoryCategory::Parameters) paramRetag = true;
+  EXPECT_TRUE(paramRetag) << "a re-gathered full buffer is allocated as parameters";
 }
 
 TEST(FSDP, SummonFullParamsWithWritebackChangesTheShards) {
