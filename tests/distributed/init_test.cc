@@ -27,6 +27,7 @@
 
 using namespace cohort;
 using namespace cohort::dist;
+using cohort::testing::freePort;
 
 namespace {
 
@@ -41,19 +42,6 @@ const bool kRegistered = [] {
   });
   return true;
 }();
-
-uint16_t freePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 env::LaunchEnvironment environment(int rank, int world, uint16_t port) {
   env::LaunchEnvironment e;

@@ -4,8 +4,6 @@
 // time waiting for the other versus moving data.
 #include <gtest/gtest.h>
 
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -30,18 +28,6 @@
 namespace cohort::dist {
 namespace {
 
-uint16_t freePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
 nlohmann::json readJson(const std::string& path) {
   std::ifstream f(path);
   std::stringstream ss;
@@ -51,7 +37,7 @@ nlohmann::json readJson(const std::string& path) {
 
 TEST(JobProfile, DdpBucketsOnEveryRankInOneMergedTrace) {
   const int world = 2;
-  const uint16_t port = freePort();
+  const uint16_t port = cohort::testing::freePort();
   const std::string dir = fmt::format("{}/cohort_job_profile_{}", ::testing::TempDir(), getpid());
   std::filesystem::remove_all(dir);
   auto results = cohort::testing::runRanks(world, [&](int r, std::ostream& report) {

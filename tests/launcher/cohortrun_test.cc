@@ -9,10 +9,12 @@
 #include <map>
 #include <set>
 
+#include "harness/ranks.h"
 #include "launcher/launcher_test_util.h"
 
 using namespace cohort::launcher_test;
 using namespace std::chrono_literals;
+using cohort::testing::freePort;
 
 namespace {
 
@@ -25,18 +27,6 @@ std::map<std::string, std::string> readEnvFile(const std::string& path) {
     if (eq != std::string::npos) m[line.substr(0, eq)] = line.substr(eq + 1);
   }
   return m;
-}
-
-uint16_t freePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
 }
 
 std::vector<pid_t> readPids(const std::string& path) {
