@@ -69,6 +69,13 @@ using namespace cohort;
 
 namespace {
 
+// What --tensorboard logs at each progress line, in every mode.
+void logTraining(io::SummaryWriter& tb, int64_t step, double loss, double lr, double tokensPerSecond) {
+  tb.addScalar("train/loss", loss, step);
+  tb.addScalar("train/lr", lr, step);
+  tb.addScalar("train/throughput", tokensPerSecond, step);
+}
+
 double evalLoss(nn::GPT& model, data::DataLoader& loader, int64_t batches, int64_t vocab) {
   autograd::NoGradGuard ng;
   model.eval();
@@ -200,11 +207,7 @@ int trainPipelined(const PipelineRun& run, nn::GPTConfig cfg, const std::string&
       if (talk && (step % logInterval == 0 || step == stopAt)) {
         const double lossValue = loss.item<double>(), lr = opt.paramGroups()[0].lr();
         const double tokensPerSecond = progress.log(step, lossValue, fmt::format("lr {:.2e}", lr));
-        if (tb) {
-          tb->addScalar("train/loss", lossValue, step);
-          tb->addScalar("train/lr", lr, step);
-          tb->addScalar("train/throughput", tokensPerSecond, step);
-        }
+        if (tb) logTraining(*tb, step, lossValue, lr, tokensPerSecond);
       }
       if (!checkpoint.empty() && (step % ckptEvery == 0 || step == stopAt)) {
         // Replica 0's pipeline ranks write step-<k>/, then rank 0 commits it.
@@ -451,9 +454,7 @@ int main(int argc, char** argv) {
           const double lossValue = loss.item<double>(), lr = opt.paramGroups()[0].lr();
           const double tokensPerSecond = progress.log(step, lossValue, fmt::format("lr {:.2e}", lr));
           if (tb) {
-            tb->addScalar("train/loss", lossValue, step);
-            tb->addScalar("train/lr", lr, step);
-            tb->addScalar("train/throughput", tokensPerSecond, step);
+            logTraining(*tb, step, lossValue, lr, tokensPerSecond);
             if (fp16) tb->addScalar("train/loss_scale", scaler->getScale(), step);
           }
         }

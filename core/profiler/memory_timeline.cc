@@ -24,14 +24,23 @@ void replay(const std::vector<MemoryEvent>& mem, const CategoryBytes& baseline, 
   for (size_t i = 0; i < mem.size(); ++i) {
     const MemoryEvent& m = mem[i];
     if (m.device.type() != device) continue;
-    if (m.kind == MemoryEventKind::Alloc) live.bytes[static_cast<int>(m.category)] += m.bytes;
-    if (m.kind == MemoryEventKind::Free) live.bytes[static_cast<int>(m.category)] -= m.bytes;
-    if (m.kind == MemoryEventKind::Retag) {
-      live.bytes[static_cast<int>(m.from)] -= m.bytes;
-      live.bytes[static_cast<int>(m.category)] += m.bytes;
-    }
+    detail::applyMemoryEvent(live, m);
     visit(i, live);
   }
+}
+
+std::string htmlEscaped(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
 }
 
 const char* kColors[kNumMemoryCategories] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#bab0ac"};
@@ -197,10 +206,7 @@ void Profile::exportMemoryTimeline(const std::string& path) {
   size_t rows = 0;
   for (const MemoryPeak::Holder& h : peak.holders) {
     if (++rows > 25) break;
-    std::string op;
-    detail::appendJsonEscaped(op, h.op.empty() ? "(live before profiling)" : h.op);  // no markup in op names
-    for (char& ch : op)
-      if (ch == '<' || ch == '>') ch = ' ';
+    const std::string op = htmlEscaped(h.op.empty() ? "(live before profiling)" : h.op);  // user range names
     html += fmt::format("<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td>{}</td><td>{}</td></tr>\n", op,
                         memoryCategoryName(h.category), detail::formatBytes(h.bytes),
                         h.blocks > 0 ? std::to_string(h.blocks) : "");

@@ -104,14 +104,7 @@ void prune(ThreadBuffer& b) {
   for (auto& [id, ptr] : b.open) ptr = &b.events[static_cast<size_t>(positionOf(b, id))];
   while (!b.memory.empty() && b.memory.front().ns < ringStart) {
     const MemoryEvent& m = b.memory.front();
-    if (m.device.type() == DeviceType::CPU) {
-      if (m.kind == MemoryEventKind::Alloc) b.prunedNet[static_cast<int>(m.category)] += m.bytes;
-      if (m.kind == MemoryEventKind::Free) b.prunedNet[static_cast<int>(m.category)] -= m.bytes;
-      if (m.kind == MemoryEventKind::Retag) {
-        b.prunedNet[static_cast<int>(m.from)] -= m.bytes;
-        b.prunedNet[static_cast<int>(m.category)] += m.bytes;
-      }
-    }
+    if (m.device.type() == DeviceType::CPU) applyMemoryEvent(b.prunedNet, m);
     b.memory.pop_front();
   }
 }
@@ -408,7 +401,7 @@ void Profile::collect() {
     ThreadBuffer& b = *buffers[t];
     std::lock_guard<std::mutex> lock(b.mu);
     threads_.push_back({b.osTid, b.name});
-    for (int c = 0; c < kNumMemoryCategories; ++c) baseline_.bytes[c] += b.prunedNet[c];
+    for (int c = 0; c < kNumMemoryCategories; ++c) baseline_.bytes[c] += b.prunedNet.bytes[c];
     std::unordered_map<int64_t, int64_t> index;  // buffer id -> index in events_
     const size_t first = events_.size();
     for (size_t i = 0; i < b.events.size(); ++i) {
@@ -426,14 +419,7 @@ void Profile::collect() {
     }
     for (const MemoryEvent& m : b.memory) {
       if (ringStart != INT64_MIN && m.ns < ringStart) {
-        if (m.device.type() == DeviceType::CPU) {
-          if (m.kind == MemoryEventKind::Alloc) baseline_.bytes[static_cast<int>(m.category)] += m.bytes;
-          if (m.kind == MemoryEventKind::Free) baseline_.bytes[static_cast<int>(m.category)] -= m.bytes;
-          if (m.kind == MemoryEventKind::Retag) {
-            baseline_.bytes[static_cast<int>(m.from)] -= m.bytes;
-            baseline_.bytes[static_cast<int>(m.category)] += m.bytes;
-          }
-        }
+        if (m.device.type() == DeviceType::CPU) detail::applyMemoryEvent(baseline_, m);
         continue;
       }
       memory_.push_back(m);

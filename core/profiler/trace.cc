@@ -215,14 +215,7 @@ std::string Profile::chromeTrace(int64_t clockOffsetNs, TraceStats* stats) {
   CategoryBytes live = baseline_;
   for (const MemoryEvent& m : memory_) {
     const bool cpu = m.device.type() == DeviceType::CPU;
-    if (cpu) {
-      if (m.kind == MemoryEventKind::Alloc) live.bytes[static_cast<int>(m.category)] += m.bytes;
-      if (m.kind == MemoryEventKind::Free) live.bytes[static_cast<int>(m.category)] -= m.bytes;
-      if (m.kind == MemoryEventKind::Retag) {
-        live.bytes[static_cast<int>(m.from)] -= m.bytes;
-        live.bytes[static_cast<int>(m.category)] += m.bytes;
-      }
-    }
+    if (cpu) detail::applyMemoryEvent(live, m);
     const int64_t ts = m.ns - clockOffsetNs;
     if (m.kind != MemoryEventKind::Retag) {
       w.begin();

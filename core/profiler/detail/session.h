@@ -34,8 +34,8 @@ class ThreadBuffer {
   // Open spans, innermost last: id and the event (re-resolved after pruning).
   std::vector<std::pair<int64_t, Event*>> open;
   std::deque<MemoryEvent> memory;
-  // Net bytes per category of memory events dropped by the ring (to rebuild the baseline).
-  int64_t prunedNet[kNumMemoryCategories] = {};
+  // Net bytes per category of CPU memory events dropped by the ring (to rebuild the baseline).
+  CategoryBytes prunedNet;
   int64_t prunedBefore = 0;  // the ring start this buffer last pruned to
 };
 
@@ -51,6 +51,18 @@ struct Session {
   std::map<std::string, std::shared_ptr<ThreadBuffer>> tracks;
   std::vector<int64_t> stepBounds;  // end of each complete step
 };
+
+// Live bytes per category after memory event `m` (the caller picks the device it follows).
+inline void applyMemoryEvent(CategoryBytes& live, const MemoryEvent& m) {
+  switch (m.kind) {
+    case MemoryEventKind::Alloc: live.bytes[static_cast<int>(m.category)] += m.bytes; break;
+    case MemoryEventKind::Free: live.bytes[static_cast<int>(m.category)] -= m.bytes; break;
+    case MemoryEventKind::Retag:
+      live.bytes[static_cast<int>(m.from)] -= m.bytes;
+      live.bytes[static_cast<int>(m.category)] += m.bytes;
+      break;
+  }
+}
 
 // Event ids of a buffer to positions: the position of `id`, or -1.
 int64_t positionOf(const ThreadBuffer& b, int64_t id);
