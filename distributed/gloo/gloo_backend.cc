@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <gloo/common/error.h>
+#include <gloo/common/logging.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
@@ -179,6 +180,15 @@ void GlooBackend::runGuarded(const WorkPtr& work, const std::function<std::vecto
   } catch (const ::gloo::Exception& e) {
     kind = Kind::Gloo;
     detail = fmt::format("gloo: {}", e.what());
+  } catch (const ::gloo::EnforceNotMet& e) {
+    // gloo's internal checks: seen when another op's failure closed the connections under this
+    // one (epoll_ctl on a closed socket). Then the earlier failure is the cause; quote it.
+    if (isBroken()) {
+      error = brokenError();
+    } else {
+      kind = Kind::Gloo;
+      detail = fmt::format("gloo: {}", e.what());
+    }
   } catch (...) {
     error = std::current_exception();
   }
@@ -265,6 +275,9 @@ void GlooBackend::postP2P(const WorkPtr& work, const Tensor& tensor, int peer, i
   } catch (const ::gloo::Exception& e) {
     work->fail(completionKey(), work->peerError(fmt::format("gloo: {}", e.what())));
     return;
+  } catch (const ::gloo::EnforceNotMet& e) {
+    work->fail(completionKey(), isBroken() ? brokenError() : work->distError(fmt::format("gloo: {}", e.what())));
+    return;
   }
   std::lock_guard<std::mutex> lock(p2pMu_);
   p2pQueue_.push_back(std::move(p));
@@ -299,7 +312,7 @@ void GlooBackend::p2pLoop() {
       error = isTimeoutMessage(e.what()) ? p.work->timeoutError(fmt::format("gloo: {}", e.what()))
                                          : p.work->peerError(fmt::format("gloo: {}", e.what()));
     } catch (const std::exception& e) {
-      error = p.work->distError(fmt::format("gloo: {}", e.what()));
+      error = isBroken() ? brokenError() : p.work->distError(fmt::format("gloo: {}", e.what()));
     }
     if (error) {
       // The buffer stays registered with gloo's pair after a timeout: keep it (and the tensor)
