@@ -56,9 +56,11 @@ using detail::AdamScalars;
 using detail::HostMath;
 
 // One fused pass over contiguous tensors, in torch's operation order (see adam.h), with the
-// arithmetic of detail/update_math.h (the CUDA kernel's: bit-identical results).
-template <typename T, bool kDecoupled, bool kAmsgrad>
-void adamKernel(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v, T* __restrict vmax, int64_t n,
+// arithmetic of detail/update_math.h (the CUDA kernel's: bit-identical results). G is the
+// gradient's element type: T, or bfloat16/float16 for a float32 master weight, widened as it is
+// read (exactly, so the result equals widening the gradient first).
+template <typename T, typename G, bool kDecoupled, bool kAmsgrad>
+void adamKernel(T* __restrict p, const G* __restrict g, T* __restrict m, T* __restrict v, T* __restrict vmax, int64_t n,
                 const AdamScalars& s) {
   using A = Acc<T>;
   const A decay = static_cast<A>(s.decay), wd = static_cast<A>(s.wd);
@@ -84,14 +86,14 @@ void adamKernel(T* __restrict p, const T* __restrict g, T* __restrict m, T* __re
   }
 }
 
-template <typename T>
-void adamDispatch(T* p, const T* g, T* m, T* v, T* vmax, int64_t n, const AdamScalars& s) {
+template <typename T, typename G>
+void adamDispatch(T* p, const G* g, T* m, T* v, T* vmax, int64_t n, const AdamScalars& s) {
   if (s.decoupled) {
-    if (s.amsgrad) adamKernel<T, true, true>(p, g, m, v, vmax, n, s);
-    else adamKernel<T, true, false>(p, g, m, v, vmax, n, s);
+    if (s.amsgrad) adamKernel<T, G, true, true>(p, g, m, v, vmax, n, s);
+    else adamKernel<T, G, true, false>(p, g, m, v, vmax, n, s);
   } else {
-    if (s.amsgrad) adamKernel<T, false, true>(p, g, m, v, vmax, n, s);
-    else adamKernel<T, false, false>(p, g, m, v, vmax, n, s);
+    if (s.amsgrad) adamKernel<T, G, false, true>(p, g, m, v, vmax, n, s);
+    else adamKernel<T, G, false, false>(p, g, m, v, vmax, n, s);
   }
 }
 
@@ -119,7 +121,7 @@ void Adam::stepGroup(ParamGroup& group) {
   for (Tensor& param : group.params) {
     Tensor grad = gradFor(param);
     if (!grad.defined()) continue;
-    Tensor g = updateGrad(param, std::move(grad), op);
+    Tensor g = updateGrad(param, std::move(grad), op, /*readsHalf=*/true);
     Tensor p = param.isContiguous() ? param : param.contiguous();
     ParamState& st = stateFor(param);
     Tensor& m = stateTensor(st, "exp_avg", param, op);
@@ -144,9 +146,9 @@ void Adam::stepGroup(ParamGroup& group) {
     if (!param.device().isCpu()) {
       dispatch::kernel<detail::AdamStepKernel>(op, param.device())(p, g, m, v, vmax, s);
     } else {
-      COHORT_DISPATCH_FLOAT(param.dtype(), op, [&]<typename T>() {
-        adamDispatch<T>(p.data<T>(), g.data<T>(), m.data<T>(), v.data<T>(), vmax.defined() ? vmax.data<T>() : nullptr,
-                        p.numel(), s);
+      dispatchUpdate(param, g, op, [&]<typename T, typename G>() {
+        adamDispatch<T, G>(p.data<T>(), g.data<G>(), m.data<T>(), v.data<T>(),
+                           vmax.defined() ? vmax.data<T>() : nullptr, p.numel(), s);
       });
     }
     if (!p.isSameAs(param)) param.copy_(p);

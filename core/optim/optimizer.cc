@@ -176,12 +176,14 @@ void Optimizer::zeroGrad(bool setToNone) {
   }
 }
 
-Tensor updateGrad(const Tensor& param, Tensor grad, const char* op) {
+Tensor updateGrad(const Tensor& param, Tensor grad, const char* op, bool readsHalf) {
   Tensor g = std::move(grad);
   if (g.sizes() != param.sizes())
     throw ValueError(fmt::format("{}: gradient of shape {} for a parameter of shape {}", op, shapeStr(g.sizes()),
                                  shapeStr(param.sizes())));
-  if (g.dtype() != param.dtype()) g = g.to(param.dtype());
+  const bool readHalf = readsHalf && param.dtype() == DType::Float32 && param.device().isCpu() &&
+                        g.device() == param.device() && isHalf(g);
+  if (g.dtype() != param.dtype() && !readHalf) g = g.to(param.dtype());
   return g.detach().contiguous();
 }
 

@@ -149,7 +149,22 @@ class Optimizer {
 };
 
 // `grad` (param's gradient) made ready for an update: contiguous, with param's dtype, detached.
-// ValueError naming `op` when its shape differs from the parameter's.
-Tensor updateGrad(const Tensor& param, Tensor grad, const char* op);
+// ValueError naming `op` when its shape differs from the parameter's. With readsHalf (the fused CPU
+// updates), a bfloat16/float16 gradient of a float32 CPU parameter (a master weight's) keeps its
+// dtype: the update reads it directly instead of through a widened copy.
+Tensor updateGrad(const Tensor& param, Tensor grad, const char* op, bool readsHalf = false);
+
+// Runs fn.template operator()<T, G>() with T the parameter's element type and G the gradient's
+// (G == T, or a half type for a float32 parameter: see updateGrad).
+template <typename Fn>
+void dispatchUpdate(const Tensor& param, const Tensor& grad, const char* op, Fn&& fn) {
+  if (param.dtype() == DType::Float32 && grad.dtype() == DType::BFloat16) {
+    fn.template operator()<float, BFloat16>();
+  } else if (param.dtype() == DType::Float32 && grad.dtype() == DType::Float16) {
+    fn.template operator()<float, Half>();
+  } else {
+    COHORT_DISPATCH_FLOAT(param.dtype(), op, [&]<typename T>() { fn.template operator()<T, T>(); });
+  }
+}
 
 }  // namespace cohort::optim

@@ -38,10 +38,11 @@ namespace {
 
 using detail::HostMath;
 
-// One fused pass over a contiguous parameter; T is the storage type, A the compute type. The
-// arithmetic is detail/update_math.h's, as in the CUDA kernel (bit-identical results).
-template <typename T>
-void sgdKernel(T* p, const T* g, T* buf, int64_t n, const detail::SgdScalars& s) {
+// One fused pass over a contiguous parameter; T is the storage type, A the compute type, G the
+// gradient's type (T, or a half type read into a float32 master weight). The arithmetic is
+// detail/update_math.h's, as in the CUDA kernel (bit-identical results).
+template <typename T, typename G>
+void sgdKernel(T* p, const G* g, T* buf, int64_t n, const detail::SgdScalars& s) {
   using A = Acc<T>;
   const A negLr = static_cast<A>(-s.lr), wd = static_cast<A>(s.weightDecay), mom = static_cast<A>(s.momentum);
   const A damp = static_cast<A>(1.0 - s.dampening);
@@ -74,7 +75,7 @@ void SGD::stepGroup(ParamGroup& group) {
   for (Tensor& param : group.params) {
     Tensor grad = gradFor(param);
     if (!grad.defined()) continue;
-    Tensor g = updateGrad(param, std::move(grad), "SGD.step");
+    Tensor g = updateGrad(param, std::move(grad), "SGD.step", /*readsHalf=*/true);
     Tensor p = param.isContiguous() ? param : param.contiguous();
     ParamState& st = stateFor(param);
     Tensor buf;
@@ -106,8 +107,8 @@ void SGD::stepGroup(ParamGroup& group) {
     if (!param.device().isCpu()) {
       dispatch::kernel<detail::SgdStepKernel>("SGD.step", param.device())(p, g, buf, s);
     } else {
-      COHORT_DISPATCH_FLOAT(param.dtype(), "SGD.step", [&]<typename T>() {
-        sgdKernel<T>(p.data<T>(), g.data<T>(), buf.defined() ? buf.data<T>() : nullptr, p.numel(), s);
+      dispatchUpdate(param, g, "SGD.step", [&]<typename T, typename G>() {
+        sgdKernel<T, G>(p.data<T>(), g.data<G>(), buf.defined() ? buf.data<T>() : nullptr, p.numel(), s);
       });
     }
     if (!p.isSameAs(param)) param.copy_(p);

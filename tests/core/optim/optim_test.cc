@@ -434,6 +434,27 @@ TEST(MasterWeights, HalfParametersFollowTheFloat32TrajectoryRoundedOnce) {
   }
 }
 
+TEST(MasterWeights, TheUpdateReadsTheHalfGradientWithoutAWidenedCopy) {
+  // The fused CPU updates read a bfloat16/float16 gradient straight into the float32 master: a
+  // step after the first (state made) allocates nothing the size of a float32 gradient.
+  constexpr int64_t kN = 1 << 16;
+  for (DType half : {DType::BFloat16, DType::Float16}) {
+    for (int which = 0; which < 2; ++which) {
+      Tensor p = zeros({kN}, {.dtype = half}).setRequiresGrad(true);
+      std::unique_ptr<Optimizer> opt;
+      if (which == 0) opt = std::make_unique<AdamW>(std::vector<Tensor>{p}, AdamWOptions{.lr = 1e-3});
+      else opt = std::make_unique<SGD>(std::vector<Tensor>{p}, SGDOptions{.lr = 1e-3, .momentum = 0.9});
+      opt->setMasterWeights();
+      p.setGrad(ones({kN}, {.dtype = half}));
+      opt->step();
+      const int64_t live = memoryStats().bytesLive;
+      resetPeakMemory();
+      opt->step();
+      EXPECT_LT(memoryStats().peakBytes - live, kN * 4) << dtypeName(half) << " optimizer " << which;
+    }
+  }
+}
+
 TEST(MasterWeights, WithoutThemSmallUpdatesOfABFloat16WeightAreLost) {
   Tensor p = ones({4}, {.dtype = DType::BFloat16}).setRequiresGrad(true);
   Tensor q = ones({4}, {.dtype = DType::BFloat16}).setRequiresGrad(true);
