@@ -5,6 +5,14 @@
 // recorded (and named tracks such as "pg world"); flows ("s"/"f") carry numeric ids, a 53-bit hash
 // of a string naming the flow, so the two ends agree across ranks without coordination. Memory
 // events are PyTorch's "[memory]" instant events, plus a counter track of live bytes by category.
+//
+// What Perfetto's JSON importer (ui.perfetto.dev) needs, beyond valid JSON: tids other than 0 (it
+// files tid 0 under tid == pid, another thread's track); complete events of one tid that nest or
+// are disjoint (one that partly overlaps another is set aside as an error, or dropped by older
+// versions), so a named track's concurrent spans go to lanes of their own; a flow's start read
+// before its end (it sorts by ts and drops an end whose start it has not seen), each (id, cat,
+// name) started once, both ends on spans that start at the flow's ts; strings without raw control
+// characters (DEL included) and valid UTF-8 (which the merge's JSON parser needs too).
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -22,17 +30,45 @@ namespace cohort::profiler {
 
 namespace detail {
 
+namespace {
+// Bytes in the valid UTF-8 sequence that starts s[i] (overlong forms, surrogates and code points
+// past U+10FFFF are not valid), or 0.
+size_t utf8Length(std::string_view s, size_t i) {
+  auto at = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = at(i);
+  const size_t n = c < 0x80 ? 1 : c < 0xc2 ? 0 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : c < 0xf5 ? 4 : 0;
+  if (n == 0 || i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k)
+    if ((at(i + k) & 0xc0) != 0x80) return 0;
+  if ((c == 0xe0 && at(i + 1) < 0xa0) || (c == 0xed && at(i + 1) >= 0xa0) || (c == 0xf0 && at(i + 1) < 0x90) ||
+      (c == 0xf4 && at(i + 1) >= 0x90))
+    return 0;
+  return n;
+}
+}  // namespace
+
 void appendJsonEscaped(std::string& out, std::string_view s) {
-  for (char c : s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
       case '\n': out += "\\n"; break;
       case '\t': out += "\\t"; break;
       case '\r': out += "\\r"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) out += fmt::format("\\u{:04x}", static_cast<int>(c));
-        else out += c;
+      default: {
+        const auto u = static_cast<unsigned char>(c);
+        if (u < 0x20 || u == 0x7f) {
+          out += fmt::format("\\u{:04x}", static_cast<int>(u));
+        } else if (u < 0x80) {
+          out += c;
+        } else if (size_t n = utf8Length(s, i); n > 0) {
+          out.append(s.substr(i, n));
+          i += n - 1;
+        } else {
+          out += "\xef\xbf\xbd";  // U+FFFD for a byte that is not UTF-8
+        }
+      }
     }
   }
 }
@@ -78,7 +114,9 @@ struct Writer {
   void str(std::string_view s) {
     out.push_back('"');
     bool plain = true;
-    for (char c : s) plain = plain && c != '"' && c != '\\' && static_cast<unsigned char>(c) >= 0x20;
+    for (char c : s)
+      plain = plain && c != '"' && c != '\\' && static_cast<unsigned char>(c) >= 0x20 &&
+              static_cast<unsigned char>(c) < 0x7f;
     if (plain) {
       raw(s);
     } else {
@@ -126,6 +164,54 @@ void flowEvent(Writer& w, int rank, uint32_t tid, int64_t ns, const std::string&
   w.out.push_back('}');
 }
 
+// The trace's tracks: each thread (or named track) is a tid, from 1 up; a named track whose spans
+// overlap (a group's collectives in flight together, concurrent RPCs) is spread over lanes, each a
+// tid after the threads', in which no two spans overlap. A thread's spans nest by construction, so
+// there a lane also takes a span that lies within its innermost open one (a second lane is needed
+// only where a span's end was raised to make it 1 ns long, past its parent's).
+struct Tracks {
+  std::vector<uint32_t> tidOf;  // per event
+  struct Lane {
+    uint32_t thread = 0;
+    uint32_t index = 0;  // 0: the thread's own tid (thread + 1)
+    uint32_t tid = 0;
+  };
+  std::vector<Lane> lanes;  // every thread's lane 0 first, in thread order, then the extra lanes
+
+  Tracks(const std::vector<Event>& ev, const std::vector<ThreadInfo>& threads) : tidOf(ev.size()) {
+    std::vector<std::vector<uint32_t>> byThread(threads.size());
+    for (uint32_t i = 0; i < ev.size(); ++i) byThread[ev[i].thread].push_back(i);
+    for (uint32_t t = 0; t < threads.size(); ++t) lanes.push_back({t, 0, t + 1});
+    auto before = [&](uint32_t a, uint32_t b) {
+      return ev[a].startNs != ev[b].startNs ? ev[a].startNs < ev[b].startNs : ev[a].endNs > ev[b].endNs;
+    };
+    for (uint32_t t = 0; t < threads.size(); ++t) {
+      std::vector<uint32_t>& idx = byThread[t];
+      if (!std::is_sorted(idx.begin(), idx.end(), before)) std::stable_sort(idx.begin(), idx.end(), before);
+      const bool nest = threads[t].osTid > 0;
+      std::vector<std::vector<int64_t>> open;  // per lane, the ends of its open spans, innermost last
+      std::vector<uint32_t> laneTids;
+      for (uint32_t i : idx) {
+        const Event& e = ev[i];
+        size_t lane = 0;
+        for (; lane < open.size(); ++lane) {
+          std::vector<int64_t>& ends = open[lane];
+          while (!ends.empty() && ends.back() <= e.startNs) ends.pop_back();
+          if (ends.empty() || (nest && ends.back() >= e.endNs)) break;
+        }
+        if (lane == open.size()) {
+          open.emplace_back();
+          const uint32_t tid = lane == 0 ? t + 1 : static_cast<uint32_t>(lanes.size()) + 1;
+          if (lane > 0) lanes.push_back({t, static_cast<uint32_t>(lane), tid});
+          laneTids.push_back(tid);
+        }
+        open[lane].push_back(e.endNs);
+        tidOf[i] = laneTids[lane];
+      }
+    }
+  }
+};
+
 }  // namespace
 
 std::string Profile::chromeTrace(int64_t clockOffsetNs, TraceStats* stats) {
@@ -142,17 +228,27 @@ std::string Profile::chromeTrace(int64_t clockOffsetNs, TraceStats* stats) {
   fmt::format_to(std::back_inserter(w.out),
                  R"({{"ph": "M", "name": "process_sort_index", "pid": {}, "tid": 0, "args": {{"sort_index": {}}}}})",
                  rank, rank);
-  for (uint32_t t = 0; t < threads_.size(); ++t) {
-    const ThreadInfo& th = threads_[t];
+  const Tracks tracks(ev, threads_);
+  // Threads in the order they first recorded, then the named tracks, each followed by its lanes.
+  std::vector<const Tracks::Lane*> order;
+  for (const Tracks::Lane& l : tracks.lanes) order.push_back(&l);
+  std::stable_sort(order.begin(), order.end(), [&](const Tracks::Lane* a, const Tracks::Lane* b) {
+    return std::pair(threads_[a->thread].osTid == 0, a->thread) < std::pair(threads_[b->thread].osTid == 0, b->thread);
+  });
+  for (size_t k = 0; k < order.size(); ++k) {
+    const Tracks::Lane& l = *order[k];
+    const ThreadInfo& th = threads_[l.thread];
+    std::string name = th.osTid > 0 ? fmt::format("{} ({})", th.name, th.osTid) : th.name;
+    if (l.index > 0) name += fmt::format(" #{}", l.index + 1);
     w.begin();
     fmt::format_to(std::back_inserter(w.out),
-                   R"({{"ph": "M", "name": "thread_name", "pid": {}, "tid": {}, "args": {{"name": )", rank, t);
-    w.str(th.osTid > 0 ? fmt::format("{} ({})", th.name, th.osTid) : th.name);
+                   R"({{"ph": "M", "name": "thread_name", "pid": {}, "tid": {}, "args": {{"name": )", rank, l.tid);
+    w.str(name);
     w.raw("}}");
     w.begin();
     fmt::format_to(std::back_inserter(w.out),
                    R"({{"ph": "M", "name": "thread_sort_index", "pid": {}, "tid": {}, "args": {{"sort_index": {}}}}})",
-                   rank, t, th.osTid > 0 ? t : 1000 + t);
+                   rank, l.tid, k);
   }
   // Forward ops by sequence number, to draw forward -> backward flows.
   std::unordered_map<uint64_t, size_t> forwardBySeq;
@@ -164,7 +260,7 @@ std::string Profile::chromeTrace(int64_t clockOffsetNs, TraceStats* stats) {
     w.begin();
     fmt::format_to(std::back_inserter(w.out), R"({{"ph": "X", "cat": "{}", "name": )", category(e.kind));
     w.str(e.name);
-    fmt::format_to(std::back_inserter(w.out), R"(, "pid": {}, "tid": {}, "ts": )", rank, e.thread);
+    fmt::format_to(std::back_inserter(w.out), R"(, "pid": {}, "tid": {}, "ts": )", rank, tracks.tidOf[i]);
     w.ts(start);
     w.raw(", \"dur\": ");
     w.ts(e.durationNs());
@@ -200,14 +296,15 @@ std::string Profile::chromeTrace(int64_t clockOffsetNs, TraceStats* stats) {
       else w.str(a.text);
     }
     w.raw("}}");
-    for (const Flow& f : e.flows) flowEvent(w, rank, e.thread, start, f.id, f.start, category(e.kind));
+    for (const Flow& f : e.flows) flowEvent(w, rank, tracks.tidOf[i], start, f.id, f.start, category(e.kind));
     if (e.kind == EventKind::Backward && e.seq != 0) {
       auto it = forwardBySeq.find(e.seq);
       if (it != forwardBySeq.end()) {
+        // One flow per backward span: a node run twice (retain_graph) must not start one id twice.
         const Event& fwd = ev[it->second];
-        const std::string id = fmt::format("fwdbwd/{}/{}", rank, e.seq);
-        flowEvent(w, rank, fwd.thread, fwd.startNs - clockOffsetNs, id, true, "fwdbwd");
-        flowEvent(w, rank, e.thread, start, id, false, "fwdbwd");
+        const std::string id = fmt::format("fwdbwd/{}/{}/{}", rank, e.seq, i);
+        flowEvent(w, rank, tracks.tidOf[it->second], fwd.startNs - clockOffsetNs, id, true, "fwdbwd");
+        flowEvent(w, rank, tracks.tidOf[i], start, id, false, "fwdbwd");
       }
     }
   }
@@ -222,7 +319,7 @@ std::string Profile::chromeTrace(int64_t clockOffsetNs, TraceStats* stats) {
       fmt::format_to(
           std::back_inserter(w.out),
           R"({{"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": {}, "tid": {}, "ts": )",
-          rank, m.thread);
+          rank, m.thread + 1);
       w.ts(ts);
       fmt::format_to(
           std::back_inserter(w.out),
@@ -311,7 +408,8 @@ std::string mergeTraces(const std::vector<std::string>& rankTraces) {
     }
   }
   // Each collective: how long each rank waited for the last one to arrive, how long it then took,
-  // and flows from the first rank's event to every other rank's.
+  // and flows from the event of the rank that arrived first to every other rank's (a flow must not
+  // end before it starts: Perfetto's JSON importer reads events in ts order and drops such an end).
   int64_t matched = 0;
   for (auto& [key, idx] : collectives) {
     if (idx.size() < 2) continue;
@@ -324,31 +422,40 @@ std::string mergeTraces(const std::vector<std::string>& rankTraces) {
       e["args"]["wait_us"] = std::round((lastStart - ts) * 1e3) / 1e3;
       e["args"]["move_us"] = std::round(std::max(0.0, ts + dur - lastStart) * 1e3) / 1e3;
     }
-    const json& first = out[idx[0]];
-    for (size_t j = 1; j < idx.size(); ++j) {
-      const json& e = out[idx[j]];
+    size_t src = 0;
+    for (size_t j = 1; j < idx.size(); ++j)
+      if (out[idx[j]]["ts"].get<double>() < out[idx[src]]["ts"].get<double>()) src = j;
+    // Copies: push_back may move the events these come from.
+    const json from = {{"pid", out[idx[src]]["pid"]}, {"tid", out[idx[src]]["tid"]}, {"ts", out[idx[src]]["ts"]}};
+    for (size_t j = 0; j < idx.size(); ++j) {
+      if (j == src) continue;
+      const json to = {{"pid", out[idx[j]]["pid"]}, {"tid", out[idx[j]]["tid"]}, {"ts", out[idx[j]]["ts"]}};
       const uint64_t id = flowId(fmt::format("coll/{}/{}/{}", key.first, key.second, j));
       out.push_back({{"ph", "s"},
                      {"cat", "collective"},
                      {"name", "collective"},
                      {"id", id},
-                     {"pid", first["pid"]},
-                     {"tid", first["tid"]},
-                     {"ts", first["ts"]}});
+                     {"pid", from["pid"]},
+                     {"tid", from["tid"]},
+                     {"ts", from["ts"]}});
       out.push_back({{"ph", "f"},
                      {"bp", "e"},
                      {"cat", "collective"},
                      {"name", "collective"},
                      {"id", id},
-                     {"pid", e["pid"]},
-                     {"tid", e["tid"]},
-                     {"ts", e["ts"]}});
+                     {"pid", to["pid"]},
+                     {"tid", to["tid"]},
+                     {"ts", to["ts"]}});
     }
   }
   std::sort(ranks.begin(), ranks.end());
   merged["displayTimeUnit"] = "ms";
   merged["cohort"] = {{"version", 1}, {"merged", true}, {"ranks", ranks}, {"matchedCollectives", matched}};
-  return merged.dump();
+  // nlohmann writes DEL raw, which older versions of Perfetto's JSON importer reject in a string (a
+  // 0x7f byte is never part of a UTF-8 sequence nor JSON's syntax, so only strings hold it).
+  std::string text = merged.dump();
+  for (size_t p = text.find('\x7f'); p != std::string::npos; p = text.find('\x7f', p)) text.replace(p, 1, "\\u007f");
+  return text;
 }
 
 }  // namespace cohort::profiler

@@ -3,11 +3,14 @@
 // is bit-identical with the profiler on and off.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
+#include <thread>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -34,6 +37,62 @@ const Event* findEvent(const std::vector<Event>& ev, const std::string& name, in
 
 std::string tempPath(const std::string& name) {
   return fmt::format("{}/cohort_profiler_{}_{}", ::testing::TempDir(), getpid(), name);
+}
+
+// What Perfetto's JSON importer (ui.perfetto.dev) needs beyond valid JSON and UTF-8 (which
+// nlohmann's parser checks): no raw DEL in a string (older versions reject the file); no tid 0
+// (it files tid 0 under tid == pid, another thread's track); complete events of one (pid, tid) that
+// nest or are disjoint (one that partly overlaps another is set aside, or dropped by older
+// versions); each flow (id, cat, name) started once and no later than its ends (it reads events in
+// ts order and drops an end whose start it has not seen), both ends at the start of a complete
+// event of their track (the span the flow binds to).
+void expectPerfettoReadsIt(const std::string& text) {
+  EXPECT_EQ(text.find('\x7f'), std::string::npos);
+  nlohmann::json t = nlohmann::json::parse(text);
+  using Track = std::pair<int64_t, int64_t>;
+  using FlowKey = std::tuple<uint64_t, std::string, std::string>;
+  auto ns = [](const nlohmann::json& us) { return std::llround(us.get<double>() * 1e3); };
+  std::map<Track, std::vector<std::pair<int64_t, int64_t>>> spans;  // start, end
+  std::map<FlowKey, int64_t> flowStarts;
+  std::vector<std::pair<FlowKey, int64_t>> flowEnds;
+  std::vector<std::pair<Track, int64_t>> flowPoints;
+  for (const auto& e : t.at("traceEvents")) {
+    const std::string ph = e.at("ph");
+    const bool processWide = ph == "C" || (ph == "M" && e["name"] != "thread_name" && e["name"] != "thread_sort_index");
+    if (!processWide) {
+      EXPECT_TRUE(e.at("tid").is_number_integer()) << e;
+      EXPECT_GT(e.at("tid").get<int64_t>(), 0) << e;
+    }
+    const Track track{e.at("pid").get<int64_t>(), e.value("tid", int64_t{0})};
+    if (ph == "X") {
+      spans[track].emplace_back(ns(e.at("ts")), ns(e.at("ts")) + ns(e.at("dur")));
+    } else if (ph == "s" || ph == "f") {
+      const FlowKey key{e.at("id").get<uint64_t>(), e.at("cat"), e.at("name")};
+      flowPoints.emplace_back(track, ns(e.at("ts")));
+      if (ph == "s") EXPECT_TRUE(flowStarts.emplace(key, ns(e.at("ts"))).second) << "flow started twice: " << e;
+      else flowEnds.emplace_back(key, ns(e.at("ts")));
+    }
+  }
+  for (const auto& [key, ts] : flowEnds) {
+    auto it = flowStarts.find(key);
+    ASSERT_NE(it, flowStarts.end()) << "flow " << std::get<0>(key) << " ends without a start";
+    EXPECT_LE(it->second, ts) << "flow " << std::get<0>(key) << " ends before it starts";
+  }
+  std::map<Track, std::set<int64_t>> spanStarts;
+  for (auto& [track, v] : spans) {
+    std::sort(v.begin(), v.end(),
+              [](auto a, auto b) { return a.first != b.first ? a.first < b.first : a.second > b.second; });
+    std::vector<int64_t> open;  // ends of the spans enclosing the next one, innermost last
+    for (auto [start, end] : v) {
+      spanStarts[track].insert(start);
+      while (!open.empty() && open.back() <= start) open.pop_back();
+      EXPECT_TRUE(open.empty() || open.back() >= end)
+          << "spans partly overlap on pid " << track.first << " tid " << track.second << " at " << start;
+      open.push_back(end);
+    }
+  }
+  for (const auto& [track, ts] : flowPoints)
+    EXPECT_TRUE(spanStarts[track].count(ts)) << "flow at " << ts << " binds no span";
 }
 
 TEST(Profiler, SelfAndTotalBytesPerOpAreExact) {
@@ -188,6 +247,21 @@ TEST(Profiler, ChromeTraceFollowsTheTraceEventFormat) {
     profiler::Range r("with \"quotes\" and \\ backslash");
     gelu(mm(x, x)).sum().backward();
   }
+  {
+    // Twice through the same graph: two backward spans per forward op, each with its own flow.
+    Tensor y = mm(x, x).sum();
+    y.backward(Tensor(), /*retainGraph=*/true);
+    y.backward();
+  }
+  std::thread([] {
+    profiler::Range r("del \x7f and a byte that is not UTF-8: \xff");
+    Tensor a = ones({4}) + 1.0;
+  }).join();
+  // Collectives in flight together on their group's track, as DDP's buckets are.
+  const int64_t t0 = profiler::detail::nowNs();
+  for (int64_t seq = 1; seq <= 3; ++seq)
+    profiler::detail::recordSpan(EventKind::Collective, "allreduce", "pg test", t0 + seq * 1000, t0 + seq * 1000 + 2500,
+                                 {profiler::Arg::str("group", "test"), profiler::Arg::num("seq", seq)});
   profiler::markStep();
   const std::string path = tempPath("trace.json");
   profiler::TraceStats stats = prof.exportChromeTrace(path);
@@ -200,7 +274,7 @@ TEST(Profiler, ChromeTraceFollowsTheTraceEventFormat) {
   ASSERT_TRUE(t["traceEvents"].is_array());
   std::set<std::string> phases;
   std::map<uint64_t, int> flowStarts, flowEnds;
-  bool sawMemory = false, sawRange = false, sawProcessName = false;
+  bool sawMemory = false, sawRange = false, sawProcessName = false, sawBadBytes = false;
   for (const auto& e : t["traceEvents"]) {
     const std::string ph = e.at("ph");
     phases.insert(ph);
@@ -212,6 +286,7 @@ TEST(Profiler, ChromeTraceFollowsTheTraceEventFormat) {
       EXPECT_TRUE(e.at("tid").is_number_integer());
       EXPECT_TRUE(e.at("name").is_string());
       if (e["name"] == "with \"quotes\" and \\ backslash") sawRange = true;
+      if (e["name"] == "del \x7f and a byte that is not UTF-8: \xef\xbf\xbd") sawBadBytes = true;
       if (e["name"] == "mm") {
         EXPECT_EQ(e["args"]["Input Dims"], nlohmann::json::parse("[[8, 8], [8, 8]]"));
         EXPECT_EQ(e["args"]["Input type"], nlohmann::json::parse(R"(["float32", "float32"])"));
@@ -237,9 +312,41 @@ TEST(Profiler, ChromeTraceFollowsTheTraceEventFormat) {
   EXPECT_TRUE(sawMemory);
   EXPECT_TRUE(sawRange);
   EXPECT_TRUE(sawProcessName);
+  EXPECT_TRUE(sawBadBytes);
   EXPECT_EQ(flowStarts, flowEnds);  // every flow has both ends
   EXPECT_TRUE(phases.count("C"));   // memory by category counter
+  std::set<std::string> tracks;
+  for (const auto& e : t["traceEvents"])
+    if (e["ph"] == "M" && e["name"] == "thread_name") tracks.insert(e["args"]["name"]);
+  EXPECT_TRUE(tracks.count("pg test") && tracks.count("pg test #2")) << "overlapping collectives get a second lane";
+  expectPerfettoReadsIt(ss.str());
   std::remove(path.c_str());
+}
+
+TEST(Profiler, MergedTraceFlowsLeaveTheRankThatArrivedFirst) {
+  // Rank 1 issues the collective 2 us before ranks 0 and 2: the flows must leave its event.
+  const int64_t t0 = profiler::detail::nowNs();
+  std::vector<std::string> traces;
+  for (int rank = 0; rank < 3; ++rank) {
+    Profile prof({.rank = rank});
+    const int64_t start = t0 + (rank == 1 ? 0 : 2000);
+    profiler::detail::recordSpan(EventKind::Collective, "allreduce", "pg world", start, t0 + 5000,
+                                 {profiler::Arg::str("group", "world"), profiler::Arg::num("seq", 1)});
+    traces.push_back(prof.chromeTrace());
+  }
+  const std::string merged = profiler::mergeTraces(traces);
+  expectPerfettoReadsIt(merged);
+  const nlohmann::json t = nlohmann::json::parse(merged);
+  int starts = 0, ends = 0;
+  for (const auto& e : t["traceEvents"]) {
+    if (e["ph"] == "s" && e["cat"] == "collective") {
+      ++starts;
+      EXPECT_EQ(e["pid"], 1);
+    }
+    if (e["ph"] == "f" && e["cat"] == "collective") ++ends;
+  }
+  EXPECT_EQ(starts, 2);
+  EXPECT_EQ(ends, 2);
 }
 
 TEST(Profiler, RingKeepsTheLastSteps) {
