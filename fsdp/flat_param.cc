@@ -19,8 +19,8 @@ Tensor viewOfStorage(const std::shared_ptr<Storage>& storage, int64_t offset, co
 }
 
 FlatParamHandle::FlatParamHandle(std::string label, std::vector<FlatParamInfo> params, FlatParamGroups groups,
-                                 DType masterDtype, DType computeDtype, DType reduceDtype)
-    : label_(std::move(label)), params_(std::move(params)), groups_(std::move(groups)), masterDtype_(masterDtype),
+                                 DType shardDtype, DType computeDtype, DType reduceDtype)
+    : label_(std::move(label)), params_(std::move(params)), groups_(std::move(groups)), shardDtype_(shardDtype),
       computeDtype_(computeDtype), reduceDtype_(reduceDtype) {
   COHORT_CHECK(!params_.empty(), "FlatParamHandle '{}': a unit needs at least one parameter", label_);
   autograd::NoGradGuard noGrad;
@@ -35,7 +35,7 @@ FlatParamHandle::FlatParamHandle(std::string label, std::vector<FlatParamInfo> p
   const int64_t lo = shardRank() * shardNumel_, hi = lo + shardNumel_;
 
   // This rank's shard of the flat buffer, from the module's current values; padding is zero.
-  shard_ = zeros({shardNumel_}, {.dtype = masterDtype_});
+  shard_ = zeros({shardNumel_}, {.dtype = shardDtype_});
   for (auto& p : params_) {
     const int64_t b = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
     if (b < e) {
@@ -46,7 +46,7 @@ FlatParamHandle::FlatParamHandle(std::string label, std::vector<FlatParamInfo> p
   shard_.setRequiresGrad(true);
   setMemoryCategory(shard_, MemoryCategory::Parameters);
 
-  aliased_ = s == 1 && computeDtype_ == masterDtype_;
+  aliased_ = s == 1 && computeDtype_ == shardDtype_;
   if (aliased_) {
     fullStorage_ = shard_.storage();
     gathered_ = true;
@@ -136,7 +136,7 @@ void FlatParamHandle::startGather() {
   if (fullStorage_->released())
     fullStorage_->reallocate(static_cast<size_t>(paddedNumel_) * elementSize(computeDtype_));
   gatherStartNs_ = profiler::detail::active() ? profiler::detail::nowNs() : 0;
-  gatherInput_ = computeDtype_ == masterDtype_ ? shard_.detach() : shard_.detach().to(computeDtype_);
+  gatherInput_ = computeDtype_ == shardDtype_ ? shard_.detach() : shard_.detach().to(computeDtype_);
   if (shardSize() == 1) {
     fullFlat_.copy_(gatherInput_);
     gatherInput_ = Tensor();
@@ -208,7 +208,7 @@ Tensor FlatParamHandle::startReduce(const std::vector<Tensor>& grads) {
   const bool shardReduce = shardSize() > 1;
   const bool replicate = groups_.replicate && groups_.replicate->size() > 1;
   gradShard_ = shardReduce ? empty({shardNumel_}, {.dtype = reduceDtype_}) : flatGrad_;
-  gradOut_ = reduceDtype_ == masterDtype_ ? gradShard_ : empty({shardNumel_}, {.dtype = masterDtype_});
+  gradOut_ = reduceDtype_ == shardDtype_ ? gradShard_ : empty({shardNumel_}, {.dtype = shardDtype_});
   if (shardReduce) {
     reducePending_ = groups_.shard->reduceScatterTensor(gradShard_, flatGrad_, {.op = dist::ReduceOp::Avg});
     reducePendingIsShard_ = true;

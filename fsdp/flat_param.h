@@ -4,8 +4,8 @@
  * The unit's parameters (in module traversal order) are laid end to end in a flat buffer of
  * `paddedNumel` elements, padded with zeros to a multiple of the shard group's size S. Rank r of
  * the shard group owns elements [r * shardNumel, (r + 1) * shardNumel): `shard()` is that slice, a
- * float32 (or the parameters' own dtype) leaf tensor that requires grad and is what the optimizer
- * sees, so optimizer state is sharded with it.
+ * leaf tensor of the parameters' own dtype that requires grad and is what the optimizer sees, so
+ * optimizer state (float32 master weights of a half-precision model included) is sharded with it.
  *
  * Parameter handles: each module parameter keeps its own TensorImpl for good, so every handle to
  * it (the module's registry, a member the module kept from registerParameter, any other copy of
@@ -23,14 +23,14 @@
  * managed (autograd::setManagedBy), so an optimizer or clipGradNorm given them instead of the
  * shards is an error, not a silent no-op.
  *
- * With S == 1 and compute dtype == master dtype (NO_SHARD without mixed precision), the full
+ * With S == 1 and compute dtype == shard dtype (NO_SHARD without mixed precision), the full
  * buffer is the shard's own storage: nothing is gathered or freed, the optimizer's in-place update
  * is what the module sees.
  *
  * Gradients: after the unit's backward, the parameters' gradients are copied into a flat gradient
  * buffer (reduce dtype, zero padding), reduce-scattered with Avg over the shard group, all-reduced
  * with Avg over the replicate group (HYBRID_SHARD, NO_SHARD), and handed to autograd as the shard's
- * gradient (master dtype), which accumulates it into shard().grad.
+ * gradient (shard dtype), which accumulates it into shard().grad.
  *
  * Threads: the thread driving forward and backward; collectives are issued on it in the same
  * order on every rank.
@@ -72,7 +72,7 @@ class FlatParamHandle {
  public:
   // `params` carry name, slots, shape and `param`; offsets are assigned here. The parameters'
   // values are copied into the shard, then each parameter is pointed at the full buffer.
-  FlatParamHandle(std::string label, std::vector<FlatParamInfo> params, FlatParamGroups groups, DType masterDtype,
+  FlatParamHandle(std::string label, std::vector<FlatParamInfo> params, FlatParamGroups groups, DType shardDtype,
                   DType computeDtype, DType reduceDtype);
   ~FlatParamHandle();
   FlatParamHandle(const FlatParamHandle&) = delete;
@@ -110,7 +110,7 @@ class FlatParamHandle {
   void restParams();
 
   // Backward: flattens `grads` (one per parameter; undefined = none) into a flat gradient buffer
-  // and launches its reduction. Returns the tensor that holds the shard's gradient (master dtype)
+  // and launches its reduction. Returns the tensor that holds the shard's gradient (shard dtype)
   // once finishReduce() has run; until then its contents are not ready.
   Tensor startReduce(const std::vector<Tensor>& grads);
   void finishReduce();
@@ -125,7 +125,7 @@ class FlatParamHandle {
   std::string label_;
   std::vector<FlatParamInfo> params_;
   FlatParamGroups groups_;
-  DType masterDtype_, computeDtype_, reduceDtype_;
+  DType shardDtype_, computeDtype_, reduceDtype_;
   int64_t numel_ = 0, paddedNumel_ = 0, shardNumel_ = 0;
   Tensor shard_;
   std::shared_ptr<Storage> fullStorage_;

@@ -227,7 +227,6 @@ void FullyShardedDataParallel::buildUnits() {
   for (const Pending& pu : pending)
     for (const FlatParamInfo& p : pu.params) before.emplace_back(p.param.storage(), p.name);
 
-  const DType master = DType::Float32;
   for (size_t k = 0; k < pending.size(); ++k) {
     Pending& pu = pending[k];
     if (pu.params.empty()) continue;
@@ -238,7 +237,8 @@ void FullyShardedDataParallel::buildUnits() {
                                             "{} for '{}'); one flat parameter holds one dtype",
                                             pu.path, own, pu.params.front().name, p.param.dtype(), p.name));
     }
-    const DType masterDt = isFloating(own) && own != DType::Float64 ? master : own;
+    // The shard keeps the parameters' dtype. Float32 master weights of a bfloat16/float16 model are
+    // the optimizer's (Optimizer::setMasterWeights), sharded with the rest of its state.
     const DType compute = opts_.mixedPrecision.paramDtype.value_or(own);
     const DType reduce = opts_.mixedPrecision.reduceDtype.value_or(compute);
     Unit unit;
@@ -246,7 +246,7 @@ void FullyShardedDataParallel::buildUnits() {
     unit.module = pu.module;
     if (k == 0) hasRootUnit_ = true;
     unit.handle = std::make_unique<FlatParamHandle>(pu.path.empty() ? "<root>" : pu.path, std::move(pu.params), groups_,
-                                                    masterDt, compute, reduce);
+                                                    own, compute, reduce);
     units_.push_back(std::move(unit));
   }
   if (units_.empty()) throw ValueError("FullyShardedDataParallel: the module has no parameters");

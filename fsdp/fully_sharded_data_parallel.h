@@ -84,8 +84,11 @@ struct ModuleTypePolicy {
 // size_based_auto_wrap_policy).
 AutoWrapPolicy wrapBySize(int64_t minNumel);
 
-// Unset fields keep the module's dtype. The optimizer's shards stay float32 (master weights);
-// paramDtype is what forward and backward compute in, reduceDtype what gradients travel in.
+// Unset fields keep the module's dtype. The optimizer's shards keep the module's dtype (a float32
+// model's shards stay float32 whatever the model computes in); paramDtype is what forward and
+// backward compute in, reduceDtype what gradients travel in. A model stored in bfloat16/float16
+// gets float32 master weights from its optimizer, as an unwrapped one does: call
+// setMasterWeights() on the optimizer built over parameters() (the masters are sharded too).
 struct MixedPrecision {
   std::optional<DType> paramDtype{};
   std::optional<DType> reduceDtype{};  // defaults to paramDtype

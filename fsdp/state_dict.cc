@@ -25,7 +25,7 @@ using json = nlohmann::json;
 int numShards(const FullyShardedDataParallel& f) { return f.groups().shard ? f.groups().shard->size() : 1; }
 int shardIndex(const FullyShardedDataParallel& f) { return f.groups().shard ? f.groups().shard->rank() : 0; }
 
-// The unit's whole flat parameter (padded) in master dtype: an all-gather over the shard group.
+// The unit's whole flat parameter (padded) in the shard dtype: an all-gather over the shard group.
 Tensor gatherMaster(FullyShardedDataParallel& f, FlatParamHandle& h) {
   if (h.shardSize() == 1) return h.shard().detach();
   Tensor out = empty({h.paddedNumel()}, {.dtype = h.shard().dtype()});
@@ -458,8 +458,10 @@ std::function<void()> prepareShardedLoad(FullyShardedDataParallel& f, const std:
       }
       osd.tensors[fmt::format("state.{}.step", u)] =
           full(Shape{}, static_cast<double>(*first.step), {.dtype = DType::Float32});
-      for (const auto& [key, unused] : first.state) {
-        Tensor s = zeros({h.shardNumel()}, {.dtype = h.shard().dtype()});
+      for (const auto& [key, firstPieces] : first.state) {
+        // The state's own dtype, not the shard's: a bfloat16 model's float32 master weights and
+        // moments stay float32.
+        Tensor s = zeros({h.shardNumel()}, {.dtype = firstPieces.front().data.dtype()});
         for (const auto& p : h.params()) {
           auto pit = ck.at(p.name).state.find(key);
           if (pit == ck.at(p.name).state.end())

@@ -2,7 +2,7 @@
  * FSDP state dicts and checkpoints.
  *
  * Full state dict: the wrapped module's own stateDict() keys and order (tied weights under every
- * name), with the full parameters gathered from the shards (master dtype, float32) and copies of
+ * name), with the full parameters gathered from the shards (the parameters' dtype) and copies of
  * the buffers: a plain, non-distributed module loads it with loadStateDict, and
  * io::saveSafetensors(path, dict) writes a file PyTorch reads. Collective over the shard group.
  *

@@ -20,6 +20,7 @@
 #include <cohort/core/util/error.h>
 #include <cohort/fsdp/state_dict.h>
 
+#include "core/test_util.h"
 #include "distributed/store/store_test_util.h"  // TempDir
 #include "fsdp/fsdp_test_util.h"
 
@@ -46,20 +47,27 @@ FSDPOptions blockUnits() { return {.autoWrapPolicy = wrapModuleTypes({"Block"})}
 
 // `world` FSDP ranks over Net(seed + r) (rank 0's weights win), AdamW; loads `loadDir` first
 // when set, trains steps [from, to), saves to `saveDir` when set. Returns rank 0's full state dict.
+// With bf16Masters the model is stored in bfloat16 and the optimizer keeps float32 master weights.
 nn::StateDict trainFsdp(int world, int from, int to, const std::string& loadDir, const std::string& saveDir,
-                        uint64_t seed = 42) {
+                        uint64_t seed = 42, bool bf16Masters = false) {
   nn::StateDict result;
   ThreadWorld tw("gloo", world);
   tw.run([&](int r) {
     auto net = std::make_shared<Net>(seed + r);
+    if (bf16Masters) net->to(DType::BFloat16);
     FullyShardedDataParallel f(net, borrow(tw.pg(r)), blockUnits());
     auto opt = makeOptimizer(/*adamw=*/true, f.parameters());
+    if (bf16Masters) opt->setMasterWeights();
     if (!loadDir.empty()) loadShardedCheckpoint(f, loadDir, opt.get());
     for (int step = from; step < to; ++step) {
       opt->zeroGrad();
-      F::mseLoss(f(sliceOf(globalX(step), r, world)), sliceOf(globalY(step), r, world)).backward();
+      const Tensor x = sliceOf(globalX(step), r, world).to(net->parameters().front().dtype());
+      F::mseLoss(f(x).to(DType::Float32), sliceOf(globalY(step), r, world)).backward();
       opt->step();
     }
+    if (bf16Masters && from < to)
+      for (const Tensor& shard : f.parameters())
+        EXPECT_EQ(opt->state(shard)->tensors.at("master").dtype(), DType::Float32) << "rank " << r;
     if (!saveDir.empty()) saveShardedCheckpoint(f, saveDir, opt.get());
     nn::StateDict sd = fullStateDict(f, {.rank0Only = true});
     if (r == 0) result = sd;
@@ -160,6 +168,24 @@ TEST(FSDPStateDict, ShardedCheckpointOfNRanksResumesOnMRanksAsOneProcess) {
       expectClose(sd, ref, 1e-5, fmt::format("{} -> {}", n, m));
     }
   }
+}
+
+// A bfloat16 model's float32 master weights are optimizer state like the moments: saved with the
+// shards and resharded on load. Resumed on the same world size, training continues bit for bit
+// as if never stopped (masters rebuilt from the bfloat16 shards would lose the bits below them);
+// on another world size it stays within bf16 rounding of that run.
+TEST(FSDPStateDict, ShardedCheckpointCarriesABFloat16ModelsMasterWeights) {
+  TempDir dir;
+  const nn::StateDict straight = trainFsdp(2, 0, 4, "", "", 42, /*bf16Masters=*/true);
+  trainFsdp(2, 0, 2, "", dir.file("ckpt"), 42, /*bf16Masters=*/true);
+  const nn::StateDict resumed = trainFsdp(2, 2, 4, dir.file("ckpt"), "", 1234, /*bf16Masters=*/true);
+  for (const auto& [k, v] : straight) {
+    ASSERT_NE(resumed.find(k), nullptr) << k;
+    EXPECT_EQ(v.dtype(), DType::BFloat16) << k;
+    EXPECT_TRUE(cohort::testing::sameBits(*resumed.find(k), v)) << k;
+  }
+  const nn::StateDict onThree = trainFsdp(3, 2, 4, dir.file("ckpt"), "", 1234, /*bf16Masters=*/true);
+  expectClose(onThree, straight, 2e-2, "2 -> 3 ranks");
 }
 
 // Runs `world` ranks that each build FSDP over `makeNet()`, then try to load `dir`: every rank must

@@ -25,6 +25,7 @@
 #include <cohort/core/profiler/profiler.h>
 #include <cohort/fsdp/fully_sharded_data_parallel.h>
 
+#include "core/test_util.h"
 #include "distributed/pg_test_util.h"
 #include "fsdp/fsdp_test_util.h"
 
@@ -331,6 +332,64 @@ TEST(FSDP, AUnitWhoseOutputIsUnusedIsReducedAsZerosAtTheEndOfBackward) {
       [](uint64_t seed) { return std::make_shared<NetWithIdleBlock>(seed); },
       [](nn::Module& m, int r, int step) { return F::mseLoss(m(inputs(r, step)), targets(r, step)); });
   expectMatchesReference(o, kFp32Tol);
+}
+
+// A model stored in bfloat16 (not FSDP's mixed precision): its shards are bfloat16, and the
+// optimizer's own float32 master weights (Optimizer::setMasterWeights) serve them as they serve
+// any half parameter, with no second mechanism in FSDP: every shard is its float32 master rounded
+// once, the moments are float32, the ranks agree bit for bit, and training stays within bf16
+// rounding of one process training the same bfloat16 model, with masters, on the whole batch.
+TEST(FSDP, ABFloat16ModelsShardsTakeTheOptimizersFloat32MasterWeights) {
+  constexpr int kWorld = 2, kSteps = 3;
+  auto makeNet = [](uint64_t seed) {
+    auto net = std::make_shared<Net>(seed);
+    net->to(DType::BFloat16);
+    return net;
+  };
+  auto loss = [](nn::Module& m, int r, int step) {
+    return F::mseLoss(m(inputs(r, step).to(DType::BFloat16)).to(DType::Float32), targets(r, step));
+  };
+  auto makeOpt = [](const std::vector<Tensor>& params) {
+    auto opt = std::make_unique<optim::AdamW>(params, optim::AdamWOptions{.lr = 0.01, .weightDecay = 0.1});
+    opt->setMasterWeights();
+    return opt;
+  };
+  std::vector<std::vector<Tensor>> got(kWorld);
+  ThreadWorld tw("gloo", kWorld);
+  tw.run([&](int r) {
+    auto net = makeNet(42);
+    FullyShardedDataParallel f(net, borrow(tw.pg(r)), {.autoWrapPolicy = wrapModuleTypes({"Block"})});
+    auto opt = makeOpt(f.parameters());
+    for (int step = 0; step < kSteps; ++step) {
+      opt->zeroGrad();
+      loss(f, r, step).backward();
+      opt->step();
+    }
+    for (const Tensor& shard : f.parameters()) {
+      EXPECT_EQ(shard.dtype(), DType::BFloat16);
+      const optim::ParamState* st = opt->state(shard);
+      ASSERT_NE(st, nullptr);
+      const Tensor& master = st->tensors.at("master");
+      EXPECT_EQ(master.dtype(), DType::Float32);
+      EXPECT_TRUE(cohort::testing::sameBits(shard.detach(), master.to(DType::BFloat16)));
+      for (const auto& [k, t] : st->tensors) EXPECT_EQ(t.dtype(), DType::Float32) << k;
+    }
+    FullyShardedDataParallel::SummonFullParams full(f);
+    for (const Tensor& p : net->parameters()) got[r].push_back(p.detach().to(DType::Float32));
+  });
+  auto ref = makeNet(42);
+  auto opt = makeOpt(ref->parameters());
+  for (int step = 0; step < kSteps; ++step) {
+    opt->zeroGrad();
+    ((loss(*ref, 0, step) + loss(*ref, 1, step)) / 2.0).backward();
+    opt->step();
+  }
+  const std::vector<Tensor> want = ref->parameters();
+  ASSERT_EQ(got[0].size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_LE((got[0][i] - want[i].detach().to(DType::Float32)).abs().max().item<double>(), 2e-2) << "parameter " << i;
+    EXPECT_TRUE(cohort::testing::sameBits(got[1][i], got[0][i])) << "parameter " << i;
+  }
 }
 
 TEST(FSDP, MixedPrecisionWithBf16ReductionStaysClose) {
