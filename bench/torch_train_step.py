@@ -3,9 +3,11 @@
 one thread, same shapes as cohort's bench/train_step.cc. Prints one JSON line per model, with the
 peak memory of one step as PyTorch's profiler reports it (step_peak_mb: see step_peak_mb()).
 --amp bf16 runs forward and loss under torch.autocast("cpu", dtype=torch.bfloat16) (PyTorch 1.13's
-CPU autocast has no float16).
+CPU autocast has no float16). --profiler on times the steps under torch.profiler (profile_memory,
+record_shapes); --profiler paired alternates steps without and with it, as bench/train_step.cc does.
 
   /usr/bin/python3 bench/torch_train_step.py [--steps N] [--warmup N] [--model mlp|gpt|all] [--amp none|bf16]
+      [--profiler off|on|paired]
 """
 import argparse
 import json
@@ -26,7 +28,7 @@ from torch_reference import GPT  # noqa: E402  (the same nanoGPT layout as cohor
 
 
 AMP = None  # torch.bfloat16 under --amp bf16
-PROFILER = False  # --profiler on
+PROFILER = "off"  # --profiler off|on|paired
 
 
 def autocast():
@@ -49,19 +51,45 @@ def step_peak_mb(step):
     return peak / 2**20
 
 
+def timed(step):
+    t0 = time.process_time()  # CPU time, as bench/train_step.cc (the machines are shared)
+    step()
+    return (time.process_time() - t0) * 1e3
+
+
+def bench_profile():
+    from torch.profiler import ProfilerActivity, profile
+    return profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True)
+
+
+def paired_steps(step, steps):
+    """--profiler paired, as bench/train_step.cc: steps without and with a fresh profile alternating
+    in this process (off, on, on, off, ...). Returns the medians off and on and the per-pair ratios
+    (on / off)."""
+    off, on, ratios = [], [], []
+    for i in range(steps):
+        for half in range(2):
+            if (half == 0) == (i % 2 == 0):
+                off.append(timed(step))
+                continue
+            with bench_profile():
+                on.append(timed(step))
+        ratios.append(on[-1] / off[-1])
+    return statistics.median(off), statistics.median(on), ratios
+
+
 def time_steps(step, steps, warmup):
     for _ in range(warmup):
         step()
+    if PROFILER == "paired":
+        return paired_steps(step, steps)
     times = []
     prof = None
-    if PROFILER:  # --profiler on: the timed steps under PyTorch's profiler with profile_memory
-        from torch.profiler import ProfilerActivity, profile
-        prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True)
+    if PROFILER == "on":  # the timed steps under PyTorch's profiler with profile_memory
+        prof = bench_profile()
         prof.__enter__()
     for _ in range(steps):
-        t0 = time.process_time()  # CPU time, as bench/train_step.cc (the machines are shared)
-        step()
-        times.append((time.process_time() - t0) * 1e3)
+        times.append(timed(step))
     if prof is not None:
         prof.__exit__(None, None, None)
         return statistics.median(times), 0.0
@@ -109,14 +137,24 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--model", default="all")
     ap.add_argument("--amp", default="none", choices=["none", "bf16"])
-    ap.add_argument("--profiler", default="off", choices=["off", "on"])
+    ap.add_argument("--profiler", default="off", choices=["off", "on", "paired"])
     a = ap.parse_args()
     global AMP, PROFILER
-    PROFILER = a.profiler == "on"
+    PROFILER = a.profiler
     AMP = torch.bfloat16 if a.amp == "bf16" else None
     torch.set_num_threads(1)
 
     def line(model, result):
+        if PROFILER == "paired":
+            off, on, ratios = result
+            for prof, ms in (("off", off), ("on", on)):
+                row = {"model": model, "amp": a.amp, "profiler": prof, "ms_per_step": ms, "paired": True,
+                       "pairs": len(ratios)}
+                if prof == "on":
+                    row["overhead_pct"] = round(100 * (statistics.median(ratios) - 1), 2)
+                    row["ratios"] = [round(r, 4) for r in ratios]
+                print(json.dumps(row), flush=True)
+            return
         ms, peak = result
         print(json.dumps({"model": model, "amp": a.amp, "profiler": a.profiler, "ms_per_step": ms,
                           "step_peak_mb": round(peak, 1)}),

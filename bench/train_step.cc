@@ -11,8 +11,14 @@
 //
 // --profiler on runs the timed steps under a profiler::Profile recording memory and shapes (the
 // profiler's overhead; "profiler" in the JSON line, with the trace's bytes per step).
+// --profiler paired measures that overhead side by side in one process: 2 x steps timed steps
+// alternating without and with a profile (off, on, on, off, ...: drift cancels), each "on" step under a
+// fresh profile, and prints two lines, "off" and "on", the latter with "overhead_pct", the median
+// of the per-pair ratios ("ratios", on / off), and the spans and memory events one step records. Between processes the
+// step time of these shared machines varies by 10-15%, far more than the profiler costs.
 //
-//   build/bench/train_step [--steps N] [--model mlp|gpt|all] [--amp none|bf16|fp16] [--profile] [--profiler off|on]
+//   build/bench/train_step [--steps N] [--model mlp|gpt|all] [--amp none|bf16|fp16] [--profile]
+//                          [--profiler off|on|paired]
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -48,15 +54,50 @@ struct Phases {
   }
 };
 
-bool gProfiler = false;
+enum class ProfilerMode { Off, On, Paired };
+ProfilerMode gProfiler = ProfilerMode::Off;
 int64_t gTraceBytesPerStep = 0;
+
+// --profiler paired: the "off" steps, the "on" steps, and what one "on" step recorded.
+struct Paired {
+  Phases off, on;
+  std::vector<double> ratios;  // on / off, per pair
+  int64_t spans = 0, memoryEvents = 0;
+};
+Paired gPaired;
+
+profiler::ProfileOptions benchProfile() { return {.memory = true, .shapes = true}; }
 
 template <typename Step>
 Phases timeSteps(int warmup, int steps, Step&& step) {
   Phases p;
   for (int i = 0; i < warmup; ++i) step(nullptr);
+  if (gProfiler == ProfilerMode::Paired) {
+    gPaired = {};
+    for (int i = 0; i < steps; ++i) {
+      double off = 0, on = 0;
+      for (int half = 0; half < 2; ++half) {
+        if ((half == 0) == (i % 2 == 0)) {
+          step(&gPaired.off);
+          off = gPaired.off.total.back();
+          continue;
+        }
+        profiler::Profile prof(benchProfile());
+        step(&gPaired.on);
+        on = gPaired.on.total.back();
+        prof.stop();
+        gPaired.spans = static_cast<int64_t>(prof.events().size());
+        gPaired.memoryEvents = static_cast<int64_t>(prof.memoryEvents().size());
+        profiler::TraceStats stats;
+        (void)prof.chromeTrace(0, &stats);
+        gTraceBytesPerStep = stats.bytes;
+      }
+      gPaired.ratios.push_back(on / off);
+    }
+    return gPaired.off;
+  }
   std::unique_ptr<profiler::Profile> prof;
-  if (gProfiler) prof = std::make_unique<profiler::Profile>(profiler::ProfileOptions{.memory = true, .shapes = true});
+  if (gProfiler == ProfilerMode::On) prof = std::make_unique<profiler::Profile>(benchProfile());
   resetPeakMemory();
   for (int i = 0; i < steps; ++i) {
     const int64_t liveBefore = memoryStats().bytesLive;
@@ -79,19 +120,35 @@ std::optional<DType> ampDType(const std::string& amp) {
   return std::nullopt;
 }
 
-void report(const char* model, const std::string& amp, const Phases& p, bool profile) {
+void reportLine(const char* model, const std::string& amp, const Phases& p, bool profile, bool on,
+                const std::string& extra) {
   const double mb = 1 << 20;
   fmt::print(
       "{{\"model\": \"{}\", \"amp\": \"{}\", \"ms_per_step\": {:.3f}, \"peak_mb\": {:.1f}, \"step_peak_mb\": {:.1f}",
       model, amp, Phases::median(p.total), static_cast<double>(memoryStats().peakBytes) / mb,
       static_cast<double>(p.stepPeakBytes) / mb);
-  fmt::print(", \"profiler\": \"{}\"", gProfiler ? "on" : "off");
-  if (gProfiler) fmt::print(", \"trace_bytes_per_step\": {}", gTraceBytesPerStep);
+  fmt::print(", \"profiler\": \"{}\"", on ? "on" : "off");
+  if (on) fmt::print(", \"trace_bytes_per_step\": {}", gTraceBytesPerStep);
+  fmt::print("{}", extra);
   if (profile)
     fmt::print(", \"forward_ms\": {:.3f}, \"backward_ms\": {:.3f}, \"optimizer_ms\": {:.3f}", Phases::median(p.fwd),
                Phases::median(p.bwd), Phases::median(p.opt));
   fmt::print("}}\n");
   std::fflush(stdout);
+}
+
+void report(const char* model, const std::string& amp, const Phases& p, bool profile) {
+  if (gProfiler != ProfilerMode::Paired) {
+    reportLine(model, amp, p, profile, gProfiler == ProfilerMode::On, "");
+    return;
+  }
+  const std::string paired = fmt::format(", \"paired\": true, \"pairs\": {}", gPaired.ratios.size());
+  reportLine(model, amp, gPaired.off, profile, false, paired);
+  reportLine(model, amp, gPaired.on, profile, true,
+             paired + fmt::format(", \"overhead_pct\": {:.2f}, \"ratios\": [{:.4f}], \"spans_per_step\": {}, "
+                                  "\"memory_events_per_step\": {}",
+                                  100 * (Phases::median(gPaired.ratios) - 1), fmt::join(gPaired.ratios, ", "),
+                                  gPaired.spans, gPaired.memoryEvents));
 }
 
 template <typename Model, typename Opt>
@@ -135,10 +192,14 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"none", "bf16", "fp16"}));
   app.add_flag("--profile", profile, "also report forward/backward/optimizer time");
   std::string profilerMode = "off";
-  app.add_option("--profiler", profilerMode, "on: time the steps under the profiler (memory and shapes recorded)")
-      ->check(CLI::IsMember({"off", "on"}));
+  app.add_option("--profiler", profilerMode,
+                 "on: time the steps under the profiler (memory and shapes recorded); paired: steps without and "
+                 "with it alternating in one process")
+      ->check(CLI::IsMember({"off", "on", "paired"}));
   CLI11_PARSE(app, argc, argv);
-  gProfiler = profilerMode == "on";
+  gProfiler = profilerMode == "on"       ? ProfilerMode::On
+              : profilerMode == "paired" ? ProfilerMode::Paired
+                                         : ProfilerMode::Off;
   blas::setNumThreads(1);
   const std::optional<DType> amp = ampDType(ampName);
   // Loss scaling only where float16 needs it; a disabled scaler is a plain backward and step.
