@@ -118,6 +118,11 @@ int main(int argc, char** argv) {
     aF16 = a.to(DType::Float16);
   } catch (const Error&) {
   }
+  // Rows of the reference GPT's width for layer norm (the last n % 384 elements are left out).
+  const Tensor aRows = a.narrow(0, 0, n / 384 * 384).view({n / 384, 384});
+  const Tensor aBf16Rows = aBf16.defined() ? aBf16.narrow(0, 0, n / 384 * 384).view({n / 384, 384}) : Tensor();
+  const Tensor lnWeight = rand({384}) + 0.5, lnBias = rand({384});
+  const Tensor lnWeightBf16 = lnWeight.to(DType::BFloat16), lnBiasBf16 = lnBias.to(DType::BFloat16);
   std::vector<char> src(static_cast<size_t>(n) * 4), dst(static_cast<size_t>(n) * 4);
   std::memset(src.data(), 1, src.size());
   std::memset(dst.data(), 2, dst.size());
@@ -231,6 +236,13 @@ int main(int argc, char** argv) {
        [&] {
          if (!aF16.defined()) throw NotSupportedError("to(float16) is not available");
          return aF16.to(DType::Float32);
+       }},
+      {"layerNorm over 384 (weight, bias)", 8,
+       [&] { return nn::functional::layerNorm(aRows, {384}, lnWeight, lnBias, 1e-5); }},
+      {"bfloat16 layerNorm over 384 (weight, bias)", 4,
+       [&] {
+         if (!aBf16.defined()) throw NotSupportedError("to(bfloat16) is not available");
+         return nn::functional::layerNorm(aBf16Rows, {384}, lnWeightBf16, lnBiasBf16, 1e-5);
        }},
       {"sum (all)", 4, [&] { return sum(a); }},
       {"sum over last dim [4096,4096]", 4, [&] { return sum(a2, {1}); }},
