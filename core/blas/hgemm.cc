@@ -3,7 +3,6 @@
 #include <dlfcn.h>
 
 #include <algorithm>
-#include <chrono>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -294,11 +293,19 @@ std::shared_ptr<MatmulPrim> cachedMatmul(const DnnlMatmul& api, const MatmulKey&
   return p;
 }
 
-// Whether hgemm runs `t` on oneDNN: decided once per type. oneDNN must have a non-reference
-// matmul for it, and with COHORT_HGEMM=auto that matmul must also beat widening to float32 on a
-// 512^3 product by kNativeMargin: on CPUs whose bf16 dot-product instructions issue at the
-// float32 FMA rate, the widened path (float32 GEMM plus an O(n^2) conversion) is as fast or
-// faster, and where bf16 runs at twice the float32 rate oneDNN wins by far more than the margin.
+// Whether hgemm runs `t` on oneDNN: decided once per type, from the CPU and the kernel oneDNN's
+// matmul would run, never from timing. oneDNN must have a non-reference matmul for it, and with
+// COHORT_HGEMM=auto it must be a kernel that beats widening to float32 (the float32 GEMM plus an
+// O(n^2) conversion) by far:
+//   - an AMX kernel (its implementation name says "amx"): tiles multiply bf16 several times faster
+//     than the float32 FMA units;
+//   - an AVX512-BF16 kernel ("bf16" in the name) on an AMD CPU: Zen 4 issues the bf16 dot product
+//     at twice its float32 FMA rate (PyTorch's oneDNN bf16 matmul ran at 213 GFLOP/s against 102
+//     in float32 on one EPYC core).
+// Intel's AVX512-BF16 without AMX (Cooper Lake, or AMX hidden by a hypervisor) issues it at the
+// FMA rate, and there widening is faster (117.7 against 79.1 GFLOP/s at 1024^3 on one core, see
+// docs/benchmarks.md). The two paths sum in different orders, so a choice made by timing, which
+// load can flip from run to run, would make two runs of one job round differently.
 struct NativeProbe {
   bool ok = false;
   std::string why;   // why not, when !ok
@@ -307,21 +314,6 @@ struct NativeProbe {
 };
 
 void hgemmDnnl(const DnnlMatmul& api, const MatmulKey& key, const uint16_t* a, const uint16_t* b, void* c);
-
-// How much faster oneDNN's half matmul must measure than widening for hgemm to choose it.
-constexpr double kNativeMargin = 1.5;
-
-// Seconds for the fastest of five runs of `fn`.
-template <typename Fn>
-double bestOfFive(Fn&& fn) {
-  double best = 1e30;
-  for (int i = 0; i < 5; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    fn();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
-}
 
 const NativeProbe& nativeProbe(HalfType t) {
   static const NativeProbe* probes[2] = {nullptr, nullptr};
@@ -359,26 +351,16 @@ const NativeProbe& nativeProbe(HalfType t) {
       p->how = "COHORT_HGEMM=onednn";
       return;
     }
-    std::vector<uint16_t> a(kN * kN), b(kN * kN), c(kN * kN);
-    for (size_t j = 0; j < a.size(); ++j) {
-      float v = static_cast<float>((j * 7919) % 1000) / 1000.f - 0.5f;
-      a[j] = t == HalfType::BFloat16 ? BFloat16::fromFloat(v) : cohort::Half::fromFloat(v);
-      b[j] = a[(j * 31) % a.size()];
-    }
-    double native = bestOfFive([&] { hgemmDnnl(*l.api, key, a.data(), b.data(), c.data()); });
-    double widened = bestOfFive([&] {
-      hgemmWidened(t, false, Trans::No, Trans::No, kN, kN, kN, 1.f, a.data(), kN, b.data(), kN, 0.f, c.data(), kN);
-    });
-    auto gf = [](double sec) { return 2.0 * kN * kN * kN / sec / 1e9; };
-    // oneDNN only when it is clearly faster: the two paths round differently (summation order),
-    // so a choice that a loaded machine could flip from run to run would make training runs differ.
-    if (native * kNativeMargin <= widened) {
+    const bool amx = prim->impl.find("amx") != std::string::npos;
+    const bool bf16Dot = prim->impl.find("bf16") != std::string::npos;
+    const bool amd = __builtin_cpu_is("amd");
+    if (amx || (bf16Dot && amd)) {
       p->ok = true;
-      p->how = fmt::format("measured {:.0f} GFLOP/s against {:.0f} widened", gf(native), gf(widened));
+      p->how = fmt::format("oneDNN's {} kernel ({})", amx ? "AMX" : "AVX512-BF16 on an AMD CPU", prim->impl);
     } else {
-      p->why = fmt::format("oneDNN's matmul did not measure {}x faster than widening to float32 here ({:.0f} "
-                           "GFLOP/s against {:.0f} widened)",
-                           kNativeMargin, gf(native), gf(widened));
+      p->why = fmt::format("oneDNN's {} matmul here ({}) is neither an AMX kernel nor AVX512-BF16 on an AMD CPU; "
+                           "widening to float32 is as fast or faster on such CPUs",
+                           halfName(t), prim->impl);
     }
     COHORT_LOG(Debug, "hgemm {}: {}", halfName(t), p->ok ? "oneDNN matmul, " + p->how : p->why);
   });
