@@ -65,9 +65,11 @@ nn::StateDict trainFsdp(int world, int from, int to, const std::string& loadDir,
       F::mseLoss(f(x).to(DType::Float32), sliceOf(globalY(step), r, world)).backward();
       opt->step();
     }
-    if (bf16Masters && from < to)
-      for (const Tensor& shard : f.parameters())
+    if (bf16Masters && from < to) {
+      for (const Tensor& shard : f.parameters()) {
         EXPECT_EQ(opt->state(shard)->tensors.at("master").dtype(), DType::Float32) << "rank " << r;
+      }
+    }
     if (!saveDir.empty()) saveShardedCheckpoint(f, saveDir, opt.get());
     nn::StateDict sd = fullStateDict(f, {.rank0Only = true});
     if (r == 0) result = sd;
