@@ -112,12 +112,19 @@ int main(int argc, char** argv) {
     for (int64_t i = 0; i < n; ++i) p[i] = ((i * 2654435761u) >> 7) & 1;
   }
   Tensor a2 = a.view({side, side});
-  Tensor aBf16, aF16;
+  Tensor aBf16, aF16, bBf16, bF16;
   try {
     aBf16 = a.to(DType::BFloat16);
     aF16 = a.to(DType::Float16);
+    bBf16 = b.to(DType::BFloat16);
+    bF16 = b.to(DType::Float16);
   } catch (const Error&) {
   }
+  // A half operand, or NotSupportedError when this build has no half conversions.
+  auto half = [](const Tensor& t) -> const Tensor& {
+    if (!t.defined()) throw NotSupportedError("half-precision conversion is not available");
+    return t;
+  };
   // Rows of the reference GPT's width for layer norm (the last n % 384 elements are left out).
   const Tensor aRows = a.narrow(0, 0, n / 384 * 384).view({n / 384, 384});
   const Tensor aBf16Rows = aBf16.defined() ? aBf16.narrow(0, 0, n / 384 * 384).view({n / 384, 384}) : Tensor();
@@ -237,6 +244,10 @@ int main(int argc, char** argv) {
          if (!aF16.defined()) throw NotSupportedError("to(float16) is not available");
          return aF16.to(DType::Float32);
        }},
+      {"bfloat16 add(a, b)", 6, [&] { return add(half(aBf16), bBf16); }},
+      {"bfloat16 mul(a, 0.5)", 4, [&] { return mul(half(aBf16), Scalar(0.5)); }},
+      {"bfloat16 relu", 4, [&] { return relu(half(aBf16)); }},
+      {"float16 add(a, b)", 6, [&] { return add(half(aF16), bF16); }},
       {"layerNorm over 384 (weight, bias)", 8,
        [&] { return nn::functional::layerNorm(aRows, {384}, lnWeight, lnBias, 1e-5); }},
       {"bfloat16 layerNorm over 384 (weight, bias)", 4,

@@ -430,13 +430,11 @@ class LayerNormRows {
     }
   }
   static void widen(const T* src, C* dst, int64_t n) {
-    if constexpr (std::is_same_v<T, BFloat16>) bfloat16ToFloatN(src, dst, n);
-    else if constexpr (std::is_same_v<T, Half>) halfToFloatN(src, dst, n);
+    if constexpr (kHalf) halfTypeToFloatN(src, dst, n);
     else std::copy(src, src + n, dst);
   }
   static void narrow(const C* src, T* dst, int64_t n) {
-    if constexpr (std::is_same_v<T, BFloat16>) floatToBFloat16N(src, dst, n);
-    else if constexpr (std::is_same_v<T, Half>) floatToHalfN(src, dst, n);
+    if constexpr (kHalf) floatToHalfTypeN(src, dst, n);
     else std::copy(src, src + n, dst);
   }
 

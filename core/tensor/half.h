@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace cohort {
 
@@ -155,6 +156,20 @@ inline void floatToBFloat16N(const float* src, BFloat16* dst, int64_t n) {
     uint32_t quietNaN = (u >> 16) | 0x40u;
     dst[i].bits = static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quietNaN : rounded);
   }
+}
+
+// The pair above for either half type T (BFloat16 or Half), for code templated on it.
+template <typename T>
+inline void halfTypeToFloatN(const T* src, float* dst, int64_t n) {
+  static_assert(std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>);
+  if constexpr (std::is_same_v<T, BFloat16>) bfloat16ToFloatN(src, dst, n);
+  else halfToFloatN(src, dst, n);
+}
+template <typename T>
+inline void floatToHalfTypeN(const float* src, T* dst, int64_t n) {
+  static_assert(std::is_same_v<T, BFloat16> || std::is_same_v<T, Half>);
+  if constexpr (std::is_same_v<T, BFloat16>) floatToBFloat16N(src, dst, n);
+  else floatToHalfN(src, dst, n);
 }
 
 }  // namespace cohort

@@ -529,3 +529,48 @@ TEST(Elementwise, HalfTypesComputeInFloatAndRoundOnce) {
   Tensor bf = make({1.0, 2.0, 0.5, 1024.0}, DType::BFloat16);
   EXPECT_EQ(vals(sqrt(pow(bf, 2))), (std::vector<double>{1.0, 2.0, 0.5, 1024.0}));
 }
+
+TEST(Elementwise, LongHalfTensorsGiveTheElementLoopsBits) {
+  // float16 binary and unary ops on contiguous tensors run block by block through the bulk
+  // conversions; every element must still be the float result rounded once, as the element loop
+  // gives it: lengths around the block size, a broadcast scalar operand, special values, and an
+  // in-place op whose output is its input.
+  for (DType dt : {DType::Float16, DType::BFloat16}) {
+    for (int64_t n : {int64_t{17}, int64_t{255}, int64_t{256}, int64_t{1000}}) {
+      SCOPED_TRACE(fmt::format("{} n={}", dtypeName(dt), n));
+      Generator g(11);
+      Tensor a = (randn({n}, {}, &g) * 300.0).to(dt), b = randn({n}, {}, &g).to(dt);
+      if (n > 4) {
+        a.narrow(0, 0, 1).fill_(Scalar(std::numeric_limits<double>::infinity()));
+        a.narrow(0, 1, 1).fill_(Scalar(std::numeric_limits<double>::quiet_NaN()));
+        b.narrow(0, 2, 1).fill_(Scalar(0.0));
+      }
+      auto round = [dt](float v) {
+        return dt == DType::Float16 ? static_cast<float>(Half(v)) : static_cast<float>(BFloat16(v));
+      };
+      const std::vector<double> av = vals(a), bv = vals(b);
+      std::vector<double> sum, quot, scaled, rel;
+      for (int64_t i = 0; i < n; ++i) {
+        const float x = static_cast<float>(av[i]), y = static_cast<float>(bv[i]);
+        sum.push_back(round(x + y));
+        quot.push_back(round(x / y));
+        scaled.push_back(round(x * 0.5f));
+        rel.push_back(std::isnan(x) ? x : round(x > 0 ? x : 0.f));  // relu propagates NaN
+      }
+      auto same = [](const std::vector<double>& got, const std::vector<double>& want) {
+        for (size_t i = 0; i < want.size(); ++i) {
+          const bool nan = std::isnan(want[i]);
+          if (nan ? !std::isnan(got[i]) : got[i] != want[i]) return false;
+        }
+        return got.size() == want.size();
+      };
+      EXPECT_TRUE(same(vals(add(a, b)), sum));
+      EXPECT_TRUE(same(vals(div(a, b)), quot));
+      EXPECT_TRUE(same(vals(mul(a, Scalar(0.5))), scaled));
+      EXPECT_TRUE(same(vals(relu(a)), rel));
+      Tensor c = a.clone();
+      c.add_(b);
+      EXPECT_TRUE(same(vals(c), sum));
+    }
+  }
+}
