@@ -293,19 +293,17 @@ std::shared_ptr<MatmulPrim> cachedMatmul(const DnnlMatmul& api, const MatmulKey&
   return p;
 }
 
-// Whether hgemm runs `t` on oneDNN: decided once per type, from the CPU and the kernel oneDNN's
-// matmul would run, never from timing. oneDNN must have a non-reference matmul for it, and with
-// COHORT_HGEMM=auto it must be a kernel that beats widening to float32 (the float32 GEMM plus an
-// O(n^2) conversion) by far:
-//   - an AMX kernel (its implementation name says "amx"): tiles multiply bf16 several times faster
-//     than the float32 FMA units;
-//   - an AVX512-BF16 kernel ("bf16" in the name) on an AMD CPU: Zen 4 issues the bf16 dot product
-//     at twice its float32 FMA rate (PyTorch's oneDNN bf16 matmul ran at 213 GFLOP/s against 102
-//     in float32 on one EPYC core).
-// Intel's AVX512-BF16 without AMX (Cooper Lake, or AMX hidden by a hypervisor) issues it at the
-// FMA rate, and there widening is faster (117.7 against 79.1 GFLOP/s at 1024^3 on one core, see
-// docs/benchmarks.md). The two paths sum in different orders, so a choice made by timing, which
-// load can flip from run to run, would make two runs of one job round differently.
+// Whether hgemm runs `t` on oneDNN: decided once per type, from the kernel oneDNN's matmul would
+// run, never from timing. oneDNN must have a non-reference matmul for it, and with
+// COHORT_HGEMM=auto it must be an AMX kernel (its implementation name says "amx"): AMX tiles
+// multiply bf16 several times faster than the float32 FMA units. Otherwise hgemm widens to
+// float32 (the float32 GEMM plus an O(n^2) conversion): Intel's AVX512-BF16 without AMX issues the
+// bf16 dot product at the FMA rate, where widening is faster (117.7 against 79.1 GFLOP/s at 1024^3
+// on one core, see docs/benchmarks.md). Zen 4 issues it at twice that rate, so oneDNN would be
+// about 2x faster there, but oneDNN's bf16 path gave run-to-run differences in the tests that run
+// ranks as threads (COHORT_HGEMM=onednn), so it is not a default until that is understood; such
+// users can pin it. The two paths sum in different orders, so a choice made by timing, which load
+// can flip from run to run, would make two runs of one job round differently.
 struct NativeProbe {
   bool ok = false;
   std::string why;   // why not, when !ok
@@ -351,15 +349,11 @@ const NativeProbe& nativeProbe(HalfType t) {
       p->how = "COHORT_HGEMM=onednn";
       return;
     }
-    const bool amx = prim->impl.find("amx") != std::string::npos;
-    const bool bf16Dot = prim->impl.find("bf16") != std::string::npos;
-    const bool amd = __builtin_cpu_is("amd");
-    if (amx || (bf16Dot && amd)) {
+    if (prim->impl.find("amx") != std::string::npos) {
       p->ok = true;
-      p->how = fmt::format("oneDNN's {} kernel ({})", amx ? "AMX" : "AVX512-BF16 on an AMD CPU", prim->impl);
+      p->how = fmt::format("oneDNN's AMX kernel ({})", prim->impl);
     } else {
-      p->why = fmt::format("oneDNN's {} matmul here ({}) is neither an AMX kernel nor AVX512-BF16 on an AMD CPU; "
-                           "widening to float32 is as fast or faster on such CPUs",
+      p->why = fmt::format("oneDNN's {} matmul here ({}) is not an AMX kernel (COHORT_HGEMM=onednn would use it)",
                            halfName(t), prim->impl);
     }
     COHORT_LOG(Debug, "hgemm {}: {}", halfName(t), p->ok ? "oneDNN matmul, " + p->how : p->why);
