@@ -2,8 +2,8 @@
 // - a tensor that a safetensors file or a checkpoint does not hold names the file and the tensor;
 // - a DistributedDataParallel state dict ("module." on every key) loaded into the bare model says
 //   so and how to strip the prefix (nn::stripPrefix), and the other way round;
-// - a bad COHORT_CPU_ALLOCATOR_CACHE_MB is a ValueError naming it (checked in a child process of
-//   this binary, whose allocator is made after the variable is set).
+// - a bad COHORT_CPU_ALLOCATOR_CACHE_MB or COHORT_CPU_HUGE_PAGES is a ValueError naming it (checked
+//   in a child process of this binary, whose allocator is made after the variable is set).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -126,7 +126,8 @@ TEST(UserErrors, StripPrefixKeepsOtherKeysAndRefusesCollisions) {
 TEST(UserErrorsChild, DISABLED_FirstAllocation) {
   try {
     Tensor t = zeros({1 << 20});
-    std::printf("ALLOCATED %.0f\n", t.sum().item<double>());
+    const bool hugeAligned = reinterpret_cast<uintptr_t>(t.dataPtr()) % (uintptr_t{2} << 20) == 0;
+    std::printf("ALLOCATED %.0f ON A 2 MIB BOUNDARY %d\n", t.sum().item<double>(), hugeAligned ? 1 : 0);
   } catch (const ValueError& e) {
     std::printf("VALUEERROR %s\n", e.what());
   }
@@ -145,6 +146,16 @@ TEST(UserErrors, ABadCpuAllocatorCacheSizeIsAValueErrorNamingTheVariable) {
     std::tie(status, out) = runChild(good, "UserErrorsChild.DISABLED_FirstAllocation");
     EXPECT_TRUE(contains(out, "ALLOCATED 0")) << good << ": " << out;
   }
+}
+
+TEST(UserErrors, CpuHugePagesTakesAYesOrNoAndOffGivesOrdinaryBlocks) {
+  auto [status, out] = runChild("COHORT_CPU_HUGE_PAGES=maybe", "UserErrorsChild.DISABLED_FirstAllocation");
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_TRUE(contains(out, "VALUEERROR environment variable COHORT_CPU_HUGE_PAGES='maybe' is not a boolean")) << out;
+  std::tie(status, out) = runChild("COHORT_CPU_HUGE_PAGES=0", "UserErrorsChild.DISABLED_FirstAllocation");
+  EXPECT_TRUE(contains(out, "ALLOCATED 0 ON A 2 MIB BOUNDARY 0")) << out;
+  std::tie(status, out) = runChild("COHORT_CPU_HUGE_PAGES=1", "UserErrorsChild.DISABLED_FirstAllocation");
+  EXPECT_TRUE(contains(out, "ALLOCATED 0 ON A 2 MIB BOUNDARY 1")) << out;
 }
 
 }  // namespace
