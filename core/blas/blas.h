@@ -1,6 +1,7 @@
 /*
  * cohort's BLAS: single- and double-precision GEMM, loaded at first use (core/blas/blas.cc), and
- * half-width GEMM on top of them or oneDNN's matmul (hgemm below, core/blas/hgemm.cc).
+ * on oneDNN's matmul primitive (core/blas/hgemm.cc) half-width GEMM (hgemm below, or widened to
+ * float32) and float32 GEMM with a bias (sgemmBias).
  *
  * Which library (measured in docs/benchmarks.md, "GEMM"):
  *  - float32 runs on oneDNN's dnnl_sgemm (Debian's libdnnl2, libdnnl.so.2) when that library can be
@@ -47,6 +48,17 @@ void sgemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha, con
            const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 void dgemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
            const double* b, int64_t ldb, double beta, double* c, int64_t ldc);
+
+// Row-major C[m,n] = op(A)[m,k] * op(B)[k,n] + bias[n] added to every row, float32: a linear layer.
+// Where float32 GEMM runs on oneDNN with one BLAS thread this is oneDNN's matmul primitive with
+// the bias as an input, added as each tile of C is stored, so C is written once and never read (a
+// primitive is built once per shape and kept); elsewhere (more threads: oneDNN's matmul would
+// start an OpenMP team that a later fork() cannot use) C is filled with the bias and sgemm adds
+// the product. For a large k the two may sum the product in different orders (float32
+// rounding apart); each gives the same bits on every run. Same argument rules as sgemm, and bias
+// may be null only when n == 0.
+void sgemmBias(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+               int64_t ldb, const float* bias, float* c, int64_t ldc);
 
 // Half-width GEMM: A and B hold bfloat16 or float16 values (raw 16-bit patterns), products
 // accumulate in float32, and C is float32 (cFloat32) or the inputs' half type, rounded once.

@@ -1,8 +1,11 @@
-// Half-width GEMM (blas::hgemm): oneDNN's matmul primitive or A and B widened to float32, chosen
-// once per type (blas.h says how).
+// oneDNN's matmul primitive and what runs on it: half-width GEMM (blas::hgemm, oneDNN's matmul or
+// A and B widened to float32, chosen once per type; blas.h says how) and float32 GEMM with a bias
+// (blas::sgemmBias).
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstddef>
+#include <cstdint>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -105,6 +108,9 @@ struct DnnlMatmul {
   decltype(&dnnl_primitive_attr_destroy) attrDestroy = nullptr;
   decltype(&dnnl_primitive_attr_set_output_scales) attrScales = nullptr;
   decltype(&dnnl_primitive_attr_set_post_ops) attrPostOps = nullptr;
+  decltype(&dnnl_primitive_attr_set_scratchpad_mode) attrScratchpad = nullptr;
+  decltype(&dnnl_primitive_desc_query_md) pdQueryMd = nullptr;
+  decltype(&dnnl_memory_desc_get_size) mdSize = nullptr;
   decltype(&dnnl_post_ops_create) postOpsCreate = nullptr;
   decltype(&dnnl_post_ops_destroy) postOpsDestroy = nullptr;
   decltype(&dnnl_post_ops_append_sum) postOpsSum = nullptr;
@@ -152,6 +158,9 @@ const DnnlMatmulLoad& dnnlMatmulLoad() {
     get(api->attrDestroy, "dnnl_primitive_attr_destroy");
     get(api->attrScales, "dnnl_primitive_attr_set_output_scales");
     get(api->attrPostOps, "dnnl_primitive_attr_set_post_ops");
+    get(api->attrScratchpad, "dnnl_primitive_attr_set_scratchpad_mode");
+    get(api->pdQueryMd, "dnnl_primitive_desc_query_md");
+    get(api->mdSize, "dnnl_memory_desc_get_size");
     get(api->postOpsCreate, "dnnl_post_ops_create");
     get(api->postOpsDestroy, "dnnl_post_ops_destroy");
     get(api->postOpsSum, "dnnl_post_ops_append_sum");
@@ -180,17 +189,25 @@ const DnnlMatmulLoad& dnnlMatmulLoad() {
   return *l;
 }
 
-// One shape's primitive, built on first use and kept.
+// One shape's primitive, built on first use and kept. A and B are `type` (or float32 with f32),
+// C float32 with cFloat32 or f32; with bias a float32 [n] vector is added to every row. The BLAS
+// thread count is part of the key: oneDNN sizes a primitive's work split (and so, for a large k,
+// its summation order) for the OpenMP thread count at creation, so a primitive is only ever run
+// with the count it was built for, and one job's results never depend on which thread count
+// happened to build a shape first.
 struct MatmulKey {
   HalfType type;
   bool cFloat32;
   Trans ta, tb;
   int64_t m, n, k, lda, ldb, ldc;
   float alpha, beta;
+  bool f32 = false;
+  bool bias = false;
+  int threads = 1;
   bool operator==(const MatmulKey& o) const {
     return type == o.type && cFloat32 == o.cFloat32 && ta == o.ta && tb == o.tb && m == o.m && n == o.n && k == o.k &&
            lda == o.lda && ldb == o.ldb && ldc == o.ldc && floatBits(alpha) == floatBits(o.alpha) &&
-           floatBits(beta) == floatBits(o.beta);
+           floatBits(beta) == floatBits(o.beta) && f32 == o.f32 && bias == o.bias && threads == o.threads;
   }
 };
 struct MatmulKeyHash {
@@ -198,37 +215,45 @@ struct MatmulKeyHash {
     size_t h = static_cast<size_t>(key.type) * 2 + static_cast<size_t>(key.cFloat32);
     auto mix = [&h](uint64_t v) { h ^= std::hash<uint64_t>()(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
     for (int64_t v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc}) mix(static_cast<uint64_t>(v));
+    mix(static_cast<uint64_t>(key.threads) * 4 + static_cast<uint64_t>(key.f32) * 2 + static_cast<uint64_t>(key.bias));
     mix(static_cast<uint64_t>(key.ta) * 2 + static_cast<uint64_t>(key.tb));
     mix((static_cast<uint64_t>(floatBits(key.alpha)) << 32) | floatBits(key.beta));
     return h;
   }
 };
 
+// A primitive's scratch memory is the caller's (oneDNN's user scratchpad mode): with the library's
+// own, primitives run at once from several threads (ranks that are threads, RPC workers) overwrote
+// each other's scratch and came out wrong or different from run to run.
 struct MatmulPrim {
   dnnl_primitive_t prim = nullptr;
-  dnnl_memory_desc_t a{}, b{}, c{};
+  dnnl_memory_desc_t a{}, b{}, c{}, bias{}, scratch{};
+  size_t scratchBytes = 0;
   std::string impl;  // oneDNN's implementation name, e.g. "brg:avx512_core_bf16"
 };
 
 // Builds the primitive for `key`; null with `why` set when oneDNN has no implementation for it.
 std::shared_ptr<MatmulPrim> buildMatmul(const DnnlMatmul& api, const MatmulKey& key, std::string* why) {
   auto p = std::make_shared<MatmulPrim>();
-  dnnl_data_type_t in = key.type == HalfType::BFloat16 ? dnnl_bf16 : dnnl_f16;
-  dnnl_data_type_t outType = key.cFloat32 ? dnnl_f32 : in;
-  dnnl_dims_t aDims = {key.m, key.k}, bDims = {key.k, key.n}, cDims = {key.m, key.n};
+  const char* typeName = key.f32 ? "float32" : halfName(key.type);
+  dnnl_data_type_t in = key.f32 ? dnnl_f32 : key.type == HalfType::BFloat16 ? dnnl_bf16 : dnnl_f16;
+  dnnl_data_type_t outType = key.cFloat32 || key.f32 ? dnnl_f32 : in;
+  dnnl_dims_t aDims = {key.m, key.k}, bDims = {key.k, key.n}, cDims = {key.m, key.n}, biasDims = {1, key.n};
   dnnl_dims_t aStr = {key.ta == Trans::No ? key.lda : 1, key.ta == Trans::No ? 1 : key.lda};
   dnnl_dims_t bStr = {key.tb == Trans::No ? key.ldb : 1, key.tb == Trans::No ? 1 : key.ldb};
-  dnnl_dims_t cStr = {key.ldc, 1};
+  dnnl_dims_t cStr = {key.ldc, 1}, biasStr = {key.n, 1};
   dnnl_matmul_desc_t desc;
   if (api.mdInit(&p->a, 2, aDims, in, aStr) != dnnl_success || api.mdInit(&p->b, 2, bDims, in, bStr) != dnnl_success ||
       api.mdInit(&p->c, 2, cDims, outType, cStr) != dnnl_success ||
-      api.matmulInit(&desc, &p->a, &p->b, nullptr, &p->c) != dnnl_success) {
+      (key.bias && api.mdInit(&p->bias, 2, biasDims, dnnl_f32, biasStr) != dnnl_success) ||
+      api.matmulInit(&desc, &p->a, &p->b, key.bias ? &p->bias : nullptr, &p->c) != dnnl_success) {
     *why = "oneDNN rejected the matmul's memory layout";
     return nullptr;
   }
   dnnl_primitive_attr_t attr = nullptr;
   dnnl_post_ops_t postOps = nullptr;
   api.attrCreate(&attr);
+  api.attrScratchpad(attr, dnnl_scratchpad_mode_user);
   if (key.alpha != 1.f) api.attrScales(attr, 1, 0, &key.alpha);
   if (key.beta != 0.f) {
     api.postOpsCreate(&postOps);
@@ -240,15 +265,19 @@ std::shared_ptr<MatmulPrim> buildMatmul(const DnnlMatmul& api, const MatmulKey& 
   if (postOps) api.postOpsDestroy(postOps);
   api.attrDestroy(attr);
   if (st != dnnl_success) {
-    *why = fmt::format("oneDNN has no {} matmul on this CPU (status {})", halfName(key.type), statusName(st));
+    *why = fmt::format("oneDNN has no {} matmul on this CPU (status {})", typeName, statusName(st));
     return nullptr;
   }
   const char* impl = nullptr;
   if (api.pdQuery(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl) p->impl = impl;
+  if (const dnnl_memory_desc_t* scratch = api.pdQueryMd(pd, dnnl_query_scratchpad_md, 0)) {
+    p->scratch = *scratch;
+    p->scratchBytes = api.mdSize(scratch);
+  }
   st = api.primCreate(&p->prim, pd);
   api.pdDestroy(pd);
   if (st != dnnl_success) {
-    *why = fmt::format("oneDNN could not create its {} matmul (status {})", halfName(key.type), statusName(st));
+    *why = fmt::format("oneDNN could not create its {} matmul (status {})", typeName, statusName(st));
     return nullptr;
   }
   return p;
@@ -311,7 +340,8 @@ struct NativeProbe {
   std::string how;   // how the choice was made, for describe()
 };
 
-void hgemmDnnl(const DnnlMatmul& api, const MatmulKey& key, const uint16_t* a, const uint16_t* b, void* c);
+bool runMatmul(const DnnlMatmul& api, MatmulKey key, const void* a, const void* b, const float* bias, void* c,
+               std::string* why);
 
 const NativeProbe& nativeProbe(HalfType t) {
   static const NativeProbe* probes[2] = {nullptr, nullptr};
@@ -361,35 +391,57 @@ const NativeProbe& nativeProbe(HalfType t) {
   return *probes[i];
 }
 
-void hgemmDnnl(const DnnlMatmul& api, const MatmulKey& key, const uint16_t* a, const uint16_t* b, void* c) {
-  std::string why;
-  std::shared_ptr<MatmulPrim> p = cachedMatmul(api, key, &why);
-  if (!p) {
-    hgemmWidened(key.type, key.cFloat32, key.ta, key.tb, key.m, key.n, key.k, key.alpha, a, key.lda, b, key.ldb,
-                 key.beta, c, key.ldc);
-    return;
-  }
+// Runs `key`'s primitive on the calling thread's stream; false (nothing written) when oneDNN has no
+// primitive for it, and then `why` says why. A failed execution is an Error.
+bool runMatmul(const DnnlMatmul& api, MatmulKey key, const void* a, const void* b, const float* bias, void* c,
+               std::string* why) {
+  applyOmpThreads(*api.lib);  // the count the primitive is built for and run with
+  key.threads = numThreads();
+  std::shared_ptr<MatmulPrim> p = cachedMatmul(api, key, why);
+  if (!p) return false;
   thread_local dnnl_stream_t stream = [&] {
     dnnl_stream_t s = nullptr;
     dnnl_status_t st = api.streamCreate(&s, api.engine, dnnl_stream_default_flags);
-    if (st != dnnl_success)
-      throw Error(fmt::format("hgemm: oneDNN could not create a stream (status {})", statusName(st)));
+    if (st != dnnl_success) throw Error(fmt::format("oneDNN could not create a stream (status {})", statusName(st)));
     return s;
   }();
-  dnnl_memory_t ma = nullptr, mb = nullptr, mc = nullptr;
-  api.memCreate(&ma, &p->a, api.engine, const_cast<uint16_t*>(a));
-  api.memCreate(&mb, &p->b, api.engine, const_cast<uint16_t*>(b));
+  dnnl_memory_t ma = nullptr, mb = nullptr, mc = nullptr, mbias = nullptr, mscratch = nullptr;
+  api.memCreate(&ma, &p->a, api.engine, const_cast<void*>(a));
+  api.memCreate(&mb, &p->b, api.engine, const_cast<void*>(b));
   api.memCreate(&mc, &p->c, api.engine, c);
-  dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
-  applyOmpThreads(*api.lib);
-  dnnl_status_t st = api.execute(p->prim, stream, 3, args);
+  dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
+  int nargs = 3;
+  if (key.bias) {
+    api.memCreate(&mbias, &p->bias, api.engine, const_cast<float*>(bias));
+    args[nargs++] = {DNNL_ARG_BIAS, mbias};
+  }
+  if (p->scratchBytes > 0) {
+    // This thread's scratch, grown as needed and kept (64-byte aligned).
+    thread_local std::vector<std::max_align_t> scratch;
+    thread_local void* aligned = nullptr;
+    const size_t need = p->scratchBytes + 64;
+    if (scratch.size() * sizeof(std::max_align_t) < need) {
+      scratch.assign((need + sizeof(std::max_align_t) - 1) / sizeof(std::max_align_t), std::max_align_t{});
+      aligned = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t{63});
+    }
+    api.memCreate(&mscratch, &p->scratch, api.engine, aligned);
+    args[nargs++] = {DNNL_ARG_SCRATCHPAD, mscratch};
+  }
+  dnnl_status_t st = api.execute(p->prim, stream, nargs, args);
   if (st == dnnl_success) st = api.streamWait(stream);
-  api.memDestroy(ma);
-  api.memDestroy(mb);
-  api.memDestroy(mc);
+  for (dnnl_memory_t m : {ma, mb, mc, mbias, mscratch})
+    if (m) api.memDestroy(m);
   if (st != dnnl_success)
-    throw Error(fmt::format("hgemm: oneDNN's {} matmul failed with status {} for m={} n={} k={}", halfName(key.type),
-                            statusName(st), key.m, key.n, key.k));
+    throw Error(fmt::format("oneDNN's {} matmul failed with status {} for m={} n={} k={}",
+                            key.f32 ? "float32" : halfName(key.type), statusName(st), key.m, key.n, key.k));
+  return true;
+}
+
+void hgemmDnnl(const DnnlMatmul& api, const MatmulKey& key, const uint16_t* a, const uint16_t* b, void* c) {
+  std::string why;
+  if (!runMatmul(api, key, a, b, nullptr, c, &why))
+    hgemmWidened(key.type, key.cFloat32, key.ta, key.tb, key.m, key.n, key.k, key.alpha, a, key.lda, b, key.ldb,
+                 key.beta, c, key.ldc);
 }
 
 #endif  // COHORT_BLAS_HAVE_DNNL_API
@@ -477,6 +529,31 @@ void hgemm(HalfType type, bool cFloat32, Trans ta, Trans tb, int64_t m, int64_t 
 void hgemmFallback(HalfType type, bool cFloat32, Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha,
                    const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta, void* c, int64_t ldc) {
   hgemmChecked(false, type, cFloat32, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void sgemmBias(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
+               int64_t ldb, const float* bias, float* c, int64_t ldc) {
+  checkArgs("sgemmBias", ta, tb, m, n, k, lda, ldb, ldc);
+  COHORT_CHECK_T(ValueError, (a != nullptr || m * k == 0) && (b != nullptr || k * n == 0) && c != nullptr,
+                 "sgemmBias: a null matrix pointer (m={} n={} k={})", m, n, k);
+  COHORT_CHECK_T(ValueError, bias != nullptr || n == 0, "sgemmBias: a null bias (n={})", n);
+  if (m == 0 || n == 0) return;
+#if COHORT_BLAS_HAVE_DNNL_API
+  // One BLAS thread only: with more, oneDNN's matmul starts an OpenMP team even for a small
+  // product (dnnl_sgemm keeps those on the calling thread), and a process forked after that
+  // hangs at its first parallel region.
+  if (k > 0 && numThreads() == 1 && sgemmBackend() == Backend::OneDnn) {
+    if (const DnnlMatmul* api = dnnlMatmulLoad().api) {
+      MatmulKey key{HalfType::BFloat16, true, ta, tb, m, n, k, lda, ldb, ldc, 1.f, 0.f};
+      key.f32 = true;
+      key.bias = true;
+      std::string why;
+      if (runMatmul(*api, key, a, b, bias, c, &why)) return;
+    }
+  }
+#endif
+  for (int64_t i = 0; i < m; ++i) std::copy(bias, bias + n, c + i * ldc);
+  sgemm(ta, tb, m, n, k, 1.f, a, lda, b, ldb, 1.f, c, ldc);
 }
 
 }  // namespace cohort::blas

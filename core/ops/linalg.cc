@@ -231,12 +231,20 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
   Tensor y = empty({rows, out}, {.dtype = input.dtype(), .device = input.device()});
   {
     autograd::NoGradGuard ng;
-    double beta = 0.0;
-    if (bias.defined() && rows > 0) {
-      y.copy_(bias.unsqueeze(0).expand({rows, out}));
-      beta = 1.0;
+    if (bias.defined() && rows > 0 && out > 0 && x2.size(1) > 0 && y.device().isCpu() && y.dtype() == DType::Float32) {
+      // The bias is added as the product is stored (blas::sgemmBias): one pass over the output.
+      MatArg X = matArg(x2), W = matArg(weight.t());
+      Tensor b = bias.contiguous();
+      blas::sgemmBias(X.trans, W.trans, rows, out, x2.size(1), static_cast<const float*>(X.ptr), X.ld,
+                      static_cast<const float*>(W.ptr), W.ld, b.data<float>(), y.data<float>(), out);
+    } else {
+      double beta = 0.0;
+      if (bias.defined() && rows > 0) {
+        y.copy_(bias.unsqueeze(0).expand({rows, out}));
+        beta = 1.0;
+      }
+      gemmInto(x2, weight.t(), y, 1.0, beta);
     }
-    gemmInto(x2, weight.t(), y, 1.0, beta);
   }
   Shape outShape = input.sizes();
   outShape.back() = out;

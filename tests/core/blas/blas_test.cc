@@ -1,4 +1,5 @@
-// core/blas: float32 GEMM on oneDNN or OpenBLAS, float64 on OpenBLAS, one thread count for both.
+// core/blas: float32 GEMM on oneDNN or OpenBLAS (and with a bias, on oneDNN's matmul primitive or
+// filled and added by sgemm), float64 on OpenBLAS, one thread count for both.
 //
 // Every product is checked against a naive reference computed in long double, within the
 // worst-case float bound (k + 2) * eps * (|alpha| * sum_p |a_ip b_pj| + |beta c_ij|): a wrong
@@ -383,6 +384,91 @@ TEST(SgemmThreads, TwoThreadsMatchReference) {
   blas::setNumThreads(saved);
 }
 
+// ---- float32 GEMM with a bias (blas::sgemmBias) --------------------------------------------------
+
+// sgemmBias on case `c` (its alpha and beta are not used: C = op(A) op(B) + bias on every row) against
+// the long-double reference; C's m x n block starts as NaN, which must never be read.
+void checkSgemmBias(const Case& given, unsigned seed, const std::string& what) {
+  Case c = given;
+  c.alpha = 1.0, c.beta = 0.0;
+  auto o = makeOperands<float>(c, seed);
+  std::mt19937 rng(seed + 1);
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  std::vector<float> bias(static_cast<size_t>(std::max<int64_t>(1, c.n)));
+  for (auto& x : bias) x = static_cast<float>(u(rng));
+  for (int64_t i = 0; i < c.m; ++i)
+    for (int64_t j = 0; j < c.n; ++j) {
+      o.want[i * c.n + j] += bias[j];
+      o.bound[i * c.n + j] += (c.k + 2) * std::numeric_limits<float>::epsilon() * std::fabs(bias[j]);
+    }
+  std::vector<float> out = o.c;
+  blas::sgemmBias(c.ta, c.tb, c.m, c.n, c.k, o.a.data(), c.lda, o.b.data(), c.ldb, bias.data(), out.data(), c.ldc);
+  expectResult(c, o, out, what);
+}
+
+TEST(SgemmBias, MatchesReferenceOnRandomShapes) {
+  unsigned seed = 300;
+  for (const Case& c : randomCases(31, 60)) checkSgemmBias(c, seed++, "sgemmBias");
+  // Shapes of real layers, where k is split into blocks.
+  checkSgemmBias({Trans::No, Trans::Yes, 96, 40, 1536, 1536, 1536, 40, 1, 0}, 11, "sgemmBias, k = 1536");
+  checkSgemmBias({Trans::No, Trans::Yes, 2048, 64, 64, 64, 64, 64, 1, 0}, 12, "sgemmBias, m = 2048");
+}
+
+// The same call gives the same bits every time, at one thread (oneDNN's matmul where float32 runs
+// on oneDNN) and at two (the bias filled in and sgemm), in any order.
+TEST(SgemmBias, SameBitsOnEveryRunAndThreadCount) {
+  int saved = blas::numThreads();
+  const int64_t m = 37, n = 50, k = 3000;
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<float> a(m * k), b(n * k), bias(n);
+  for (auto* v : {&a, &b, &bias})
+    for (auto& x : *v) x = u(rng);
+  auto run = [&](int threads) {
+    blas::setNumThreads(threads);
+    std::vector<float> c(m * n, -1.f);
+    blas::sgemmBias(Trans::No, Trans::Yes, m, n, k, a.data(), k, b.data(), k, bias.data(), c.data(), n);
+    return c;
+  };
+  std::vector<float> two = run(2), one = run(1);
+  EXPECT_EQ(run(2), two);
+  EXPECT_EQ(run(1), one);
+  blas::setNumThreads(saved);
+}
+
+TEST(SgemmBias, BadArgumentsAreValueErrors) {
+  std::vector<float> x(16, 1.f), y(16);
+  expectError<ValueError>(
+      [&] { blas::sgemmBias(Trans::No, Trans::No, 2, 2, 2, x.data(), 2, x.data(), 2, nullptr, y.data(), 2); },
+      {"sgemmBias", "null bias"});
+  expectError<ValueError>(
+      [&] { blas::sgemmBias(Trans::No, Trans::No, 2, 3, 2, x.data(), 2, x.data(), 3, x.data(), y.data(), 2); },
+      {"sgemmBias", "ldc"});
+  // k == 0: every row is the bias.
+  std::vector<float> bias = {1.5f, -2.f};
+  blas::sgemmBias(Trans::No, Trans::No, 2, 2, 0, nullptr, 1, nullptr, 2, bias.data(), y.data(), 2);
+  EXPECT_EQ(std::vector<float>(y.begin(), y.begin() + 4), (std::vector<float>{1.5f, -2.f, 1.5f, -2.f}));
+}
+
+// A linear layer (the op that uses sgemmBias) on contiguous and strided inputs, weights and biases
+// matches the float64 product.
+TEST(SgemmBias, LinearOnViewsMatchesFloat64) {
+  Generator gen(4);
+  Tensor x = randn({70, 33}, {}, &gen), w = randn({21, 33}, {}, &gen), b = randn({42}, {}, &gen);
+  Tensor xt = randn({33, 70}, {}, &gen).t(), wt = randn({33, 21}, {}, &gen).t();
+  Tensor bs = b.slice(0, 0, 42, 2);  // a strided bias
+  for (const auto& [in, weight] : {std::pair{x, w}, std::pair{xt, wt}, std::pair{x, wt}}) {
+    Tensor got = linear(in, weight, bs);
+    Tensor want = mm(in.to(DType::Float64), weight.to(DType::Float64).t()) + bs.to(DType::Float64);
+    EXPECT_LT((got.to(DType::Float64) - want).abs().max().item<double>(), 1e-5);
+  }
+  Tensor batched = randn({3, 5, 33}, {}, &gen);
+  Tensor got = linear(batched, w, bs);
+  Tensor want = matmul(batched.to(DType::Float64), w.to(DType::Float64).t()) + bs.to(DType::Float64);
+  EXPECT_EQ(got.sizes(), (Shape{3, 5, 21}));
+  EXPECT_LT((got.to(DType::Float64) - want).abs().max().item<double>(), 1e-5);
+}
+
 // ---- COHORT_BLAS, in child processes of this binary ---------------------------------------------
 
 void expectChildPasses(const std::string& env, const std::string& test) {
@@ -569,6 +655,7 @@ void expectFloat32Works() {
     blas::sgemm(c.ta, c.tb, c.m, c.n, c.k, (float)c.alpha, o.a.data(), c.lda, o.b.data(), c.ldb, (float)c.beta,
                 out.data(), c.ldc);
     expectResult(c, o, out, blas::backendName(blas::sgemmBackend()));
+    checkSgemmBias(c, seed++, std::string("sgemmBias on ") + blas::backendName(blas::sgemmBackend()));
   }
   Tensor a = fromVector(std::vector<float>{1, 2, 3, 4, 5, 6}, {2, 3});
   Tensor b = fromVector(std::vector<float>{1, 0, 0, 1, 1, 1}, {3, 2});
