@@ -436,6 +436,40 @@ TEST(SgemmBias, SameBitsOnEveryRunAndThreadCount) {
   blas::setNumThreads(saved);
 }
 
+// Threads running the same shape at once (ranks that are threads, RPC workers) each get their own
+// product: oneDNN's primitives run with the calling thread's scratch memory, not a shared one.
+TEST(SgemmBias, ConcurrentCallsGiveEachThreadItsOwnProduct) {
+  int saved = blas::numThreads();
+  blas::setNumThreads(1);
+  constexpr int kThreads = 4;
+  const int64_t m = 300, n = 70, k = 900;
+  std::vector<std::vector<float>> a(kThreads), b(kThreads), bias(kThreads), want(kThreads);
+  std::mt19937 rng(21);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  auto product = [&](int t) {
+    std::vector<float> c(m * n, -1.f);
+    blas::sgemmBias(Trans::No, Trans::Yes, m, n, k, a[t].data(), k, b[t].data(), k, bias[t].data(), c.data(), n);
+    return c;
+  };
+  for (int t = 0; t < kThreads; ++t) {
+    a[t].resize(m * k), b[t].resize(n * k), bias[t].resize(n);
+    for (auto* v : {&a[t], &b[t], &bias[t]})
+      for (auto& x : *v) x = u(rng);
+    want[t] = product(t);  // one at a time
+  }
+  std::vector<int> mismatches(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      blas::setNumThreads(1);
+      for (int i = 0; i < 40; ++i)
+        if (product(t) != want[t]) ++mismatches[t];
+    });
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(mismatches[t], 0) << "thread " << t << " of " << kThreads;
+  blas::setNumThreads(saved);
+}
+
 TEST(SgemmBias, BadArgumentsAreValueErrors) {
   std::vector<float> x(16, 1.f), y(16);
   expectError<ValueError>(
