@@ -237,6 +237,17 @@ void GlooBackend::breakWith(std::exception_ptr error) {
   } catch (...) {
     COHORT_LOG(Warning, "gloo: closing connections after the group broke failed with a non-standard exception");
   }
+  // Point-to-point ops still waiting (on any peer) fail now, with the group's error.
+  std::lock_guard<std::mutex> lock(p2pMu_);
+  for (auto* buffer : p2pWaiting_) abortWait(*buffer);
+  for (auto& p : p2pQueue_) abortWait(*p.buffer);
+}
+
+void GlooBackend::abortWait(::gloo::transport::UnboundBuffer& buffer) {
+  // Both: a buffer is a send's or a receive's, and aborting the other kind of wait is a no-op
+  // that the next wait of that kind would see, which never comes.
+  buffer.abortWaitRecv();
+  buffer.abortWaitSend();
 }
 
 std::exception_ptr GlooBackend::brokenError() const {
@@ -302,17 +313,24 @@ void GlooBackend::p2pLoop() {
     if (p2pQueue_.empty()) return;
     PendingP2P p = std::move(p2pQueue_.front());
     p2pQueue_.pop_front();
+    p2pWaiting_.push_back(p.buffer.get());
+    // A break after this point aborts the wait below; one before it is seen here.
+    const bool brokenBefore = isBroken();
     lock.unlock();
     std::exception_ptr error;
     try {
       Millis left = p.work->remaining();
-      bool done = p.isSend ? p.buffer->waitSend(left) : p.buffer->waitRecv(left);
-      if (!done) error = p.work->distError("gloo: the transfer was aborted");
+      bool done = !brokenBefore && (p.isSend ? p.buffer->waitSend(left) : p.buffer->waitRecv(left));
+      if (!done) error = isBroken() ? brokenError() : p.work->distError("gloo: the transfer was aborted");
     } catch (const ::gloo::IoException& e) {
       error = isTimeoutMessage(e.what()) ? p.work->timeoutError(fmt::format("gloo: {}", e.what()))
                                          : p.work->peerError(fmt::format("gloo: {}", e.what()));
     } catch (const std::exception& e) {
       error = isBroken() ? brokenError() : p.work->distError(fmt::format("gloo: {}", e.what()));
+    }
+    {
+      std::lock_guard<std::mutex> g(p2pMu_);
+      std::erase(p2pWaiting_, p.buffer.get());
     }
     if (error) {
       // The buffer stays registered with gloo's pair after a timeout: keep it (and the tensor)

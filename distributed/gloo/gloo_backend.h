@@ -94,8 +94,10 @@ class GlooBackend : public Backend {
   void runGuarded(const WorkPtr& work, const std::function<std::vector<Tensor>()>& body);
   bool isBroken() const;
   void p2pLoop();
-  // Marks the backend broken with `error` (first one wins) and closes the gloo connections.
+  // Marks the backend broken with `error` (first one wins), closes the gloo connections and aborts
+  // the waits of point-to-point ops still in flight (they fail with the group's error).
   void breakWith(std::exception_ptr error);
+  static void abortWait(::gloo::transport::UnboundBuffer& buffer);
   std::exception_ptr brokenError() const;
   void postP2P(const WorkPtr& work, const Tensor& tensor, int peer, int tag, bool isSend);
 
@@ -130,6 +132,10 @@ class GlooBackend : public Backend {
   std::condition_variable p2pCv_;
   std::deque<PendingP2P> p2pQueue_;
   size_t p2pIdle_ = 0;  // waiters blocked on p2pCv_
+  // Buffers a p2p thread is waiting on. When the group breaks their waits are aborted: gloo does not
+  // wake a wait whose own connection is still open, so a receive from a live rank would otherwise
+  // sit out its whole timeout after the group broke over another rank.
+  std::vector<::gloo::transport::UnboundBuffer*> p2pWaiting_;
   bool p2pStop_ = false;
   std::vector<std::thread> p2pThreads_;
 };
