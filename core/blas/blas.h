@@ -67,9 +67,9 @@ void sgemmBias(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, const float*
 // instructions; primitives are built once per shape and kept), or A and B widened to float32 and
 // multiplied by sgemm, so a half GEMM is never much slower than a float32 one. Which one runs is
 // decided once per process and type: COHORT_HGEMM=onednn or widen pins it; the default, auto,
-// times both on a 512^3 product at the first call and takes oneDNN only when it is 1.5x faster
-// (where bf16 runs at twice the float32 rate), else widens (where it does not). The paths sum in
-// different orders, so a job that must give the same bits on every run and machine pins one.
+// takes oneDNN only when the kernel its matmul would run is an AMX one, else widens; it never
+// times anything. The paths sum in different orders, so a job that must give the same bits on
+// every machine pins one.
 // describe() says which runs and why; an Info line says so when the half type is widened.
 enum class HalfType { BFloat16, Float16 };
 void hgemm(HalfType type, bool cFloat32, Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha,

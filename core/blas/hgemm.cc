@@ -41,9 +41,9 @@ using detail::scaleC;
 using detail::statusName;
 
 COHORT_ENV_KNOB(kHgemmKnob, "COHORT_HGEMM", "auto",
-                "How bfloat16/float16 GEMM runs: auto (oneDNN's matmul when it exists for the type and measures "
-                "faster than widening to float32 at the first call, else widened), onednn (oneDNN whenever it has a "
-                "non-reference matmul), or widen (always widen to float32 and run the float32 GEMM).");
+                "How bfloat16/float16 GEMM runs: auto (oneDNN's matmul when its kernel for the type is an AMX one, "
+                "else widened), onednn (oneDNN whenever it has a non-reference matmul), or widen (always widen to "
+                "float32 and run the float32 GEMM).");
 
 // ---- half-width GEMM ---------------------------------------------------------------------------
 
@@ -329,10 +329,10 @@ std::shared_ptr<MatmulPrim> cachedMatmul(const DnnlMatmul& api, const MatmulKey&
 // float32 (the float32 GEMM plus an O(n^2) conversion): Intel's AVX512-BF16 without AMX issues the
 // bf16 dot product at the FMA rate, where widening is faster (117.7 against 79.1 GFLOP/s at 1024^3
 // on one core, see docs/benchmarks.md). Zen 4 issues it at twice that rate, so oneDNN would be
-// about 2x faster there, but oneDNN's bf16 path gave run-to-run differences in the tests that run
-// ranks as threads (COHORT_HGEMM=onednn), so it is not a default until that is understood; such
-// users can pin it. The two paths sum in different orders, so a choice made by timing, which load
-// can flip from run to run, would make two runs of one job round differently.
+// about 2x faster there; such users can pin it until that is measured and made a default (its
+// run-to-run differences with ranks as threads came from the shared scratchpad, see MatmulPrim).
+// The two paths sum in different orders, so a choice made by timing, which load can flip from run
+// to run, would make two runs of one job round differently.
 struct NativeProbe {
   bool ok = false;
   std::string why;   // why not, when !ok
