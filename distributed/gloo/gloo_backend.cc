@@ -5,6 +5,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
 #include <gloo/common/error.h>
 #include <gloo/common/logging.h>
 #include <gloo/rendezvous/context.h>
@@ -16,6 +18,7 @@
 #include <cohort/core/util/env.h>
 #include <cohort/core/util/error.h>
 #include <cohort/core/util/logging.h>
+#include <cohort/distributed/detail/abort_signal.h>
 #include <cohort/distributed/detail/op_queue.h>
 #include <cohort/distributed/gloo/detail/store_adapter.h>
 
@@ -109,6 +112,10 @@ std::shared_ptr<::gloo::transport::Device> sharedDevice() {
   return device;
 }
 
+// How often the monitor looks at the abort signal, and how long an op must have been in flight
+// before it does: ops that end sooner never touch the store.
+constexpr auto kSignalPoll = std::chrono::milliseconds(250);
+
 bool isTimeoutMessage(const std::string& what) {
   return what.find("Timed out") != std::string::npos || what.find("timed out") != std::string::npos ||
          what.find("timeout") != std::string::npos;
@@ -117,7 +124,7 @@ bool isTimeoutMessage(const std::string& what) {
 }  // namespace
 
 GlooBackend::GlooBackend(const StorePtr& store, int rank, int size, const BackendOptions& opts)
-    : Backend("gloo", rank, size), group_(opts.groupName),
+    : Backend("gloo", rank, size), group_(opts.groupName), store_(store),
       ops_(std::make_unique<OpQueue>(completionKey(), glooThreads())) {
   auto device = sharedDevice();
   auto context = std::make_shared<::gloo::rendezvous::Context>(rank, size);
@@ -135,6 +142,12 @@ GlooBackend::GlooBackend(const StorePtr& store, int rank, int size, const Backen
 }
 
 GlooBackend::~GlooBackend() {
+  {
+    std::lock_guard<std::mutex> lock(monitorMu_);
+    monitorStop_ = true;
+  }
+  monitorCv_.notify_all();
+  if (monitor_.joinable()) monitor_.join();
   ops_->stop();  // ops still queued fail: the group was destroyed before they ran
   {
     std::lock_guard<std::mutex> lock(p2pMu_);
@@ -153,6 +166,7 @@ void GlooBackend::enqueue(const WorkPtr& work, std::function<std::vector<Tensor>
     work->fail(completionKey(), brokenError());
     return;
   }
+  startMonitor();
   ops_->post(
       work,
       [this, work, body = std::move(body)] {
@@ -172,6 +186,10 @@ void GlooBackend::runGuarded(const WorkPtr& work, const std::function<std::vecto
   enum class Kind { None, Timeout, Peer, Gloo } kind = Kind::None;
   std::string detail;
   std::exception_ptr error;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_.push_back({work, std::chrono::steady_clock::now()});
+  }
   try {
     outputs = body();
   } catch (const ::gloo::IoException& e) {
@@ -191,6 +209,13 @@ void GlooBackend::runGuarded(const WorkPtr& work, const std::function<std::vecto
     }
   } catch (...) {
     error = std::current_exception();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = std::find_if(running_.begin(), running_.end(), [&](const Running& r) { return r.work == work; });
+    // Not there: the monitor failed it while gloo held this thread (another rank broke the group).
+    if (it == running_.end()) return;
+    running_.erase(it);
   }
   if (kind == Kind::None && !error) {
     work->finish(completionKey(), std::move(outputs));
@@ -219,11 +244,28 @@ void GlooBackend::runGuarded(const WorkPtr& work, const std::function<std::vecto
   work->fail(completionKey(), error);
 }
 
-void GlooBackend::breakWith(std::exception_ptr error) {
+void GlooBackend::breakWith(std::exception_ptr error, bool raiseSignal) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (broken_) return;
     broken_ = error;
+  }
+  // Every rank stops, even those blocked on a live peer (see the header). Before closing, so that
+  // the root cause is signalled, not a peer's error about the connections closed below.
+  if (raiseSignal) {
+    bool timeout = false;
+    std::string what = "unknown error";
+    try {
+      std::rethrow_exception(error);
+    } catch (const TimeoutError& e) {
+      timeout = true;
+      what = e.what();
+    } catch (const std::exception& e) {
+      timeout = isTimeoutMessage(e.what());
+      what = e.what();
+    } catch (...) {
+    }
+    detail::raiseAbortSignal(*store_, group_, rank(), timeout, what);
   }
   // Closing our side makes peers blocked on this rank fail now rather than at their timeout.
   try {
@@ -238,9 +280,63 @@ void GlooBackend::breakWith(std::exception_ptr error) {
     COHORT_LOG(Warning, "gloo: closing connections after the group broke failed with a non-standard exception");
   }
   // Point-to-point ops still waiting (on any peer) fail now, with the group's error.
+  {
+    std::lock_guard<std::mutex> lock(p2pMu_);
+    for (auto* buffer : p2pWaiting_) abortWait(*buffer);
+    for (auto& p : p2pQueue_) abortWait(*p.buffer);
+  }
+}
+
+void GlooBackend::startMonitor() {
+  std::call_once(monitorOnce_, [this] { monitor_ = std::thread([this] { monitorLoop(); }); });
+}
+
+bool GlooBackend::inFlightSince(std::chrono::steady_clock::time_point cutoff) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Running& r : running_)
+      if (r.since <= cutoff) return true;
+  }
   std::lock_guard<std::mutex> lock(p2pMu_);
-  for (auto* buffer : p2pWaiting_) abortWait(*buffer);
-  for (auto& p : p2pQueue_) abortWait(*p.buffer);
+  return !p2pWaiting_.empty();
+}
+
+void GlooBackend::monitorLoop() {
+  std::unique_lock<std::mutex> lock(monitorMu_);
+  while (!monitorCv_.wait_for(lock, kSignalPoll, [&] { return monitorStop_; })) {
+    lock.unlock();
+    if (!isBroken() && inFlightSince(std::chrono::steady_clock::now() - kSignalPoll)) {
+      auto signal = detail::readAbortSignal(*store_, group_);
+      if (signal && signal->from != rank()) stopForSignal(*signal);
+    }
+    lock.lock();
+  }
+}
+
+void GlooBackend::stopForSignal(const detail::AbortSignal& signal) {
+  const std::string why = fmt::format("rank {} of group '{}' stopped it: {}", signal.from, group_, signal.message);
+  std::vector<WorkPtr> stuck;
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    first = broken_ == nullptr;
+    if (first) diagnosing_ = true;
+    for (Running& r : running_) stuck.push_back(std::move(r.work));
+    running_.clear();
+  }
+  breakWith(std::make_exception_ptr(DistError(why)), /*raiseSignal=*/false);
+  std::exception_ptr diagnosed;
+  for (const WorkPtr& work : stuck) {
+    std::exception_ptr error = signal.timeout ? work->timeoutError(why) : work->peerError(why);
+    if (!diagnosed) diagnosed = error;
+    work->fail(completionKey(), error);
+  }
+  if (first) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (diagnosed) broken_ = diagnosed;  // later ops quote the diagnosed error
+    diagnosing_ = false;
+  }
+  brokenCv_.notify_all();
 }
 
 void GlooBackend::abortWait(::gloo::transport::UnboundBuffer& buffer) {
@@ -277,6 +373,7 @@ void GlooBackend::postP2P(const WorkPtr& work, const Tensor& tensor, int peer, i
     work->fail(completionKey(), brokenError());
     return;
   }
+  startMonitor();
   PendingP2P p{work, tensor, nullptr, peer, isSend};
   try {
     SigpipeBlockedScope noSigpipe;  // this is the caller's thread

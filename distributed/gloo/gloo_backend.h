@@ -19,6 +19,17 @@
  * its connections (so peers blocked on this rank fail promptly too) and every later op fails at
  * once with the first error, as c10d does with an aborted communicator.
  *
+ * Closing is not always enough: gloo's TCP pair does not wake a send that was partly written when
+ * its connection broke, so a rank could sit out its whole timeout in an op that its peers already
+ * gave up. So the rank that breaks the group also raises the group's abort signal in the store
+ * (detail/abort_signal.h), and a monitor thread reads that signal every 250 ms while an op of this
+ * rank has been in flight for 250 ms or more. Once another rank raised it, the monitor breaks the
+ * group here too and fails the collectives in flight at once: a TimeoutError when the origin
+ * timed out, else a PeerError quoting the origin's error, each with the group's diagnosis of who
+ * is missing. The worker thread still inside gloo stays there until gloo's own timeout, holding
+ * the op's tensors (gloo may still write to them); later ops fail at once, but destroying the
+ * group waits for that thread.
+ *
  * Hot path. Contiguous float32/float64/integer allreduce runs in place on the tensor's memory
  * (no copies); float16/bfloat16 are widened to a float32 buffer and rounded back once.
  * reduce_scatter is an alltoall followed by a local reduction in rank order (the same bytes on
@@ -28,6 +39,7 @@
  */
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -48,6 +60,9 @@ class UnboundBuffer;
 namespace cohort::dist {
 class OpQueue;  // detail/op_queue.h
 struct OpFootprint;
+namespace detail {
+struct AbortSignal;  // detail/abort_signal.h
+}
 }  // namespace cohort::dist
 
 namespace cohort::dist::gloo_backend {
@@ -94,18 +109,34 @@ class GlooBackend : public Backend {
   void runGuarded(const WorkPtr& work, const std::function<std::vector<Tensor>()>& body);
   bool isBroken() const;
   void p2pLoop();
-  // Marks the backend broken with `error` (first one wins), closes the gloo connections and aborts
-  // the waits of point-to-point ops still in flight (they fail with the group's error).
-  void breakWith(std::exception_ptr error);
+  // Marks the backend broken with `error` (first one wins), closes the gloo connections, aborts
+  // the waits of point-to-point ops still in flight (they fail with the group's error) and, unless
+  // the break came from another rank's signal, raises the group's abort signal.
+  void breakWith(std::exception_ptr error, bool raiseSignal = true);
+  // The monitor (see above): started with the first op, stopped by the destructor.
+  void startMonitor();
+  void monitorLoop();
+  // Whether a collective or a point-to-point wait has been in flight since `cutoff` or earlier.
+  bool inFlightSince(std::chrono::steady_clock::time_point cutoff);
+  // Another rank raised the abort signal: breaks the group and fails the collectives in flight.
+  void stopForSignal(const ::cohort::dist::detail::AbortSignal& signal);
   static void abortWait(::gloo::transport::UnboundBuffer& buffer);
   std::exception_ptr brokenError() const;
   void postP2P(const WorkPtr& work, const Tensor& tensor, int peer, int tag, bool isSend);
 
   std::shared_ptr<::gloo::Context> context_;
   std::string group_;
+  StorePtr store_;  // the backend's store: the group's abort signal
 
-  mutable std::mutex mu_;  // broken_, diagnosing_, leaked_, leakedTensors_
+  mutable std::mutex mu_;  // broken_, diagnosing_, running_, leaked_, leakedTensors_
   std::exception_ptr broken_;
+  // The collectives a worker thread is running, and since when. One the monitor fails is taken
+  // out of here, so the worker, once gloo lets it go, leaves its Work alone.
+  struct Running {
+    WorkPtr work;
+    std::chrono::steady_clock::time_point since;
+  };
+  std::vector<Running> running_;
   // The op that broke the group is diagnosing its error (asking the store which ranks are
   // missing, up to half a second); ops failed meanwhile as "aborted by an earlier error" wait for
   // that diagnosed error to quote it (brokenError), so every op names the missing ranks.
@@ -138,6 +169,12 @@ class GlooBackend : public Backend {
   std::vector<::gloo::transport::UnboundBuffer*> p2pWaiting_;
   bool p2pStop_ = false;
   std::vector<std::thread> p2pThreads_;
+
+  std::once_flag monitorOnce_;
+  std::mutex monitorMu_;  // monitorStop_
+  std::condition_variable monitorCv_;
+  bool monitorStop_ = false;
+  std::thread monitor_;
 };
 
 }  // namespace cohort::dist::gloo_backend

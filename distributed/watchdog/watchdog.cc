@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -12,6 +11,7 @@
 #include <cohort/core/util/logging.h>
 #include <cohort/distributed/debug/detail/progress_publisher.h>
 #include <cohort/distributed/debug/flight_recorder.h>
+#include <cohort/distributed/detail/abort_signal.h>
 #include <cohort/distributed/detail/op_args.h>
 
 namespace cohort::dist {
@@ -34,7 +34,6 @@ constexpr auto kMaxPoll = std::chrono::microseconds(2000);
 // 200 ms late when idle), every kDiagnoseEvery, until no rank is missing.
 constexpr Millis kDiagnoseFor{500};
 constexpr Millis kDiagnoseEvery{50};
-const std::string kSignalKey = "abort";
 
 std::exception_ptr makeError(bool timeout, std::string msg) {
   if (timeout) return std::make_exception_ptr(TimeoutError(std::move(msg)));
@@ -267,14 +266,8 @@ void Watchdog::fail(Kind kind, const WorkPtr& culpritIn, const std::string& why,
     msg += fmt::format(" (flight recorders dumped to {})", dumped);
   }
   // 3. Tell the other ranks (the first rank to fail names the root cause for all).
-  if (kind != Kind::Propagated && opts_.store) {
-    try {
-      const std::string value = fmt::format("{} {}\n{}", timeout ? "timeout" : "error", opts_.rank, msg);
-      opts_.store->compareSet(kSignalKey, Bytes{}, Bytes(value.begin(), value.end()));
-    } catch (const std::exception& e) {
-      COHORT_LOG(Warning, "group '{}': could not signal the other ranks through the store: {}", opts_.group, e.what());
-    }
-  }
+  if (kind != Kind::Propagated && opts_.store)
+    detail::raiseAbortSignal(*opts_.store, opts_.group, opts_.rank, timeout, msg);
   std::vector<CommunicatorPtr> comms;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -355,25 +348,12 @@ std::string Watchdog::diagnose(uint64_t seq) const {
 
 void Watchdog::checkSignal() {
   if (!opts_.store || failed()) return;
-  std::string value;
-  try {
-    if (!opts_.store->check({kSignalKey})) return;
-    value = opts_.store->getString(kSignalKey);
-  } catch (const std::exception& e) {
-    COHORT_LOG(Debug, "group '{}': could not read the abort signal: {}", opts_.group, e.what());
-    return;
-  }
-  std::istringstream in(value);
-  std::string kind;
-  int from = -1;
-  in >> kind >> from;
-  const size_t nl = value.find('\n');
-  const std::string origin = nl == std::string::npos ? value : value.substr(nl + 1);
-  if (from == opts_.rank) return;
+  const auto signal = detail::readAbortSignal(*opts_.store, opts_.group);
+  if (!signal || signal->from == opts_.rank) return;
   fail(Kind::Propagated, nullptr,
-       fmt::format("rank {} of group '{}' aborted its communicator: {}", op_args::rankName(from, opts_.globalRanks),
-                   opts_.group, origin),
-       kind == "timeout");
+       fmt::format("rank {} of group '{}' aborted its communicator: {}",
+                   op_args::rankName(signal->from, opts_.globalRanks), opts_.group, signal->message),
+       signal->timeout);
 }
 
 }  // namespace cohort::dist

@@ -303,6 +303,58 @@ TEST(GlooFailure, RankKilledWhileItsOwnAllreduceRunsIsNamedBySurvivors) {
   }
 }
 
+// gloo: rank 2 is alive but never joins an allreduce; rank 1's op times out after 300 ms, while
+// the others' timeout is 6 s. gloo's timeout closes rank 1's connections, so a rank whose wait is
+// on rank 1 fails at once (a PeerError). One blocked on rank 2's live connection (rank 3, in
+// gloo's ring) is not woken by that: it must stop on the abort signal a failed rank raised,
+// quoting that rank. Every rank names rank 2, fails long before its own timeout, and fails its
+// next op at once.
+TEST(GlooFailure, ARankThatTimesOutStopsTheRanksBlockedOnALivePeer) {
+  if (!hasBackend("gloo")) GTEST_SKIP() << "gloo is not built";
+  TempDir tmp;
+  const std::string dir = tmp.path().string();
+  const std::string group = fmt::format("signal{}", getpid());
+  constexpr int kIdle = 2, kFirst = 1;
+  auto results = runForked(kSize, 60s, dir, [&](int rank) -> std::string {
+    Forked f = joinGroup(dir, "gloo", group, rank, rank == kFirst ? Millis(300) : Millis(6000));
+    Tensor t = ones({1000});
+    f.pg->allreduce(t)->wait();
+    if (rank == kIdle) {
+      std::this_thread::sleep_for(4s);  // alive, its connections open, but never calls the op
+      return "idle";
+    }
+    Outcome o = classifyOutcome([&] { f.pg->allreduce(t)->wait(); });
+    std::string later = "none";
+    try {
+      f.pg->barrier()->wait();
+    } catch (const DistError&) {
+      later = "DistError";
+    }
+    return fmt::format("{}|{}|{}|{}", o.kind, o.seconds, later, o.message);
+  });
+  int stoppedBySignal = 0;
+  for (int r = 0; r < kSize; ++r) {
+    ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].describe() << ": " << results[r].report;
+    if (r == kIdle) continue;
+    auto report = parseSurvivorReport(results[r].report);
+    ASSERT_TRUE(report) << results[r].report;
+    const Outcome& o = report->first;
+    std::cout << "rank " << r << " (" << o.seconds << " s): " << o.kind << ": " << o.message << "\n";
+    EXPECT_LT(o.seconds, 3.0) << o.message;
+    EXPECT_EQ(report->later, "DistError") << "a later op must fail at once";
+    EXPECT_NE(o.message.find(fmt::format("allreduce #2 in group '{}'", group)), std::string::npos) << o.message;
+    EXPECT_TRUE(namesRank(o.message, kIdle)) << "rank " << r << " did not name rank " << kIdle << ": " << o.message;
+    if (r == kFirst) {
+      EXPECT_EQ(o.kind, "TimeoutError") << o.message;
+      continue;
+    }
+    EXPECT_TRUE(o.kind == "TimeoutError" || o.kind == "PeerError") << o.kind << ": " << o.message;
+    if (std::regex_search(o.message, std::regex(fmt::format("rank [0-3] of group '{}' stopped it", group))))
+      ++stoppedBySignal;
+  }
+  EXPECT_GE(stoppedBySignal, 1) << "no rank was blocked on rank 2: the test no longer exercises the signal";
+}
+
 // shm, with DDP's kind of tensor: buffers every rank maps (allocateCommBuffer), reduced in place.
 // The ranks first check one such allreduce's values, then rank 2 dies inside the next; nothing of
 // the group may remain in /dev/shm.
