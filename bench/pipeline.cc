@@ -19,7 +19,8 @@
 // high-water mark during a step above what was live before it.
 //
 //   build/bench/pipeline [--steps 5] [--warmup 2] [--microbatches 8] [--schedules gpipe,1f1b,interleaved,zb,1f1b+ckpt]
-//                        [--transport pg|rpc] [--layers 4] [--embd 192] [--block 64] [--batch 32]
+//                        [--transport pg|rpc] [--backend auto|shm|gloo] [--layers 4] [--embd 192] [--block 64] [--batch
+//                        32]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -55,6 +56,7 @@ struct Args {
   int steps = 5, warmup = 2, microbatches = 8;
   int64_t layers = 4, embd = 192, heads = 4, block = 64, batch = 32;
   std::string transport = "pg";
+  std::string backend = "auto";  // the process group's, with --transport pg
 };
 
 nn::GPTConfig config(const Args& a) {
@@ -110,7 +112,7 @@ int runRank(const Args& a, const std::string& schedule, const std::string& dir, 
     rpc::init(fmt::format("stage{}", rank), rank, p, o);
     transport = pipeline::rpcTransport({"stage0", "stage1"});
   } else {
-    pg = dist::ProcessGroup::create(store, rank, p, {});
+    pg = dist::ProcessGroup::create(store, rank, p, {.backend = a.backend});
     transport = pipeline::processGroupTransport(pg);
   }
   // "<name>+ckpt": the schedule with every stage's forward recomputed in backward.
@@ -211,6 +213,8 @@ int main(int argc, char** argv) {
   app.add_option("--microbatches", a.microbatches)->check(CLI::PositiveNumber);
   app.add_option("--schedules", schedules);
   app.add_option("--transport", a.transport)->check(CLI::IsMember({"pg", "rpc"}));
+  app.add_option("--backend", a.backend, "the process group's backend with --transport pg (auto: shm on one host)")
+      ->check(CLI::IsMember({"auto", "shm", "gloo"}));
   app.add_option("--layers", a.layers)->check(CLI::PositiveNumber);
   app.add_option("--embd", a.embd)->check(CLI::PositiveNumber);
   app.add_option("--heads", a.heads)->check(CLI::PositiveNumber);

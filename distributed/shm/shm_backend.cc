@@ -30,7 +30,8 @@
 #include <cohort/core/util/error.h>
 #include <cohort/core/util/logging.h>
 #include <cohort/distributed/detail/op_queue.h>
-#include <cohort/distributed/store/prefix_store.h>
+#include <cohort/distributed/shm/detail/futex.h>
+#include <cohort/distributed/shm/shm_p2p.h>
 
 namespace cohort::dist::shm_backend {
 
@@ -41,6 +42,9 @@ COHORT_ENV_KNOB(kSmallBytes, "COHORT_SHM_SMALL_BYTES", "32768",
 COHORT_ENV_KNOB(kMaxBufferBytes, "COHORT_SHM_MAX_BUFFER_BYTES", "0",
                 "Largest buffer (bytes) allocateCommBuffer places in /dev/shm, e.g. DDP's buckets (0: no cap); "
                 "larger ones are plain memory, reduced through the slots");
+COHORT_ENV_KNOB(kP2PBytes, "COHORT_SHM_P2P_BYTES", "1048576",
+                "Bytes of each send/recv ring of the shm backend (one per destination rank; a message that "
+                "fits is copied in by the sender at once)");
 COHORT_ENV_KNOB(kSpinUs, "COHORT_SHM_SPIN_US", "20",
                 "Microseconds the shm backend spins on a peer's counter before sleeping on a futex");
 
@@ -48,41 +52,18 @@ namespace {
 
 constexpr uint64_t kMagic = 0x636f686f72747368ULL;  // "cohortsh"
 constexpr size_t kHeaderBytes = 4096;
-constexpr uint32_t kLive = 0, kAborted = 1, kClosed = 2;
+constexpr uint32_t kLive = ShmHeader::kLive, kAborted = ShmHeader::kAborted, kClosed = ShmHeader::kClosed;
 constexpr auto kSleepSlice = std::chrono::milliseconds(100);
 constexpr auto kLivenessAfter = std::chrono::milliseconds(100);
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free);
 static_assert(sizeof(ShmHeader) <= kHeaderBytes);
-static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the futex waits on the counter's low half");
 
 ShmHeader* header(uint8_t* base) { return reinterpret_cast<ShmHeader*>(base); }
 
-uint32_t* futexWord(std::atomic<uint64_t>* counter) { return reinterpret_cast<uint32_t*>(counter); }
-
-void futexWait(std::atomic<uint64_t>* counter, uint32_t expected, std::chrono::nanoseconds timeout) {
-  timespec ts;
-  ts.tv_sec = static_cast<time_t>(timeout.count() / 1'000'000'000);
-  ts.tv_nsec = static_cast<long>(timeout.count() % 1'000'000'000);
-  // Not FUTEX_PRIVATE_FLAG: the word is shared between processes.
-  syscall(SYS_futex, futexWord(counter), FUTEX_WAIT, expected, &ts, nullptr, 0);
-}
-
-void futexWakeAll(std::atomic<uint64_t>* counter) {
-  syscall(SYS_futex, futexWord(counter), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-}
-
-// Whether process `pid` still runs (a zombie does not: it died and waits to be reaped).
-bool processAlive(int pid) {
-  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
-  std::ifstream stat(fmt::format("/proc/{}/stat", pid));
-  std::string line;
-  if (!std::getline(stat, line)) return true;  // no /proc: trust kill()
-  auto close = line.rfind(')');
-  if (close == std::string::npos || close + 2 >= line.size()) return true;
-  char state = line[close + 2];
-  return state != 'Z' && state != 'X';
-}
+using os::futexWait;
+using os::futexWakeAll;
+using os::processAlive;
 
 std::string sanitize(const std::string& group) {
   std::string out;
@@ -271,6 +252,10 @@ ShmConfig ShmConfig::fromEnv() {
   const int64_t maxBuffer = kMaxBufferBytes.integer();
   if (maxBuffer < 0) throw ValueError(fmt::format("COHORT_SHM_MAX_BUFFER_BYTES must be 0 or more, got {}", maxBuffer));
   c.maxBufferBytes = static_cast<size_t>(maxBuffer);
+  const int64_t p2p = kP2PBytes.integer();
+  if (p2p < 4096 || p2p > (int64_t{1} << 30))
+    throw ValueError(fmt::format("COHORT_SHM_P2P_BYTES must be between 4096 and 1073741824, got {}", p2p));
+  c.p2pBytes = static_cast<size_t>(p2p);
   c.worker = collectiveThreadFromEnv() == CollectiveThread::Worker;
   return c;
 }
@@ -282,7 +267,8 @@ ShmBackend::ShmBackend(const StorePtr& store, int rank, int size, const BackendO
   smallBytes_ = std::min(config.smallBytes, slotBytes_);
   spin_ = config.spin;
   maxBufferBytes_ = config.maxBufferBytes;
-  mapBytes_ = kHeaderBytes + 2 * slotBytes_;
+  p2pBytes_ = roundUp(config.p2pBytes, 4096);
+  mapBytes_ = kHeaderBytes + 2 * slotBytes_ + ShmP2P::regionBytes(size, p2pBytes_);
   const auto deadline = std::chrono::steady_clock::now() + opts.timeout;
 
   // The token: drawn by rank 0, shared through the group's store.
@@ -322,6 +308,8 @@ ShmBackend::ShmBackend(const StorePtr& store, int rank, int size, const BackendO
   h->rank = rank;
   h->slotBytes = slotBytes_;
   h->pidNamespace = ns;
+  h->p2pRingBytes = p2pBytes_;
+  ShmP2P::initRegion(mine + p2pOffset(), size);
   h->counter.store(0);
   h->waiters.store(0);
   h->state.store(kLive);
@@ -346,11 +334,11 @@ ShmBackend::ShmBackend(const StorePtr& store, int rank, int size, const BackendO
       fail(fmt::format("rank {}'s segment: {} (is it on this host?)", r, err));
     }
     ShmHeader* ph = header(bases_[r]);
-    if (ph->magic != kMagic || ph->rank != r || ph->slotBytes != slotBytes_) {
+    if (ph->magic != kMagic || ph->rank != r || ph->slotBytes != slotBytes_ || ph->p2pRingBytes != p2pBytes_) {
       errno = 0;
-      fail(fmt::format("rank {}'s segment {} does not match (slot bytes {} here, {} there: set "
-                       "COHORT_SHM_SLOT_BYTES alike on every rank)",
-                       r, names_[r], slotBytes_, ph->slotBytes));
+      fail(fmt::format("rank {}'s segment {} does not match (slot bytes {} here, {} there; send/recv ring bytes "
+                       "{} here, {} there: set COHORT_SHM_SLOT_BYTES and COHORT_SHM_P2P_BYTES alike on every rank)",
+                       r, names_[r], slotBytes_, ph->slotBytes, p2pBytes_, ph->p2pRingBytes));
     }
     // A peer's pid means something here only in the same pid namespace, and in another process.
     pids_[r] = (ph->pidNamespace == h->pidNamespace && h->pidNamespace != 0 && ph->pid != h->pid) ? ph->pid : 0;
@@ -365,22 +353,26 @@ ShmBackend::ShmBackend(const StorePtr& store, int rank, int size, const BackendO
   shm_unlink(names_[rank].c_str());
   pending.reset();
 
-  if (size > 1 && hasBackend("gloo")) {
-    try {
-      p2p_ = createBackend("gloo", std::make_shared<PrefixStore>("p2p", store), rank, size, opts);
-    } catch (...) {
-      for (uint8_t*& b : bases_) {
-        if (b) munmap(b, mapBytes_);
-        b = nullptr;
-      }
-      throw;
+  if (size > 1) {
+    ShmP2P::Layout layout;
+    layout.rank = rank;
+    layout.size = size;
+    layout.group = group_;
+    layout.pids = pids_;
+    layout.ringBytes = p2pBytes_;
+    for (int r = 0; r < size; ++r) {
+      layout.headers.push_back(header(bases_[r]));
+      layout.regions.push_back(bases_[r] + p2pOffset());
     }
+    p2p_ = std::make_unique<ShmP2P>(completionKey(), std::move(layout),
+                                    [this](const std::string& why) { breakWith(why); });
   }
   if (config.worker) ops_ = std::make_unique<OpQueue>(completionKey());
 }
 
 ShmBackend::~ShmBackend() {
   if (ops_) ops_->stop();  // ops still queued fail: the group was destroyed before they ran
+  p2p_.reset();            // its thread reads the segments; pending sends and recvs fail
   if (bases_[rank()]) {
     ShmHeader* h = header(bases_[rank()]);
     uint32_t live = kLive;
@@ -392,10 +384,9 @@ ShmBackend::~ShmBackend() {
     if (b) munmap(b, mapBytes_);
 }
 
-bool ShmBackend::supports(OpType op) const {
-  if (op == OpType::Send || op == OpType::Recv) return p2p_ != nullptr;
-  return true;
-}
+bool ShmBackend::supports(OpType /*op*/) const { return true; }
+
+size_t ShmBackend::p2pOffset() const { return kHeaderBytes + 2 * slotBytes_; }
 
 uint8_t* ShmBackend::slot(int r, uint64_t round) const { return bases_[r] + kHeaderBytes + (round & 1) * slotBytes_; }
 
@@ -480,7 +471,7 @@ void ShmBackend::breakWith(const std::string& message) {
   futexWakeAll(&h->counter);
   // Names are normally gone already; after a failure during setup, remove what anyone left.
   unlinkAll();
-  if (p2p_) p2p_->abort(message);
+  if (p2p_) p2p_->abort(std::make_exception_ptr(brokenError()));
 }
 
 PeerError ShmBackend::brokenError() const {
@@ -625,16 +616,24 @@ Tensor ShmBackend::allocateCommBuffer(const Shape& sizes, DType dtype, Millis ti
   return Tensor(std::make_shared<TensorImpl>(std::move(storage), 0, sizes, contiguousStrides(sizes), dtype));
 }
 
-// ---- point to point (inner gloo backend) -----------------------------------------------------
+// ---- point to point (shm_p2p.h) ----------------------------------------------------------------
 
 void ShmBackend::send(const Tensor& tensor, int dst, const SendRecvOptions& opts, const WorkPtr& work) {
+  if (broken_.load()) {
+    work->fail(completionKey(), std::make_exception_ptr(brokenError()));
+    return;
+  }
   if (!p2p_) unsupported(OpType::Send);
-  p2p_->send(tensor, dst, opts, work);
+  p2p_->send(tensor, dst, opts.tag, work);
 }
 
 void ShmBackend::recv(Tensor& tensor, int src, const SendRecvOptions& opts, const WorkPtr& work) {
+  if (broken_.load()) {
+    work->fail(completionKey(), std::make_exception_ptr(brokenError()));
+    return;
+  }
   if (!p2p_) unsupported(OpType::Recv);
-  p2p_->recv(tensor, src, opts, work);
+  p2p_->recv(tensor, src, opts.tag, work);
 }
 
 // ---- registration --------------------------------------------------------------------------

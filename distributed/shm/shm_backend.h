@@ -83,9 +83,13 @@
  * out. When only some ranks' are, every rank runs the slot algorithm from a fresh round. The
  * mappings go when the tensor's storage does (the peers' with it), even after the backend.
  *
- * Point to point. send/recv go to an inner gloo backend made with the group (when gloo is
- * built; otherwise supports() says no), since tagged, out-of-order messages do not fit the
- * rounds. Everything else runs over shared memory.
+ * Point to point. Tagged messages that may be received out of order do not fit the rounds, so
+ * send/recv have rings of their own at the end of each segment, one per destination
+ * (COHORT_SHM_P2P_BYTES, default 1 MiB): the sender copies a message that fits into the ring on
+ * its own thread and its Work is complete at once; a per-group progress thread on the receiving
+ * side takes it out into the posted recv's tensor (or keeps it until that recv is posted), and
+ * streams what did not fit (shm_p2p.h). Nothing of the sender is needed after the copy, so a
+ * pipeline rank's activations move while it computes.
  */
 #pragma once
 
@@ -109,6 +113,8 @@ class OpQueue;  // detail/op_queue.h
 
 namespace cohort::dist::shm_backend {
 
+class ShmP2P;  // shm_p2p.h
+
 // The header page of every rank's segment. The counter and the flags live in separate cache
 // lines so the owner's writes do not bounce the line the peers poll.
 struct alignas(64) ShmHeader {
@@ -120,21 +126,28 @@ struct alignas(64) ShmHeader {
   alignas(64) std::atomic<uint64_t> counter;  // last round this rank published (futex on the low half)
   alignas(64) std::atomic<uint32_t> waiters;  // peers sleeping on `counter`
   alignas(64) std::atomic<uint32_t> state;    // kLive, kAborted, kClosed
-  char reason[448];                           // why it aborted (written before `state`)
+  static constexpr uint32_t kLive = 0, kAborted = 1, kClosed = 2;
+  char reason[448];  // why it aborted (written before `state`)
   // What this rank does in a round, for the peers to check (allreduce, allocateCommBuffer):
   // kind, buffer id, offset, bytes; one per slot parity, written before the round is published.
   alignas(64) uint64_t desc[2][4];
+  // Point to point (shm_p2p.h): rung by a peer that published into a ring to this rank or freed
+  // space in one of this rank's rings (futex on the low half); whether the progress thread sleeps.
+  alignas(64) std::atomic<uint64_t> p2pBell;
+  alignas(64) std::atomic<uint32_t> p2pSleeping;
+  uint64_t p2pRingBytes;
 };
 
 // Sizes, spin time and thread mode; fromEnv() reads COHORT_SHM_SLOT_BYTES, COHORT_SHM_SMALL_BYTES,
-// COHORT_SHM_SPIN_US, COHORT_COLLECTIVE_THREAD and COHORT_SHM_MAX_BUFFER_BYTES (every rank of a group must
-// use the same slot size).
+// COHORT_SHM_SPIN_US, COHORT_COLLECTIVE_THREAD, COHORT_SHM_MAX_BUFFER_BYTES and COHORT_SHM_P2P_BYTES (every
+// rank of a group must use the same slot and ring sizes).
 struct ShmConfig {
   size_t slotBytes = 4 << 20;
   size_t smallBytes = 32 << 10;
   std::chrono::microseconds spin{20};
   bool worker = false;        // run ops on a worker thread (COHORT_COLLECTIVE_THREAD=worker) instead of the caller's
   size_t maxBufferBytes = 0;  // allocateCommBuffer: larger buffers are plain memory (0: no cap)
+  size_t p2pBytes = 1 << 20;  // each send/recv ring (one per destination)
   static ShmConfig fromEnv();
 };
 
@@ -199,6 +212,7 @@ class ShmBackend : public Backend {
 
   // ---- rounds (see the header comment) ----
   uint8_t* slot(int rank, uint64_t round) const;
+  size_t p2pOffset() const;  // of the send/recv region in a segment: after the header and the slots
   uint8_t* writeSlot() const { return slot(rank(), round_ + 1); }   // this rank's slot for the next round
   uint8_t* readSlot(int peer) const { return slot(peer, round_); }  // a peer's slot of the current round
   // Publishes the next round and waits for every peer to reach it.
@@ -264,7 +278,8 @@ class ShmBackend : public Backend {
   mutable std::mutex errMu_;
   std::string brokenMessage_;
 
-  BackendPtr p2p_;  // gloo, for send/recv
+  size_t p2pBytes_ = 0;          // each ring's data bytes
+  std::unique_ptr<ShmP2P> p2p_;  // send/recv (groups of two ranks or more)
 
   std::shared_ptr<CommBuffers> buffers_ = std::make_shared<CommBuffers>();  // shared with their deleters
   uint64_t nextBufferId_ = 0;

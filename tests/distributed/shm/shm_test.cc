@@ -20,13 +20,15 @@ namespace {
 using namespace std::chrono_literals;
 
 #if COHORT_USE_SHM
-// "shm" with 4 KiB slots and no single-round allreduce: every op runs chunk by chunk.
+// "shm" with 4 KiB slots and send/recv rings and no single-round allreduce: every op runs chunk
+// by chunk.
 const bool kTinyRegistered = [] {
   registerBackend("shm_tiny_slots",
                   [](const StorePtr& store, int rank, int size, const BackendOptions& opts) -> BackendPtr {
                     shm_backend::ShmConfig c;
                     c.slotBytes = 4096;
                     c.smallBytes = 0;
+                    c.p2pBytes = 4096;
                     return std::make_shared<shm_backend::ShmBackend>(store, rank, size, opts, c);
                   });
   return true;
