@@ -318,6 +318,10 @@ void TensorPipeAgent::serveRequests(std::shared_ptr<tp::Pipe> pipe, int from) {
           COHORT_LOG(Warning, "rpc '{}': disconnecting '{}': {}", self_.name, workers_[from].name, why);
           write(pipe, errorFrame(0, "", why), nullptr);
         } else {
+          // The peer closing its end (it shut down or died) reads as an end of file; anything
+          // else broke a live connection, and the peer will only see it closed: say why here.
+          if (running() && why.rfind("eof", 0) != 0 && why.rfind("EOF", 0) != 0)
+            COHORT_LOG(Warning, "rpc '{}': the connection from '{}' broke: {}", self_.name, workers_[from].name, why);
           dropServerPipe(pipe);
         }
       });
