@@ -194,7 +194,7 @@ void ShmP2P::matchUnexpected(const Key& key, std::vector<Done>& done) {
   if (r != recvs_.end() && r->second.empty()) recvs_.erase(r);
 }
 
-void ShmP2P::drain(int src, std::vector<Done>& done) {
+bool ShmP2P::drain(int src, std::vector<Done>& done) {
   P2PRingControl* c = control(src, layout_.rank);
   const uint8_t* data = ringData(src, layout_.rank);
   const uint64_t cap = layout_.ringBytes;
@@ -248,6 +248,7 @@ void ShmP2P::drain(int src, std::vector<Done>& done) {
     consumed = true;
     if (in.received == in.total) {
       const Key key{src, in.tag};
+      const size_t before = done.size();
       if (in.recv) {
         done.push_back({in.recv->work, nullptr, in.recv->tensor});
       } else if (in.buffer) {
@@ -257,9 +258,11 @@ void ShmP2P::drain(int src, std::vector<Done>& done) {
       const bool unexpected = in.buffer != nullptr;
       in = Incoming{};
       if (unexpected) matchUnexpected(key, done);
+      if (done.size() > before) break;  // let its callbacks run before the next message
     }
   }
   if (consumed && c->senderWaiting.exchange(0, std::memory_order_seq_cst) != 0) ringBell(src);
+  return tail != head;
 }
 
 // ---- the progress thread -----------------------------------------------------------------------
@@ -365,11 +368,12 @@ void ShmP2P::loop() {
     Done culprit;
     std::string why;
     bool failed = false;
+    bool more = false;  // a ring holds records drain() left for after the completions
     auto slice = std::chrono::duration_cast<std::chrono::nanoseconds>(kIdleSlice);
     if (!error_) {
       try {
         for (int src = 0; src < layout_.size; ++src)
-          if (src != layout_.rank) drain(src, done);
+          if (src != layout_.rank) more |= drain(src, done);
         for (int dst = 0; dst < layout_.size; ++dst) {
           auto& q = outgoing_[dst];
           while (!q.empty() && push(dst, q.front())) {
@@ -406,6 +410,10 @@ void ShmP2P::loop() {
         complete(key_, one);
       }
       breakGroup_(why);  // calls abort(): every other pending op fails with the group's error
+    }
+    if (more && !failed) {
+      lock.lock();
+      continue;
     }
     me->p2pSleeping.store(1, std::memory_order_seq_cst);
     if (me->p2pBell.load(std::memory_order_seq_cst) == bell)

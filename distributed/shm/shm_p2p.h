@@ -128,8 +128,12 @@ class ShmP2P {
   void loop();
   // With mu_ held: writes what fits of `o` into the ring to `dst`; true when all of it is in.
   bool push(int dst, Outgoing& o);
-  // With mu_ held: takes every record out of `src`'s ring; completions go to `done`.
-  void drain(int src, std::vector<Done>& done);
+  // With mu_ held: takes records out of `src`'s ring, up to the end of the first message that
+  // completes a recv (completions go to `done`); true when it stopped there with more to take.
+  // Completing that recv runs its callbacks, which may post the recv the next message is for
+  // (the pipeline's transport posts a tensor's data recv when its header arrives): that message
+  // then goes straight into its tensor instead of through a buffer of its own.
+  bool drain(int src, std::vector<Done>& done);
   // With mu_ held: the oldest unexpected message of `key` to the oldest recv, while both exist.
   void matchUnexpected(const Key& key, std::vector<Done>& done);
   // With mu_ held: the first op past its deadline, or waiting on a peer that is gone (checked
