@@ -618,6 +618,8 @@ Tensor ShmBackend::allocateCommBuffer(const Shape& sizes, DType dtype, Millis ti
 
 // ---- point to point (shm_p2p.h) ----------------------------------------------------------------
 
+uint64_t ShmBackend::bufferedMessages() const { return p2p_ ? p2p_->bufferedMessages() : 0; }
+
 void ShmBackend::send(const Tensor& tensor, int dst, const SendRecvOptions& opts, const WorkPtr& work) {
   if (broken_.load()) {
     work->fail(completionKey(), std::make_exception_ptr(brokenError()));

@@ -191,6 +191,9 @@ class ShmBackend : public Backend {
   Tensor allocateCommBuffer(const Shape& sizes, DType dtype, Millis timeout) override;
   // Allreduces that ran directly on registered buffers (tests and benchmarks check the path).
   uint64_t registeredAllreduces() const { return registeredAllreduces_.load(); }
+  // Messages received before their recv was posted, kept in a buffer until it was (tests check
+  // that a recv posted by the previous message's callback is not one).
+  uint64_t bufferedMessages() const;
 
   // The segment names of this group (for tests: none of them may remain in /dev/shm).
   const std::vector<std::string>& segmentNames() const { return names_; }

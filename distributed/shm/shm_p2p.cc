@@ -227,6 +227,7 @@ bool ShmP2P::drain(int src, std::vector<Done>& done) {
       } else {
         auto& q = unexpected_[key];
         q.push_back(Unexpected{std::vector<uint8_t>(rec.total)});
+        buffered_.fetch_add(1, std::memory_order_relaxed);
         in.buffer = &q.back();
         in.target = in.buffer->data.data();
       }

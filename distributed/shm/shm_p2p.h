@@ -88,6 +88,9 @@ class ShmP2P {
   // The backend broke: every pending op fails with `error`, and so does every later one.
   void abort(std::exception_ptr error);
 
+  // Messages that arrived before their recv and went through a buffer of their own.
+  uint64_t bufferedMessages() const { return buffered_.load(std::memory_order_relaxed); }
+
  private:
   struct Outgoing {
     WorkPtr work;
@@ -155,6 +158,7 @@ class ShmP2P {
   std::vector<Incoming> incoming_;  // per source
   std::chrono::steady_clock::time_point lastLiveness_{};
   bool stop_ = false;
+  std::atomic<uint64_t> buffered_{0};
   std::once_flag threadOnce_;
   std::thread thread_;
 };

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <future>
 #include <string>
 #include <thread>
 #include <vector>
@@ -95,6 +96,39 @@ TEST_F(ShmP2P, MessagesThatArriveBeforeTheirRecvAreMatchedInSendOrderPerTag) {
       }
     });
   }
+}
+
+// The pipeline's pattern: a header, then the data, sent back to back; the receiver posts the
+// data's recv from the header's completion callback. The data goes straight into its tensor: the
+// progress thread completes the header's recv before it takes the data out of the ring.
+TEST_F(ShmP2P, ARecvPostedByTheLastMessagesCallbackTakesTheNextOneDirectly) {
+  ThreadWorld world("shm", 2);
+  std::vector<Tensor> got(20);
+  world.run([&](int r) {
+    auto& pg = world.pg(r);
+    for (int k = 0; k < 20; ++k) {
+      Tensor ready = zeros({1});
+      if (r == 0) {
+        pg.recv(ready, 1, {.tag = 100 + k})->wait();  // rank 1's header recv is posted
+        Tensor header = fromVector<int64_t>({1000 + k}, {1});
+        pg.send(header, 1, {.tag = 2 * k})->wait();
+        pg.send(ramp(1000 + k, static_cast<float>(k)), 1, {.tag = 2 * k + 1})->wait();
+        continue;
+      }
+      Tensor header = zeros({1}, {.dtype = DType::Int64});
+      std::promise<WorkPtr> data;
+      auto h = pg.recv(header, 0, {.tag = 2 * k});
+      h->future().addCallback([&, k](const Future<std::vector<Tensor>>&) {
+        got[k] = zeros({header.data<int64_t>()[0]});
+        data.set_value(pg.recv(got[k], 0, {.tag = 2 * k + 1}));
+      });
+      pg.send(ready, 0, {.tag = 100 + k})->wait();
+      data.get_future().get()->wait();
+      expectRamp(got[k], 1000 + k, static_cast<float>(k), fmt::format("message {}", k));
+    }
+  });
+  auto& shm = dynamic_cast<shm_backend::ShmBackend&>(world.pg(1).backend(DeviceType::CPU));
+  EXPECT_EQ(shm.bufferedMessages(), 0u);
 }
 
 // A recv whose tensor has another size than the message fails with a DistError naming both sizes;
