@@ -6,8 +6,9 @@
 // differently in bfloat16, so the runs drift apart slowly); COHORT_PARITY_FULL=1 runs that on the
 // reference GPT of bench/train_step (6 layers, width 384, 256 tokens, batch 8: minutes) instead
 // of a small one, learning the next character of the shipped King James text (the small one
-// learns a fixed map of each token, whose loss falls towards 0 within the 50 steps). The PyTorch side is tests/parity/torch_reference.py, run with Debian's python3-torch
-// through /usr/bin/python3 (installed by scripts/setup.sh).
+// learns a fixed map of each token, whose loss falls towards 0 within the 50 steps). The
+// PyTorch side is tests/parity/torch_reference.py, run with Debian's python3-torch through
+// /usr/bin/python3 (installed by scripts/setup.sh).
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
