@@ -64,6 +64,25 @@ TEST(CpuAllocatorCache, LargeBlocksAreReusedAndAccountedSeparately) {
 TEST(CpuAllocatorCache, SmallBlocksAreNotCached) {
   emptyCache();
   { Tensor t = empty({1000}); }
+  { Tensor t = empty({(int64_t{128} << 10) / 4 - 16}); }  // just under 128 KiB
+  EXPECT_EQ(memoryStats().cachedBytes, 0);
+}
+
+// From 128 KiB (where glibc starts giving freed blocks back to the kernel) blocks are kept: a
+// micro-batch's 0.2-1 MiB activations come back without page faults.
+TEST(CpuAllocatorCache, BlocksFrom128KiBAreReused) {
+  emptyCache();
+  for (int64_t floats : {int64_t{32} << 10, int64_t{48} << 10, int64_t{200} << 10}) {  // 128, 192, 800 KiB
+    void* first = nullptr;
+    {
+      Tensor t = empty({floats});
+      first = t.dataPtr();
+    }
+    EXPECT_GE(memoryStats().cachedBytes, floats * 4) << floats << " floats";
+    Tensor again = empty({floats});
+    EXPECT_EQ(again.dataPtr(), first) << floats << " floats";
+  }
+  emptyCache();
   EXPECT_EQ(memoryStats().cachedBytes, 0);
 }
 
