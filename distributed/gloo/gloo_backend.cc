@@ -230,7 +230,9 @@ void GlooBackend::runGuarded(const WorkPtr& work, const std::function<std::vecto
       first = broken_ == nullptr;
       if (first) diagnosing_ = true;
     }
-    breakWith(std::make_exception_ptr(DistError(work->describe() + " failed: " + detail)));
+    const std::string what = work->describe() + " failed: " + detail;
+    breakWith(kind == Kind::Timeout ? std::make_exception_ptr(TimeoutError(what))
+                                    : std::make_exception_ptr(DistError(what)));
     error = kind == Kind::Timeout ? work->timeoutError(detail)
             : kind == Kind::Peer  ? work->peerError(detail)
                                   : work->distError(detail);
@@ -253,6 +255,8 @@ void GlooBackend::breakWith(std::exception_ptr error, bool raiseSignal) {
   // Every rank stops, even those blocked on a live peer (see the header). Before closing, so that
   // the root cause is signalled, not a peer's error about the connections closed below.
   if (raiseSignal) {
+    // The kind comes from the error's type: its message quotes the group's name, which may say
+    // anything.
     bool timeout = false;
     std::string what = "unknown error";
     try {
@@ -261,7 +265,6 @@ void GlooBackend::breakWith(std::exception_ptr error, bool raiseSignal) {
       timeout = true;
       what = e.what();
     } catch (const std::exception& e) {
-      timeout = isTimeoutMessage(e.what());
       what = e.what();
     } catch (...) {
     }
