@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cohort/core/ops/ops.h>
 #include <cohort/core/profiler/record.h>
 #include <cohort/core/util/env.h>
 #include <cohort/core/util/error.h>
@@ -606,10 +607,14 @@ WorkPtr ProcessGroup::scatter(Tensor& output, const std::vector<Tensor>& inputs,
   return launch(work, b, [&] { b->scatter(output, inputs, opts, work); });
 }
 
-Tensor ProcessGroup::allocateCommBuffer(const Shape& sizes, DType dtype) {
+Tensor ProcessGroup::allocateCommBuffer(const Shape& sizes, DType dtype, Device device) {
   if (std::any_of(sizes.begin(), sizes.end(), [](int64_t d) { return d < 0; }))
     throw ValueError(
         fmt::format("allocateCommBuffer in group '{}': negative size in shape {}", opts_.name, shapeStr(sizes)));
+  if (!device.isCpu()) {
+    backend(device.type());  // NotSupportedError naming the device when this group cannot reach it
+    return zeros(sizes, {.dtype = dtype, .device = device});
+  }
   return backend(DeviceType::CPU).allocateCommBuffer(sizes, dtype, opts_.timeout);
 }
 

@@ -107,10 +107,12 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   WorkPtr send(const Tensor& tensor, int dst, const SendRecvOptions& opts = {});
   WorkPtr recv(Tensor& tensor, int src, const SendRecvOptions& opts = {});
 
-  // A zeroed tensor for repeated communication, placed by the CPU backend (Backend::
-  // allocateCommBuffer: on shm, memory every rank maps, so allreduces of it copy nothing).
-  // Collective: every rank calls it in the same order with the same sizes and dtype.
-  Tensor allocateCommBuffer(const Shape& sizes, DType dtype);
+  // A zeroed tensor for repeated communication. On the CPU the CPU backend places it (Backend::
+  // allocateCommBuffer: on shm, memory every rank maps, so allreduces of it copy nothing); on
+  // another device it is plain device memory, and NotSupportedError when no backend of this group
+  // serves that device. Collective: every rank calls it in the same order with the same sizes and
+  // dtype.
+  Tensor allocateCommBuffer(const Shape& sizes, DType dtype, Device device = Device::cpu());
 
   // Subgroups. Both are collective over this group: every member calls them, in the same order.
   // newGroup returns null on ranks not in `ranks`; split groups ranks by color (negative color =

@@ -23,6 +23,7 @@ FlatParamHandle::FlatParamHandle(std::string label, std::vector<FlatParamInfo> p
     : label_(std::move(label)), params_(std::move(params)), groups_(std::move(groups)), shardDtype_(shardDtype),
       computeDtype_(computeDtype), reduceDtype_(reduceDtype) {
   COHORT_CHECK(!params_.empty(), "FlatParamHandle '{}': a unit needs at least one parameter", label_);
+  device_ = params_.front().param.device();
   autograd::NoGradGuard noGrad;
   for (auto& p : params_) {
     p.offset = numel_;
@@ -35,7 +36,7 @@ FlatParamHandle::FlatParamHandle(std::string label, std::vector<FlatParamInfo> p
   const int64_t lo = shardRank() * shardNumel_, hi = lo + shardNumel_;
 
   // This rank's shard of the flat buffer, from the module's current values; padding is zero.
-  shard_ = zeros({shardNumel_}, {.dtype = shardDtype_});
+  shard_ = zeros({shardNumel_}, {.dtype = shardDtype_, .device = device_});
   for (auto& p : params_) {
     const int64_t b = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
     if (b < e) {
@@ -51,8 +52,7 @@ FlatParamHandle::FlatParamHandle(std::string label, std::vector<FlatParamInfo> p
     fullStorage_ = shard_.storage();
     gathered_ = true;
   } else {
-    fullStorage_ =
-        std::make_shared<Storage>(static_cast<size_t>(paddedNumel_) * elementSize(computeDtype_), Device::cpu());
+    fullStorage_ = std::make_shared<Storage>(static_cast<size_t>(paddedNumel_) * elementSize(computeDtype_), device_);
     fullStorage_->setCategory(MemoryCategory::Parameters);  // kept across release and re-gather
     fullStorage_->release();
   }
@@ -197,7 +197,7 @@ Tensor FlatParamHandle::startReduce(const std::vector<Tensor>& grads) {
   reduced_ = true;
   reduceStartNs_ = profiler::detail::active() ? profiler::detail::nowNs() : 0;
   autograd::NoGradGuard noGrad;
-  flatGrad_ = empty({paddedNumel_}, {.dtype = reduceDtype_});
+  flatGrad_ = empty({paddedNumel_}, {.dtype = reduceDtype_, .device = device_});
   if (paddedNumel_ > numel_) flatGrad_.narrow(0, numel_, paddedNumel_ - numel_).zero_();
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& p = params_[i];
@@ -207,8 +207,8 @@ Tensor FlatParamHandle::startReduce(const std::vector<Tensor>& grads) {
   }
   const bool shardReduce = shardSize() > 1;
   const bool replicate = groups_.replicate && groups_.replicate->size() > 1;
-  gradShard_ = shardReduce ? empty({shardNumel_}, {.dtype = reduceDtype_}) : flatGrad_;
-  gradOut_ = reduceDtype_ == shardDtype_ ? gradShard_ : empty({shardNumel_}, {.dtype = shardDtype_});
+  gradShard_ = shardReduce ? empty({shardNumel_}, {.dtype = reduceDtype_, .device = device_}) : flatGrad_;
+  gradOut_ = reduceDtype_ == shardDtype_ ? gradShard_ : empty({shardNumel_}, {.dtype = shardDtype_, .device = device_});
   if (shardReduce) {
     reducePending_ = groups_.shard->reduceScatterTensor(gradShard_, flatGrad_, {.op = dist::ReduceOp::Avg});
     reducePendingIsShard_ = true;

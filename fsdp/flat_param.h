@@ -32,6 +32,9 @@
  * with Avg over the replicate group (HYBRID_SHARD, NO_SHARD), and handed to autograd as the shard's
  * gradient (shard dtype), which accumulates it into shard().grad.
  *
+ * Devices: the unit's parameters are on one device (the CPU or a GPU); the shard, the full buffer
+ * and the flat gradients are allocated there, and the group's backend for that device carries them.
+ *
  * Threads: the thread driving forward and backward; collectives are issued on it in the same
  * order on every rank.
  */
@@ -126,6 +129,7 @@ class FlatParamHandle {
   std::vector<FlatParamInfo> params_;
   FlatParamGroups groups_;
   DType shardDtype_, computeDtype_, reduceDtype_;
+  Device device_;  // the parameters' device: the shard, the full buffer and the gradients live there
   int64_t numel_ = 0, paddedNumel_ = 0, shardNumel_ = 0;
   Tensor shard_;
   std::shared_ptr<Storage> fullStorage_;

@@ -49,16 +49,23 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::ModulePtr module, dist::P
       opts_(std::move(options)) {
   if (module_ == nullptr) throw ValueError("FullyShardedDataParallel: the module is null");
   if (pg_ == nullptr) pg_ = dist::defaultProcessGroup();
+  std::optional<std::pair<std::string, Device>> first;
   for (const auto& [name, p] : module_->namedParameters()) {
-    if (p.device().type() != DeviceType::CPU)
-      throw NotSupportedError(fmt::format("FullyShardedDataParallel: parameter '{}' is on {}; only CPU parameters "
-                                          "are supported in this build",
-                                          name, p.device()));
+    if (!first) first = {name, p.device()};
+    if (p.device() != first->second)
+      throw NotSupportedError(fmt::format("FullyShardedDataParallel: parameter '{}' is on {} but '{}' is on {}; FSDP "
+                                          "shards a module that lives on one device (move it with Module::to first)",
+                                          name, p.device(), first->first, first->second));
     if (!p.requiresGrad())
       throw NotSupportedError(fmt::format("FullyShardedDataParallel: parameter '{}' does not require grad; frozen "
                                           "parameters inside a flat parameter are not supported (make it a buffer)",
                                           name));
   }
+  if (first && pg_->size() > 1 && !pg_->supports(dist::OpType::Allgather, first->second.type()))
+    throw NotSupportedError(fmt::format("FullyShardedDataParallel: the module's parameters are on {}, but process "
+                                        "group '{}' has no backend for {} tensors (make the group with one, e.g. "
+                                        "\"auto\" or \"cpu:gloo,cuda:nccl\")",
+                                        first->second, pg_->name(), first->second));
   if (opts_.syncModuleStates) {
     std::vector<Tensor> state = module_->parameters();
     for (const Tensor& b : module_->buffers()) state.push_back(b);

@@ -28,7 +28,7 @@ int shardIndex(const FullyShardedDataParallel& f) { return f.groups().shard ? f.
 // The unit's whole flat parameter (padded) in the shard dtype: an all-gather over the shard group.
 Tensor gatherMaster(FullyShardedDataParallel& f, FlatParamHandle& h) {
   if (h.shardSize() == 1) return h.shard().detach();
-  Tensor out = empty({h.paddedNumel()}, {.dtype = h.shard().dtype()});
+  Tensor out = empty({h.paddedNumel()}, {.dtype = h.shard().dtype(), .device = h.shard().device()});
   f.groups().shard->allgatherIntoTensor(out, h.shard().detach())->wait();
   return out;
 }

@@ -8,7 +8,9 @@
 #   --out DIR   where logs and the benchmark JSON go (default gpu-results/)
 #
 # Every test binary of tests/core/cuda/ and tests/distributed/nccl/ runs with its own log; then
-# bench/cuda_gemm (cohort's matmul against cuBLAS called directly). The exit status is non-zero
+# bench/cuda_gemm (cohort's matmul against cuBLAS called directly) and bench/cuda_train_step (a GPT-2
+# small training step under bf16 autocast), next to bench/torch_cuda_train_step.py (the same model
+# in PyTorch) when python3 has PyTorch with CUDA. The exit status is non-zero
 # when any test fails; a binary running past COHORT_GPU_TEST_TIMEOUT seconds (300) is stopped and
 # counts as failed. docs/benchmarks.md records the figures of such runs.
 set -uo pipefail
@@ -52,7 +54,14 @@ for name in $names; do
   [[ $rc -ne 0 ]] && status=1
 done
 
+peak=${COHORT_GPU_PEAK_TFLOPS:-989}
 if [[ $bench -eq 1 && -x $bench_dir/cuda_gemm ]]; then
-  "$bench_dir/cuda_gemm" --peak-tflops "${COHORT_GPU_PEAK_TFLOPS:-989}" 2>&1 | tee "$out/cuda_gemm.json"
+  "$bench_dir/cuda_gemm" --peak-tflops "$peak" 2>&1 | tee "$out/cuda_gemm.json"
+fi
+if [[ $bench -eq 1 && -x $bench_dir/cuda_train_step ]]; then
+  "$bench_dir/cuda_train_step" --peak-tflops "$peak" 2>&1 | tee "$out/cuda_train_step.json"
+  if python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    python3 bench/torch_cuda_train_step.py --peak-tflops "$peak" 2>&1 | tee -a "$out/cuda_train_step.json"
+  fi
 fi
 exit $status

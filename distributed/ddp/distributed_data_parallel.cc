@@ -78,13 +78,21 @@ DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module, ProcessGr
   std::unordered_set<const TensorImpl*> seen;
   for (const auto& [name, p] : module_->namedParameters()) {
     if (!p.requiresGrad() || !seen.insert(p.impl()).second) continue;
-    if (p.device().type() != DeviceType::CPU)
-      throw NotSupportedError(fmt::format("DistributedDataParallel: parameter '{}' is on {}; only CPU parameters "
-                                          "are supported in this build",
-                                          name, p.device()));
+    if (!params_.empty() && p.device() != params_.front().device())
+      throw NotSupportedError(fmt::format("DistributedDataParallel: parameter '{}' is on {} but '{}' is on {}; DDP "
+                                          "replicates a module that lives on one device (move it with "
+                                          "Module::to first)",
+                                          name, p.device(), names.front().substr(7), params_.front().device()));
     params_.push_back(p);
     names.push_back("module." + name);  // as ddp.namedParameters() and its state dict show it
   }
+  const Device device = params_.empty() ? Device::cpu() : params_.front().device();
+  if (!pg_->supports(OpType::Allreduce, device.type()))
+    throw NotSupportedError(fmt::format("DistributedDataParallel: the module's parameters are on {}, but process "
+                                        "group '{}' cannot all-reduce {} tensors (make the group with a backend for "
+                                        "that device, e.g. \"auto\" or \"cpu:gloo,cuda:nccl\")",
+                                        device, pg_->name(), device));
+  control_ = controlDevice(*pg_, device);
   verifyParameters(names);
   broadcastState(0);
   ReducerOptions ro;
@@ -103,9 +111,10 @@ void DistributedDataParallel::verifyParameters(const std::vector<std::string>& n
   std::string mine;
   for (size_t i = 0; i < params_.size(); ++i) mine += describeParam(names[i], params_[i]) + "\n";
   const uint64_t key = pg_->sequenceNumber();
-  Tensor h = full({1}, static_cast<int64_t>(fnv1a(mine)), {.dtype = DType::Int64});
-  Tensor all = empty({pg_->size()}, {.dtype = DType::Int64});
+  Tensor h = full({1}, static_cast<int64_t>(fnv1a(mine)), {.dtype = DType::Int64, .device = control_});
+  Tensor all = empty({pg_->size()}, {.dtype = DType::Int64, .device = control_});
   pg_->allgatherIntoTensor(all, h)->wait();
+  all = all.to(Device::cpu());
   const int64_t* hs = all.data<int64_t>();
   bool same = true;
   for (int r = 1; r < pg_->size(); ++r) same = same && hs[r] == hs[0];
@@ -163,7 +172,10 @@ DistributedDataParallel::JoinRound DistributedDataParallel::joinNotify(bool acti
   int32_t* f = flags.data<int32_t>();
   f[0] = active && sync ? 1 : 0;
   f[1 + pg_->rank()] = active ? 1 : 0;
+  flags = flags.to(control_);  // the same tensor on the CPU
   pg_->allreduce(flags, {.op = ReduceOp::Sum})->wait();
+  flags = flags.to(Device::cpu());
+  f = flags.data<int32_t>();
   JoinRound round;
   round.sync = f[0] > 0;
   round.firstActive = -1;

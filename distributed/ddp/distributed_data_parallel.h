@@ -30,6 +30,11 @@
  * when backward returns the context holds the averaged gradients; .grad is left alone. Step with
  * an rpc::DistributedOptimizer (or Optimizer::step(gradOf) with the context's gradients).
  *
+ * Devices: the module lives on one device, the CPU or one GPU per rank (Module::to before
+ * wrapping), and the group needs a backend for it ("auto" gives CUDA tensors to "nccl"): the
+ * buckets are on that device and reduce there. Parameters on two devices are a NotSupportedError.
+ * On a GPU, backward returns once the GPU has reduced every bucket (the host waits for it).
+ *
  * Threads: one thread drives forward and backward (as with any module); every rank must run the
  * same sequence of synchronised iterations. Uneven data: see join.h.
  */
@@ -127,6 +132,7 @@ class DistributedDataParallel : public nn::Module {
   ProcessGroupPtr pg_;
   DDPOptions opts_;
   std::vector<Tensor> params_;  // parameters that require grad, each once, registration order
+  Device control_;              // where the model check and Join's flags go (reducer.h: controlDevice)
   std::unique_ptr<Reducer> reducer_;
   bool requireSync_ = true;
   std::unique_ptr<JoinState> join_;  // set while a Join scope is active

@@ -35,6 +35,10 @@ double now() { return std::chrono::duration<double>(std::chrono::steady_clock::n
 
 }  // namespace
 
+Device controlDevice(const ProcessGroup& pg, Device params) {
+  return pg.supports(OpType::Allreduce, DeviceType::CPU) ? Device::cpu() : params;
+}
+
 std::vector<std::vector<size_t>> assignBuckets(const std::vector<Tensor>& params, const std::vector<size_t>& order,
                                                size_t firstCapBytes, size_t capBytes) {
   // As PyTorch: a parameter joins the open bucket, which closes once it holds at least the cap
@@ -63,6 +67,7 @@ std::vector<std::vector<size_t>> assignBuckets(const std::vector<Tensor>& params
 Reducer::Reducer(std::vector<Tensor> params, std::vector<std::string> names, ProcessGroupPtr pg, ReducerOptions opts)
     : params_(std::move(params)), names_(std::move(names)), pg_(std::move(pg)), opts_(opts), hook_(allreduceHook()) {
   COHORT_CHECK(pg_ != nullptr, "Reducer: null process group");
+  control_ = controlDevice(*pg_, params_.empty() ? Device::cpu() : params_.front().device());
   COHORT_CHECK_EQ(params_.size(), names_.size(), "Reducer: one name per parameter");
   mbToBytes(opts_.bucketCapMb, "bucketCapMb");
   mbToBytes(opts_.firstBucketCapMb, "firstBucketCapMb");
@@ -128,7 +133,7 @@ void Reducer::buildBuckets(const std::vector<size_t>& order) {
     bucket.offsets = layout.offsets;
     // From the backend (collective: every rank builds the same buckets at the same point): on shm
     // it is memory every rank maps, and the bucket's all-reduce copies nothing in or out.
-    bucket.buffer = pg_->allocateCommBuffer({layout.total}, layout.dtype);
+    bucket.buffer = pg_->allocateCommBuffer({layout.total}, layout.dtype, layout.device);
     // For the memory profiler: the gradients themselves when .grad views the bucket, else a copy
     // made for communication.
     setMemoryCategory(bucket.buffer,
@@ -168,7 +173,9 @@ void Reducer::rebuildBuckets() {
     int64_t* o = order.data<int64_t>();
     for (int64_t i = 0; i < n; ++i) o[i] = static_cast<int64_t>(readyOrder_[i]);
   }
+  order = order.to(control_);
   pg_->broadcast(order, {.root = 0})->wait();
+  order = order.to(Device::cpu());
   rebuilt_ = true;
   rebuildPending_ = false;
   readyOrder_.clear();
@@ -397,11 +404,13 @@ void Reducer::finalize() {
     usedMap = empty({static_cast<int64_t>(params_.size())}, {.dtype = DType::Int32});
     int32_t* u = usedMap.data<int32_t>();
     for (size_t i = 0; i < params_.size(); ++i) u[i] = locallyUsed_[i];
+    usedMap = usedMap.to(control_);
     usedWork = pg_->allreduce(usedMap, {.op = ReduceOp::Max});
   }
   double t0 = now();
   waitRound(usedWork);
   exposedWaitS_ = now() - t0;
+  if (usedWork) usedMap = usedMap.to(Device::cpu());
   copyReducedIntoGrads(usedWork ? usedMap.data<int32_t>() : nullptr);
   endRound();
   if (!missing.empty()) {
@@ -430,7 +439,7 @@ void Reducer::shadowBackward() {
   Tensor usedMap;
   WorkPtr usedWork;
   if (opts_.findUnusedParameters || opts_.staticGraph) {
-    usedMap = zeros({static_cast<int64_t>(params_.size())}, {.dtype = DType::Int32});
+    usedMap = zeros({static_cast<int64_t>(params_.size())}, {.dtype = DType::Int32, .device = control_});
     usedWork = pg_->allreduce(usedMap, {.op = ReduceOp::Max});
   }
   waitRound(usedWork);

@@ -27,6 +27,11 @@
  * finalize writes each averaged gradient back into the context (a copy of its bucket slice, so
  * the next iteration's backward cannot change a context's gradients). .grad is never touched.
  *
+ * Devices: the parameters are on one device (the CPU or one GPU) and the buckets live there; the
+ * small control tensors (the rebuild order, the used-parameter bitmap, DDP's model check and Join
+ * flags) go through the group's CPU backend when it has one, else through the parameters' device
+ * (a group with only "nccl"), as controlDevice() says.
+ *
  * Threads: everything runs on the thread that calls forward and backward.
  */
 #pragma once
@@ -59,6 +64,9 @@ struct ReducerOptions {
 // compute_bucket_assignment_by_size. Exposed for tests.
 std::vector<std::vector<size_t>> assignBuckets(const std::vector<Tensor>& params, const std::vector<size_t>& order,
                                                size_t firstCapBytes, size_t capBytes);
+
+// Where DDP's small control collectives run: the CPU when `pg` has a CPU backend, else `params`.
+Device controlDevice(const ProcessGroup& pg, Device params);
 
 class Reducer {
  public:
@@ -117,6 +125,7 @@ class Reducer {
   std::vector<std::string> names_;
   ProcessGroupPtr pg_;
   ReducerOptions opts_;
+  Device control_;  // controlDevice() of the group and the parameters' device
   CommHookPtr hook_;
   std::vector<int> hookHandles_;
 

@@ -64,6 +64,7 @@ class CausalSelfAttention(tnn.Module):
     def __init__(self, c):
         super().__init__()
         self.n_head = c["heads"]
+        self.sdpa = c.get("sdpa", False)  # PyTorch's fused attention (PyTorch 2), for GPU benchmarks
         self.c_attn = tnn.Linear(c["embd"], 3 * c["embd"], bias=c["bias"])
         self.c_proj = tnn.Linear(c["embd"], c["embd"], bias=c["bias"])
 
@@ -73,6 +74,9 @@ class CausalSelfAttention(tnn.Module):
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        if self.sdpa:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
         # COHORT_REF_ATTN_F32=1 (a diagnostic): under autocast, compute the attention in float32, as
         # cohort's fused attention does inside, instead of PyTorch 1.13's bfloat16 matmuls.
         f32 = os.environ.get("COHORT_REF_ATTN_F32") == "1" and torch.is_autocast_cpu_enabled()
@@ -80,7 +84,7 @@ class CausalSelfAttention(tnn.Module):
             if f32:
                 q, k, v = q.float(), k.float(), v.float()
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-            mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
+            mask = torch.tril(torch.ones(T, T, dtype=torch.bool, device=x.device))
             att = att.masked_fill(~mask, float("-inf"))
             att = F.softmax(att, dim=-1)
             y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
@@ -131,7 +135,7 @@ class GPT(tnn.Module):
 
     def forward(self, idx):
         T = idx.size(1)
-        pos = torch.arange(T, dtype=torch.long)
+        pos = torch.arange(T, dtype=torch.long, device=idx.device)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)
         for b in self.transformer.h:
             x = b(x)
