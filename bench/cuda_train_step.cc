@@ -11,9 +11,11 @@
 //
 //   build/bench/cuda_train_step [--layers 12] [--heads 12] [--embd 768] [--block 1024] [--vocab 50304]
 //                               [--batch 8] [--steps 20] [--warmup 3] [--amp bf16|none] [--peak-tflops 989]
+//                               [--phases]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -21,6 +23,13 @@
 #include <cohort/core/cuda/cuda.h>
 
 using namespace cohort;
+
+namespace {
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"GPT training step on a GPU (cohort side; bench/torch_cuda_train_step.py is PyTorch's)"};
@@ -47,6 +56,9 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup)->check(CLI::NonNegativeNumber);
   app.add_option("--amp", ampName, "bf16 (autocast) or none (float32)")->check(CLI::IsMember({"bf16", "none"}));
   app.add_option("--peak-tflops", peak, "the GPU's dense bf16 peak (H100/H200 SXM: 989)");
+  bool phases = false;
+  app.add_flag("--phases", phases,
+               "also time forward, backward and optimizer apart, and the attention alone (extra JSON lines)");
   CLI11_PARSE(app, argc, argv);
   if (!cuda::isAvailable()) {
     std::printf("{\"bench\": \"cuda_train_step\", \"skipped\": \"no CUDA device\"}\n");
@@ -76,6 +88,63 @@ int main(int argc, char** argv) {
   };
   for (int i = 0; i < warmup; ++i) step();
   cuda::synchronize();
+  if (phases) {
+    // The same steps with the device synchronised between forward+loss, backward and the
+    // optimizer: where the time goes (the synchronisation costs a little overlap).
+    std::vector<double> f, bw, o;
+    for (int i = 0; i < steps; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      {
+        amp::Autocast autocast(DeviceType::CUDA, DType::BFloat16, {.enabled = ampName == "bf16"});
+        Tensor logits = model(x);
+        loss = nn::functional::crossEntropy(logits.reshape({-1, cfg.vocabSize}), y.reshape({-1}));
+      }
+      cuda::synchronize();
+      auto t1 = std::chrono::steady_clock::now();
+      opt.zeroGrad();
+      loss.backward();
+      cuda::synchronize();
+      auto t2 = std::chrono::steady_clock::now();
+      opt.step();
+      cuda::synchronize();
+      auto t3 = std::chrono::steady_clock::now();
+      f.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      bw.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
+      o.push_back(std::chrono::duration<double, std::milli>(t3 - t2).count());
+    }
+    std::printf(
+        "{\"bench\": \"cuda_train_step_phases\", \"impl\": \"cohort\", \"forward_ms\": %.2f, \"backward_ms\": %.2f, "
+        "\"optimizer_ms\": %.2f}\n",
+        median(f), median(bw), median(o));
+    // The attention alone, forward and backward, on the model's shapes (bf16, causal).
+    const int64_t e = cfg.nEmbd / cfg.nHead;
+    Tensor q = randn({batch, cfg.nHead, cfg.blockSize, e}).to(DType::BFloat16).to(dev).setRequiresGrad(true);
+    Tensor k = randn({batch, cfg.nHead, cfg.blockSize, e}).to(DType::BFloat16).to(dev).setRequiresGrad(true);
+    Tensor v = randn({batch, cfg.nHead, cfg.blockSize, e}).to(DType::BFloat16).to(dev).setRequiresGrad(true);
+    Tensor go = randn({batch, cfg.nHead, cfg.blockSize, e}).to(DType::BFloat16).to(dev);
+    auto attn = [&](bool back) {
+      Tensor out = nn::functional::scaledDotProductAttention(q, k, v, {.causal = true});
+      if (back) out.backward(go);
+    };
+    std::vector<double> af, ab;
+    for (int i = 0; i < 3; ++i) attn(true);
+    for (int i = 0; i < 10; ++i) {
+      cuda::synchronize();
+      auto t0 = std::chrono::steady_clock::now();
+      attn(false);
+      cuda::synchronize();
+      auto t1 = std::chrono::steady_clock::now();
+      attn(true);
+      cuda::synchronize();
+      auto t2 = std::chrono::steady_clock::now();
+      af.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      ab.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
+    }
+    std::printf("{\"bench\": \"cuda_attention\", \"impl\": \"cohort\", \"shape\": [%lld, %lld, %lld, %lld], "
+                "\"forward_ms\": %.3f, \"forward_backward_ms\": %.3f}\n",
+                static_cast<long long>(batch), static_cast<long long>(cfg.nHead), static_cast<long long>(cfg.blockSize),
+                static_cast<long long>(e), median(af), median(ab));
+  }
   resetPeakMemory(dev);
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < steps; ++i) step();

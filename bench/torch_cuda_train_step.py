@@ -11,7 +11,9 @@ line per --attn value.
 
   python3 bench/torch_cuda_train_step.py [--layers 12] [--heads 12] [--embd 768] [--block 1024]
       [--vocab 50304] [--batch 8] [--steps 20] [--warmup 3] [--amp bf16|none] [--attn manual,sdpa]
-      [--peak-tflops 989]
+      [--peak-tflops 989] [--phases]
+
+--phases also times forward, backward and optimizer apart, and the attention alone, as the C++ side.
 """
 import argparse
 import json
@@ -67,8 +69,61 @@ def run(a, attn):
                       "fraction_of_peak": round(tflops / a.peak_tflops, 3),
                       "peak_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2),
                       "last_loss": round(loss.item(), 4)}), flush=True)
-    del model, opt, x, y, loss
-    torch.cuda.empty_cache()
+    if a.phases:
+        phases(a, attn, model, opt, x, y, amp)
+
+
+def median(v):
+    return sorted(v)[len(v) // 2]
+
+
+def phases(a, attn, model, opt, x, y, amp):
+    """--phases, as the C++ side: forward+loss, backward and optimizer timed apart (device
+    synchronised between them), then the attention alone (bf16, causal) forward and backward."""
+    sync = torch.cuda.synchronize
+    f, bw, o = [], [], []
+    for _ in range(a.steps):
+        t0 = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+            logits = model(x)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+        sync()
+        t1 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        sync()
+        t2 = time.perf_counter()
+        opt.step()
+        sync()
+        t3 = time.perf_counter()
+        f.append((t1 - t0) * 1e3)
+        bw.append((t2 - t1) * 1e3)
+        o.append((t3 - t2) * 1e3)
+    print(json.dumps({"bench": "cuda_train_step_phases", "impl": f"torch attn={attn}",
+                      "forward_ms": round(median(f), 2), "backward_ms": round(median(bw), 2),
+                      "optimizer_ms": round(median(o), 2)}), flush=True)
+    if attn != "sdpa":
+        return
+    e = a.embd // a.heads
+    shape = (a.batch, a.heads, a.block, e)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    go = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(go)
+    tf, tb = [], []
+    for _ in range(10):
+        sync()
+        t0 = time.perf_counter()
+        F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        sync()
+        t1 = time.perf_counter()
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(go)
+        sync()
+        t2 = time.perf_counter()
+        tf.append((t1 - t0) * 1e3)
+        tb.append((t2 - t1) * 1e3)
+    print(json.dumps({"bench": "cuda_attention", "impl": f"torch {torch.__version__} sdpa", "shape": list(shape),
+                      "forward_ms": round(median(tf), 3), "forward_backward_ms": round(median(tb), 3)}), flush=True)
 
 
 def main():
@@ -84,12 +139,14 @@ def main():
     ap.add_argument("--amp", default="bf16", choices=["bf16", "none"])
     ap.add_argument("--attn", default="manual,sdpa")
     ap.add_argument("--peak-tflops", type=float, default=989)
+    ap.add_argument("--phases", action="store_true")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print(json.dumps({"bench": "cuda_train_step", "skipped": "no CUDA device"}))
         return
     for attn in a.attn.split(","):
         run(a, attn)
+        torch.cuda.empty_cache()  # the next model starts from what run() freed
 
 
 if __name__ == "__main__":

@@ -24,7 +24,8 @@
 // The GEMMs are cohort::blas on tiles (inputs are read in place when their last dim is
 // contiguous: the transposed head views of a fused qkv projection need no copy). float32 and
 // float64 compute natively; float16/bfloat16 inputs are converted to float32 and the result back.
-// Other devices run the unfused formula with the same mask and dropout (sdpaUnfused).
+// Other devices run their registered fused kernels (on CUDA: core/cuda/attention.cu, 16-bit inputs
+// without mask or dropout) or else the unfused formula with the same mask and dropout (sdpaUnfused).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -38,6 +39,7 @@
 #include <cohort/core/blas/blas.h>
 #include <cohort/core/ops/detail/attention.h>
 #include <cohort/core/ops/detail/vec_math.h>
+#include <cohort/core/ops/dispatch.h>
 #include <cohort/core/ops/functional.h>
 #include <cohort/core/profiler/record.h>
 #include <cohort/core/tensor/generator.h>
@@ -637,6 +639,48 @@ Tensor keepMask(const Shape& attnShape, const DropoutKeys& drop) {
   return m;
 }
 
+// The fused op on another device, through its registered kernels, when it has them for these
+// inputs: no mask or dropout, one batch shape, e == ev, a dtype and head size the kernel takes.
+// Returns an undefined tensor otherwise (the caller runs the unfused formula).
+Tensor deviceFusedAttention(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& opts, const Dims& d) {
+  if (opts.mask.defined() || opts.dropout > 0.0 || d.e != d.ev || d.tq == 0 || d.tk == 0) return Tensor();
+  const Shape batch(q.sizes().begin(), q.sizes().end() - 2);
+  if (Shape(k.sizes().begin(), k.sizes().end() - 2) != batch || Shape(v.sizes().begin(), v.sizes().end() - 2) != batch)
+    return Tensor();
+  auto* supports = dispatch::find<detail::SdpaSupportsKernel>(kOp, q.device());
+  auto* forward = dispatch::find<detail::SdpaForwardKernel>(kOp, q.device());
+  auto* backward = dispatch::find<detail::SdpaBackwardKernel>(kOp, q.device());
+  if (supports == nullptr || forward == nullptr || backward == nullptr || !supports(q.dtype(), d.e)) return Tensor();
+  const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(d.e)));
+  const bool causal = opts.causal;
+  Tensor qc, kc, vc, out, lse;
+  {
+    autograd::NoGradGuard ng;
+    qc = q.contiguous().reshape({d.nb, d.tq, d.e});
+    kc = k.contiguous().reshape({d.nb, d.tk, d.e});
+    vc = v.contiguous().reshape({d.nb, d.tk, d.e});
+    out = empty({d.nb, d.tq, d.e}, {.dtype = q.dtype(), .device = q.device()});
+    lse = empty({d.nb, d.tq}, {.dtype = DType::Float32, .device = q.device()});
+    forward(out, lse, qc, kc, vc, scale, causal);
+  }
+  Tensor result = out.view(withDims(d.batch, d.tq, d.e));
+  autograd::record(kOp, {q, k, v}, {result}, {qc, kc, vc, out, lse},
+                   [d, scale, causal, backward](Ctx& ctx, const GradList& g) -> GradList {
+                     GradList r(3);
+                     Tensor qs = ctx.saved(0), ks = ctx.saved(1), vs = ctx.saved(2);
+                     Tensor dq = empty(qs.sizes(), {.dtype = qs.dtype(), .device = qs.device()});
+                     Tensor dk = empty(ks.sizes(), {.dtype = ks.dtype(), .device = ks.device()});
+                     Tensor dv = empty(vs.sizes(), {.dtype = vs.dtype(), .device = vs.device()});
+                     Tensor go = g[0].to(qs.dtype()).contiguous().reshape(qs.sizes());
+                     backward(dq, dk, dv, qs, ks, vs, ctx.saved(3), ctx.saved(4), go, scale, causal);
+                     if (ctx.needsInputGrad(0)) r[0] = dq.view(withDims(d.batch, d.tq, d.e));
+                     if (ctx.needsInputGrad(1)) r[1] = dk.view(withDims(d.batch, d.tk, d.e));
+                     if (ctx.needsInputGrad(2)) r[2] = dv.view(withDims(d.batch, d.tk, d.ev));
+                     return r;
+                   });
+  return result;
+}
+
 // The formula with matmul and softmax ([..., Tq, Tk] materialised), for devices without the fused kernel.
 Tensor unfusedAttention(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& opts) {
   const Dims d = checkArgs(q, k, v, opts);
@@ -672,7 +716,10 @@ Tensor scaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor&
   COHORT_RECORD_OP("scaledDotProductAttention", q, k, v, opts);
   COHORT_AUTOCAST("scaledDotProductAttention", scaledDotProductAttention, q, k, v, opts);
   const Dims d = checkArgs(q, k, v, opts);
-  if (!q.device().isCpu()) return unfusedAttention(q, k, v, opts);
+  if (!q.device().isCpu()) {
+    if (Tensor out = deviceFusedAttention(q, k, v, opts, d); out.defined()) return out;
+    return unfusedAttention(q, k, v, opts);
+  }
   const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(d.e)));
   const DropoutKeys drop =
       opts.dropout > 0.0 ? DropoutKeys(opts.dropout, drawDropoutKey(opts.generator), d.tq) : DropoutKeys();

