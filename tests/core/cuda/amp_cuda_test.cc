@@ -92,15 +92,6 @@ TEST(CudaAutocast, Bf16GptFollowsFloat32AndTheCpusBf16Run) {
               cpu.losses.front(), cpu.losses.back());
 }
 
-// Inputs and labels a small MLP can learn (the label is the argmax of a fixed linear map).
-std::pair<Tensor, Tensor> learnableBatch(int step, Device dev) {
-  Generator wg(99);
-  Tensor w0 = randn({32, 10}, {}, &wg);
-  Generator bg(100 + static_cast<uint64_t>(step % 4));
-  Tensor x = randn({48, 32}, {}, &bg);
-  return {x.to(dev), argmax(matmul(x, w0), 1).to(dev)};
-}
-
 // 40 AdamW steps of an MLP on the GPU, the forward under float16 autocast with a GradScaler
 // (fp16) or in float32 without one; at step 20 one gradient is overwritten with inf. Returns the
 // losses of the steps taken.
@@ -113,7 +104,8 @@ std::vector<double> trainMlpWithOverflowAtStep20(bool fp16) {
   amp::GradScaler scaler({.initScale = 1024.0, .growthInterval = 1000, .enabled = fp16});
   std::vector<double> losses;
   for (int s = 0; s < 40; ++s) {
-    auto [x, y] = learnableBatch(s, dev);
+    auto [x, y] = testing::learnableBatch(
+        {.n = 48, .features = 32, .classes = 10, .weightSeed = 99, .batchSeed = 100, .distinct = 4}, s, dev);
     Tensor loss;
     {
       amp::Autocast autocast(DeviceType::CUDA, DType::Float16, {.enabled = fp16});

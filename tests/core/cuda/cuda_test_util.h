@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <cohort/cohort.h>
@@ -31,6 +32,22 @@ inline Tensor values(const Shape& s, DType dt, uint64_t seed = 1, double lo = -4
   if (isFloating(dt)) return (u * (hi - lo) + lo).to(dt);
   if (dt == DType::Bool) return gt(u, scalarTensor(0.5));
   return (u * 100.0).to(DType::Int64).to(dt);
+}
+
+// A batch a small classifier can learn: x [n, features] ~ N(0, 1) from one of `distinct` seeds
+// (batchSeed + step % distinct: the batches cycle, so the loss can fall) and the label
+// argmax(x W0) for a fixed W0 [features, classes] drawn from weightSeed; both on `dev`.
+struct LearnableBatch {
+  int64_t n, features, classes;
+  uint64_t weightSeed, batchSeed;
+  int distinct;
+};
+inline std::pair<Tensor, Tensor> learnableBatch(const LearnableBatch& b, int step, Device dev) {
+  Generator wg(b.weightSeed);
+  Tensor w0 = randn({b.features, b.classes}, {}, &wg);
+  Generator g(b.batchSeed + static_cast<uint64_t>(step % b.distinct));
+  Tensor x = randn({b.n, b.features}, {}, &g);
+  return {x.to(dev), argmax(matmul(x, w0), 1).to(dev)};
 }
 
 // Every element of `got` (any device) within atol + rtol * |want| of `want` (CPU), shapes and

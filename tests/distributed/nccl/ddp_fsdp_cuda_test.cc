@@ -51,11 +51,8 @@ class Net : public nn::Module {
 
 // Inputs and labels the MLP can learn: the label is the argmax of a fixed linear map.
 std::pair<Tensor, Tensor> batch(int step, Device dev) {
-  Generator wg(42);
-  Tensor w0 = randn({16, 5}, {}, &wg);
-  Generator g(300 + static_cast<uint64_t>(step % 3));
-  Tensor x = randn({24, 16}, {}, &g);
-  return {x.to(dev), argmax(matmul(x, w0), 1).to(dev)};
+  return testing::learnableBatch(
+      {.n = 24, .features = 16, .classes = 5, .weightSeed = 42, .batchSeed = 300, .distinct = 3}, step, dev);
 }
 
 // `steps` optimizer steps through `wrapped` (the DDP or FSDP module, or the model itself) on
