@@ -55,13 +55,17 @@ for name in $names; do
 done
 
 peak=${COHORT_GPU_PEAK_TFLOPS:-989}
+# python3 (PyTorch, with its own CUDA libraries) without the libraries of a bundle's env.sh
+# (scripts/gpu_bundle.sh), which are for cohort's programs.
+py=(python3)
+[[ -n ${COHORT_BUNDLE_LIB:-} ]] && py=(env "LD_LIBRARY_PATH=${COHORT_PREV_LD_LIBRARY_PATH:-}" python3)
 if [[ $bench -eq 1 && -x $bench_dir/cuda_gemm ]]; then
   "$bench_dir/cuda_gemm" --peak-tflops "$peak" 2>&1 | tee "$out/cuda_gemm.json"
 fi
 if [[ $bench -eq 1 && -x $bench_dir/cuda_train_step ]]; then
   "$bench_dir/cuda_train_step" --peak-tflops "$peak" 2>&1 | tee "$out/cuda_train_step.json"
-  if python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-    python3 bench/torch_cuda_train_step.py --peak-tflops "$peak" 2>&1 | tee -a "$out/cuda_train_step.json"
+  if "${py[@]}" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    "${py[@]}" bench/torch_cuda_train_step.py --peak-tflops "$peak" 2>&1 | tee -a "$out/cuda_train_step.json"
   fi
 fi
 exit $status
