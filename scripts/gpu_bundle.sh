@@ -78,4 +78,6 @@ export LD_LIBRARY_PATH="$_g/lib:$_cuda${LD_LIBRARY_PATH:-}"
 unset _g _cuda
 EOF
 tar -C "$stage" -czf "$out" bin lib env.sh
-echo "gpu_bundle.sh: $out ($(du -h "$out" | cut -f1)): $(ls "$stage/bin" | wc -l) programs, $(ls "$stage/lib" | wc -l) libraries"
+programs=("$stage"/bin/*)
+libraries=("$stage"/lib/*)
+echo "gpu_bundle.sh: $out ($(du -h "$out" | cut -f1)): ${#programs[@]} programs, ${#libraries[@]} libraries"

@@ -14,7 +14,7 @@
 # when any test fails; a binary running past COHORT_GPU_TEST_TIMEOUT seconds (300) is stopped and
 # counts as failed. docs/benchmarks.md records the figures of such runs.
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 
 tests_dir=build/tests
 bench_dir=build/bench
@@ -36,8 +36,9 @@ mkdir -p "$out"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
 
 status=0
-names=$(ls tests/core/cuda/*_test.cc tests/distributed/nccl/*_test.cc 2>/dev/null | xargs -n1 basename | sed 's/\.cc$//')
-for name in $names; do
+for src in tests/core/cuda/*_test.cc tests/distributed/nccl/*_test.cc; do
+  [[ -e $src ]] || continue
+  name=$(basename "$src" .cc)
   bin=$tests_dir/$name
   if [[ ! -x $bin ]]; then
     echo "== $name: not built ($bin missing)" | tee -a "$out/summary.txt"
