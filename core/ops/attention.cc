@@ -690,11 +690,12 @@ Tensor unfusedAttention(const Tensor& q, const Tensor& k, const Tensor& v, const
   const Device dev = q.device();
   Tensor att = matmul(q, k.transpose(-2, -1)) * scale;  // [..., Tq, Tk]
   if (opts.causal) {
-    Tensor cm = zeros({d.tq, d.tk});
-    float* m = cm.numel() > 0 ? cm.data<float>() : nullptr;
-    for (int64_t i = 0; i < d.tq; ++i)
-      for (int64_t j = i + 1; j < d.tk; ++j) m[i * d.tk + j] = -std::numeric_limits<float>::infinity();
-    att = att + cm.to(att.dtype()).to(dev);
+    // Key j is visible to query i when j <= i: a [Tq, Tk] comparison on the device of two index
+    // vectors (not a mask built on the host and copied each call).
+    Tensor rows = arange(d.tq, {.dtype = DType::Int64, .device = dev}).unsqueeze(1);
+    Tensor cols = arange(d.tk, {.dtype = DType::Int64, .device = dev}).unsqueeze(0);
+    att = where(le(cols, rows), att,
+                full({}, -std::numeric_limits<double>::infinity(), {.dtype = att.dtype(), .device = dev}));
   } else if (opts.mask.defined()) {
     if (opts.mask.dtype() == DType::Bool)
       att = where(opts.mask, att,
