@@ -489,7 +489,9 @@ double FullyShardedDataParallel::clipGradNorm(double maxNorm, double normType) {
   }
   double total = local;
   if (groups_.shard && groups_.shard->size() > 1) {
-    Tensor t = full({1}, local, {.dtype = DType::Float64});
+    // Through the group's CPU backend, or the shards' device when it has none (an "nccl" group).
+    const Device where = dist::controlDevice(*groups_.shard, units_.front().handle->shard().device());
+    Tensor t = full({1}, local, {.dtype = DType::Float64, .device = where});
     groups_.shard->allreduce(t, {.op = inf ? dist::ReduceOp::Max : dist::ReduceOp::Sum})->wait();
     total = t.item<double>();
   }

@@ -77,7 +77,7 @@ std::string checksum(const io::TensorDict& tensors) {
   for (const auto& [name, t] : sorted) {
     mix(reinterpret_cast<const unsigned char*>(name.data()), name.size() + 1);
     if (t.numel() == 0) continue;
-    Tensor c = t.contiguous();
+    Tensor c = t.to(Device::cpu()).contiguous();  // a shard on a GPU is read on the host
     mix(static_cast<const unsigned char*>(c.dataPtr()), c.nbytes());
   }
   return fmt::format("{:016x}", h);

@@ -2,9 +2,12 @@
 // ranks on one device). At world size 1 the average of one rank's gradients is those gradients, so
 // a wrapped model must train bit for bit like the plain model on the same GPU: a wrong bucket
 // offset, a gradient left on the wrong stream or a buffer on the wrong device shows as a different
-// value. Also the errors for modules on two devices and groups without a CUDA backend. Skips
-// without a GPU.
+// value. Also the errors for modules on two devices and groups without a CUDA backend, and FSDP's
+// sharded checkpoint and gradient clipping on GPU shards. Skips without a GPU.
 #include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
 
 #include <cohort/cohort.h>
 #include <cohort/core/cuda/cuda.h>
@@ -198,6 +201,41 @@ TEST(FsdpCuda, Bf16ParametersGatherIntoFreedBuffersAndTrainAsOnTheCpu) {
   EXPECT_LT(gpu.back(), 0.8 * gpu.front()) << "bf16 FSDP on the GPU learns";
   std::printf("loss first / last: gpu %.5f / %.5f, cpu %.5f / %.5f\n", gpu.front(), gpu.back(), cpu.front(),
               cpu.back());
+}
+
+TEST(FsdpCuda, ShardedCheckpointAndClippingWorkOnGpuShards) {
+  COHORT_REQUIRE_GPU();
+  const std::string dir = ::testing::TempDir() + "fsdp_cuda_ckpt";
+  std::filesystem::remove_all(dir);
+  auto make = [] {
+    fsdp::FSDPOptions opts;
+    opts.autoWrapPolicy = fsdp::wrapModuleTypes({"Linear"});
+    return std::make_shared<fsdp::FullyShardedDataParallel>(makeNet(), worldOfOne("auto"), opts);
+  };
+  auto model = make();
+  optim::AdamW opt(model->parameters(), {.lr = 3e-3});
+  train(*model, opt, 3);
+  auto [x, y] = batch(5, Device::cuda());
+  nn::functional::crossEntropy((*model)(x), y).backward();
+  const double norm = model->clipGradNorm(1e-3);  // through the group, on the shards' device
+  EXPECT_GT(norm, 0.0);
+  opt.zeroGrad();
+  fsdp::saveShardedCheckpoint(*model, dir, &opt);
+  auto restored = make();
+  optim::AdamW opt2(restored->parameters(), {.lr = 3e-3});
+  fsdp::loadShardedCheckpoint(*restored, dir, &opt2);
+  auto a = model->parameters(), b = restored->parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(b[i].device(), Device::cuda(0));
+    testing::expectBitEqual(b[i].detach(), a[i].detach().to(Device::cpu()), "shard " + std::to_string(i));
+  }
+  // One more step each: equal optimizer state gives equal parameters.
+  train(*model, opt, 1);
+  train(*restored, opt2, 1);
+  for (size_t i = 0; i < a.size(); ++i)
+    testing::expectBitEqual(b[i].detach(), a[i].detach().to(Device::cpu()), "after a step, shard " + std::to_string(i));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
