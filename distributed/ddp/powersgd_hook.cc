@@ -187,6 +187,12 @@ uint64_t PowerSGDHook::stateResets() const {
 
 Future<Tensor> PowerSGDHook::run(ProcessGroup& pg, GradBucket& bucket) {
   Tensor buffer = bucket.buffer;
+  if (!buffer.device().isCpu()) {
+    return Future<Tensor>::failed(std::make_exception_ptr(NotSupportedError(
+        fmt::format("powerSGDHook: bucket {} is on {}; PowerSGD compresses CPU gradients only (its "
+                    "orthogonalisation runs on the host); use the default all-reduce or bf16CompressHook on a GPU",
+                    bucket.index, buffer.device()))));
+  }
   if (bucket.iteration < opts_.startPowerSGDIter) return firstOutput(pg.allreduce(buffer, {.op = ReduceOp::Avg}));
   if (!isFloating(buffer.dtype())) {
     return Future<Tensor>::failed(std::make_exception_ptr(ValueError(
