@@ -12,6 +12,7 @@
 #include <cohort/cohort.h>
 #include <cohort/core/cuda/cuda.h>
 #include <cohort/distributed/ddp/distributed_data_parallel.h>
+#include <cohort/distributed/ddp/powersgd_hook.h>
 #include <cohort/distributed/process_group.h>
 #include <cohort/distributed/store/hash_store.h>
 #include <cohort/fsdp/fully_sharded_data_parallel.h>
@@ -148,6 +149,19 @@ TEST(DdpCuda, ModulesOnTwoDevicesAndGroupsWithoutACudaBackendAreRefused) {
     FAIL() << "a CUDA module was accepted by a gloo-only group";
   } catch (const NotSupportedError& e) {
     EXPECT_NE(std::string(e.what()).find("cuda"), std::string::npos) << e.what();
+  }
+}
+
+TEST(DdpCuda, PowerSgdOnGpuBucketsIsRefusedByName) {
+  COHORT_REQUIRE_GPU();
+  auto ddp = std::make_shared<DistributedDataParallel>(makeNet(), worldOfOne("auto"));
+  ddp->registerCommHook(powerSGDHook({.startPowerSGDIter = 0}));
+  auto [x, y] = batch(0, Device::cuda());
+  try {
+    nn::functional::crossEntropy((*ddp)(x), y).backward();
+    FAIL() << "PowerSGD ran on GPU buckets";
+  } catch (const NotSupportedError& e) {
+    EXPECT_NE(std::string(e.what()).find("powerSGDHook"), std::string::npos) << e.what();
   }
 }
 
