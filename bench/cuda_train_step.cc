@@ -76,14 +76,18 @@ int main(int argc, char** argv) {
   Tensor y = randint(0, cfg.vocabSize, {batch, cfg.blockSize}, {.dtype = DType::Int64}).to(dev);
   const bool amp = ampName == "bf16";
   Tensor loss;
-  auto step = [&] {
-    {
-      amp::Autocast autocast(DeviceType::CUDA, DType::BFloat16, {.enabled = amp});
-      Tensor logits = model(x);
-      loss = nn::functional::crossEntropy(logits.reshape({-1, cfg.vocabSize}), y.reshape({-1}));
-    }
+  auto forward = [&] {
+    amp::Autocast autocast(DeviceType::CUDA, DType::BFloat16, {.enabled = amp});
+    Tensor logits = model(x);
+    loss = nn::functional::crossEntropy(logits.reshape({-1, cfg.vocabSize}), y.reshape({-1}));
+  };
+  auto backward = [&] {
     opt.zeroGrad();
     loss.backward();
+  };
+  auto step = [&] {
+    forward();
+    backward();
     opt.step();
   };
   for (int i = 0; i < warmup; ++i) step();
@@ -94,15 +98,10 @@ int main(int argc, char** argv) {
     std::vector<double> f, bw, o;
     for (int i = 0; i < steps; ++i) {
       auto t0 = std::chrono::steady_clock::now();
-      {
-        amp::Autocast autocast(DeviceType::CUDA, DType::BFloat16, {.enabled = ampName == "bf16"});
-        Tensor logits = model(x);
-        loss = nn::functional::crossEntropy(logits.reshape({-1, cfg.vocabSize}), y.reshape({-1}));
-      }
+      forward();
       cuda::synchronize();
       auto t1 = std::chrono::steady_clock::now();
-      opt.zeroGrad();
-      loss.backward();
+      backward();
       cuda::synchronize();
       auto t2 = std::chrono::steady_clock::now();
       opt.step();

@@ -39,15 +39,21 @@ def run(a, attn):
     x = torch.randint(0, a.vocab, (a.batch, a.block), device=dev)
     y = torch.randint(0, a.vocab, (a.batch, a.block), device=dev)
     amp = a.amp == "bf16"
+    def forward():
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+            logits = model(x)
+            return F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+
+    def backward(loss):
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+
     loss = None
 
     def step():
         nonlocal loss
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
-            logits = model(x)
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss = forward()
+        backward(loss)
         opt.step()
 
     for _ in range(a.warmup):
@@ -70,27 +76,24 @@ def run(a, attn):
                       "peak_gb": round(torch.cuda.max_memory_allocated() / 2**30, 2),
                       "last_loss": round(loss.item(), 4)}), flush=True)
     if a.phases:
-        phases(a, attn, model, opt, x, y, amp)
+        phases(a, attn, forward, backward, opt)
 
 
 def median(v):
     return sorted(v)[len(v) // 2]
 
 
-def phases(a, attn, model, opt, x, y, amp):
+def phases(a, attn, forward, backward, opt):
     """--phases, as the C++ side: forward+loss, backward and optimizer timed apart (device
     synchronised between them), then the attention alone (bf16, causal) forward and backward."""
     sync = torch.cuda.synchronize
     f, bw, o = [], [], []
     for _ in range(a.steps):
         t0 = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
-            logits = model(x)
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+        loss = forward()
         sync()
         t1 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
+        backward(loss)
         sync()
         t2 = time.perf_counter()
         opt.step()
