@@ -19,8 +19,8 @@
 // high-water mark during a step above what was live before it.
 //
 //   build/bench/pipeline [--steps 5] [--warmup 2] [--microbatches 8] [--schedules gpipe,1f1b,interleaved,zb,1f1b+ckpt]
-//                        [--transport pg|rpc] [--backend auto|shm|gloo] [--layers 4] [--embd 192] [--block 64] [--batch
-//                        32]
+//                        [--transport pg|rpc] [--backend auto|shm|gloo] [--layers 4] [--embd 192] [--block 64]
+//                        [--batch 32]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
