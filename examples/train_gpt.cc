@@ -23,7 +23,8 @@
 // full state dict.
 // With --pipeline N the GPT is cut into N stages (pipeline/split.h: blocks divided evenly,
 // embeddings on the first stage, LM head on the last, their tied weight kept in sync) trained by
-// a pipeline schedule (--schedule, --micro-batches; "interleaved" cuts 2N stages, two per rank).
+// a pipeline schedule (--schedule, --micro-batches, --lookahead; "interleaved" cuts 2N stages,
+// two per rank).
 // A world larger than N holds world / N pipeline replicas, laid out by a DeviceMesh (data x
 // pipe), each stage a DistributedDataParallel over the same stage of the other replicas, each
 // replica on its DistributedSampler shard. Gradients are clipped by their norm over the whole
@@ -105,6 +106,7 @@ struct PipelineRun {
   int stages = 0;
   std::string schedule = "1f1b";
   int microbatches = 4;
+  int lookahead = 0;
 };
 
 // The committed step of a pipeline checkpoint folder (-1: none).
@@ -146,7 +148,8 @@ int trainPipelined(const PipelineRun& run, nn::GPTConfig cfg, const std::string&
   // head start equal on the first and last stage).
   auto gpt = std::make_shared<nn::GPT>(cfg);
   const int chunks = run.schedule == "interleaved" ? 2 : 1;
-  pipeline::Schedule schedule = pipeline::makeSchedule(run.schedule, N, run.microbatches, chunks > 1 ? chunks : 0);
+  pipeline::Schedule schedule =
+      pipeline::makeSchedule(run.schedule, N, run.microbatches, chunks > 1 ? chunks : 0, run.lookahead);
   pipeline::StageSplit parts = pipeline::splitGPT(gpt, schedule.stages);
   std::vector<nn::ModulePtr> mine, plain;
   const std::vector<int> ids = schedule.stagesOf(pipeRank);
@@ -329,6 +332,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb"}));
   app.add_option("--micro-batches", pipelined.microbatches, "micro-batches per step with --pipeline")
       ->check(CLI::PositiveNumber);
+  app.add_option("--lookahead", pipelined.lookahead,
+                 "with --pipeline: forwards each rank runs ahead beyond the schedule's own (1f1b, interleaved, zb; "
+                 "more activations held, fewer stalls)")
+      ->check(CLI::NonNegativeNumber);
   std::string profileDir;
   app.add_option("--profile", profileDir,
                  "profile steps 3-5 (memory and shapes): DIR/trace.json for Perfetto, DIR/memory.html, the op table");

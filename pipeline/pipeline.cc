@@ -63,7 +63,8 @@ int localIndex(const std::vector<int>& ids, int stage) {
 Pipeline::Pipeline(std::vector<std::shared_ptr<nn::Module>> stages, TransportPtr transport, LossFn loss,
                    PipelineOptions options)
     : Pipeline(std::move(stages), transport, std::move(loss),
-               makeSchedule(options.schedule, transport ? transport->size() : 1, options.microbatches, options.chunks),
+               makeSchedule(options.schedule, transport ? transport->size() : 1, options.microbatches, options.chunks,
+                            options.lookahead),
                options) {}
 
 Pipeline::Pipeline(std::vector<std::shared_ptr<nn::Module>> stages, TransportPtr transport, LossFn loss,

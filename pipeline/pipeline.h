@@ -67,7 +67,8 @@ struct TiedParameter {
 struct PipelineOptions {
   std::string schedule = "1f1b";  // a built-in name (schedule.h), unless a Schedule is given
   int microbatches = 4;
-  int chunks = 0;  // stages per rank for "interleaved" (0: 2)
+  int chunks = 0;     // stages per rank for "interleaved" (0: 2)
+  int lookahead = 0;  // extra forwards each rank runs ahead in 1f1b, interleaved and zb (schedule.h)
   LossReduction lossReduction = LossReduction::Mean;
   Millis timeout = Millis(300'000);   // how long a receive waits for its peer
   std::vector<TiedParameter> tied{};  // parameters whose copies stay in sync (see above)

@@ -21,6 +21,13 @@ void checkShape(int ranks, int microbatches, const char* what) {
     throw ScheduleError(fmt::format("{}: needs at least one micro-batch, got {}", what, microbatches));
 }
 
+void checkLookahead(int lookahead, const char* what) {
+  if (lookahead < 0)
+    throw ScheduleError(fmt::format("{}: the lookahead counts extra forwards run ahead, so it cannot be negative "
+                                    "(got {})",
+                                    what, lookahead));
+}
+
 Schedule blank(std::string name, int ranks, int stages, int microbatches) {
   Schedule s;
   s.name = std::move(name);
@@ -99,12 +106,14 @@ Schedule gpipe(int ranks, int microbatches) {
   return s;
 }
 
-Schedule oneFOneB(int ranks, int microbatches) {
+Schedule oneFOneB(int ranks, int microbatches, int lookahead) {
   checkShape(ranks, microbatches, "1f1b");
+  checkLookahead(lookahead, "1f1b");
   Schedule s = blank("1f1b", ranks, ranks, microbatches);
   for (int r = 0; r < ranks; ++r) {
     auto& list = s.actions[static_cast<size_t>(r)];
-    const int warmup = std::min(ranks - r - 1, microbatches);
+    // The last rank gains nothing by running ahead: its backward follows its own forward.
+    const int warmup = std::min(ranks - r - 1 + (r < ranks - 1 ? lookahead : 0), microbatches);
     int f = 0, b = 0;
     while (f < warmup) list.push_back({ActionKind::Forward, r, f++});
     while (f < microbatches) {
@@ -116,8 +125,9 @@ Schedule oneFOneB(int ranks, int microbatches) {
   return s;
 }
 
-Schedule interleaved1F1B(int ranks, int chunks, int microbatches) {
+Schedule interleaved1F1B(int ranks, int chunks, int microbatches, int lookahead) {
   checkShape(ranks, microbatches, "interleaved");
+  checkLookahead(lookahead, "interleaved");
   if (chunks < 1) throw ScheduleError(fmt::format("interleaved: needs at least one chunk per rank, got {}", chunks));
   if (microbatches % ranks != 0)
     throw ScheduleError(fmt::format(
@@ -136,7 +146,9 @@ Schedule interleaved1F1B(int ranks, int chunks, int microbatches) {
   const int total = microbatches * chunks;
   for (int r = 0; r < ranks; ++r) {
     auto& list = s.actions[static_cast<size_t>(r)];
-    const int warmup = std::min((ranks - r - 1) * 2 + (chunks - 1) * ranks, total);
+    // Every rank holds a stage that sends on when chunks > 1; with one chunk this is 1F1B's rule.
+    const bool feeds = chunks > 1 || r < ranks - 1;
+    const int warmup = std::min((ranks - r - 1) * 2 + (chunks - 1) * ranks + (feeds ? lookahead : 0), total);
     int f = 0, b = 0;
     auto fwd = [&] {
       auto [c, i] = order(f++, false);
@@ -156,13 +168,14 @@ Schedule interleaved1F1B(int ranks, int chunks, int microbatches) {
   return s;
 }
 
-Schedule zeroBubble(int ranks, int microbatches) {
+Schedule zeroBubble(int ranks, int microbatches, int lookahead) {
   checkShape(ranks, microbatches, "zb");
+  checkLookahead(lookahead, "zb");
   Schedule s = blank("zb", ranks, ranks, microbatches);
   // List scheduling with unit F, I and W: each rank, when free, starts the first action that can
   // start soonest, preferring I, then F, then W; a forward may start only while fewer than
   // ranks - r forwards wait for their input backward, and fewer than 2 ranks - r - 1 forwards
-  // wait for their weight backward.
+  // wait for their weight backward (each bound raised by `lookahead` on every rank but the last).
   const int p = ranks, m = microbatches;
   std::vector<double> freeAt(p, 0.0);
   std::vector<int> nextF(p, 0), nextI(p, 0);
@@ -184,7 +197,9 @@ Schedule zeroBubble(int ranks, int microbatches) {
         consider(std::max(fEnd[{r, i}], r == p - 1 ? 0.0 : iEnd[{r + 1, i}]), 0);
       const int f = nextF[r];
       const int inFlight = f - nextI[r], unfinished = f - (nextI[r] - static_cast<int>(pendingW[r].size()));
-      if (f < m && inFlight < p - r && unfinished < 2 * p - r - 1 && (r == 0 || fEnd.contains({r - 1, f})))
+      const int ahead = r < p - 1 ? lookahead : 0;
+      if (f < m && inFlight < p - r + ahead && unfinished < 2 * p - r - 1 + ahead &&
+          (r == 0 || fEnd.contains({r - 1, f})))
         consider(r == 0 ? 0.0 : fEnd[{r - 1, f}], 1);
       if (!pendingW[r].empty()) consider(0.0, 2);
       if (prio < 3 && start < bestStart) bestStart = start, bestRank = r, bestPrio = prio;
@@ -212,14 +227,20 @@ Schedule zeroBubble(int ranks, int microbatches) {
 
 std::vector<std::string> scheduleNames() { return {"gpipe", "1f1b", "interleaved", "zb"}; }
 
-Schedule makeSchedule(const std::string& name, int ranks, int microbatches, int chunks) {
-  if (name == "interleaved") return interleaved1F1B(ranks, chunks > 0 ? chunks : 2, microbatches);
+Schedule makeSchedule(const std::string& name, int ranks, int microbatches, int chunks, int lookahead) {
+  if (name == "interleaved") return interleaved1F1B(ranks, chunks > 0 ? chunks : 2, microbatches, lookahead);
   if (chunks > 1)
     throw ScheduleError(
         fmt::format("schedule '{}' runs one stage per rank; only 'interleaved' takes {} chunks", name, chunks));
-  if (name == "gpipe") return gpipe(ranks, microbatches);
-  if (name == "1f1b") return oneFOneB(ranks, microbatches);
-  if (name == "zb") return zeroBubble(ranks, microbatches);
+  if (name == "gpipe") {
+    if (lookahead != 0)
+      throw ScheduleError(fmt::format("gpipe runs every forward first; a lookahead ({}) applies to 1f1b, "
+                                      "interleaved and zb",
+                                      lookahead));
+    return gpipe(ranks, microbatches);
+  }
+  if (name == "1f1b") return oneFOneB(ranks, microbatches, lookahead);
+  if (name == "zb") return zeroBubble(ranks, microbatches, lookahead);
   throw ScheduleError(fmt::format("unknown pipeline schedule '{}' (known: gpipe, 1f1b, interleaved, zb)", name));
 }
 

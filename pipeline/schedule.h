@@ -91,19 +91,27 @@ std::vector<int> loopedPlacement(int ranks, int stages);
 Schedule gpipe(int ranks, int microbatches);
 // One forward, one backward (PipeDream-flush / Megatron): rank r runs ranks - r - 1 forwards
 // ahead, then alternates. Peak activations ranks - r.
-Schedule oneFOneB(int ranks, int microbatches);
+//
+// `lookahead` (here and in the two below; 0 is the schedule as published): every rank that feeds
+// a later stage runs that many more forwards ahead, and holds that many more micro-batches'
+// activations. With equal, steady costs it changes nothing. With real ones it decouples the
+// ranks: in plain 1F1B a rank's next forward waits for the gradient of its previous micro-batch,
+// so any delay on either rank (a slow action, a transfer, another process taking the core)
+// stalls both; one forward in reserve lets the next stage keep computing through it.
+Schedule oneFOneB(int ranks, int microbatches, int lookahead = 0);
 // Interleaved 1F1B (Megatron-LM): `chunks` stages per rank, stage s on rank s % ranks; micro-
 // batches move through the chunks in groups of `ranks`. Needs microbatches % ranks == 0.
 // Bubble (p - 1) / (v m + p - 1) with equal costs (p ranks, v chunks, m micro-batches).
-Schedule interleaved1F1B(int ranks, int chunks, int microbatches);
+Schedule interleaved1F1B(int ranks, int chunks, int microbatches, int lookahead = 0);
 // Zero bubble (ZB-H1 family): backward split into I and W; the in-flight forwards per rank are
 // bounded as in 1F1B (ranks - r between a forward and its input backward) and W runs whenever
 // no forward or input backward is ready, keeping at most ranks - 1 weight backwards postponed.
 // With unit F, I, W costs its bubble is (p - 1) / (3m + p - 1) for m >= p, a third of 1F1B's.
-Schedule zeroBubble(int ranks, int microbatches);
-// By name: "gpipe", "1f1b", "interleaved" (uses `chunks`, default 2), "zb". ValueError for
-// another name.
-Schedule makeSchedule(const std::string& name, int ranks, int microbatches, int chunks = 0);
+Schedule zeroBubble(int ranks, int microbatches, int lookahead = 0);
+// By name: "gpipe", "1f1b", "interleaved" (uses `chunks`, default 2), "zb". ScheduleError for
+// another name, for chunks with a schedule other than interleaved, and for a lookahead with
+// gpipe (it runs every forward first already) or a negative one.
+Schedule makeSchedule(const std::string& name, int ranks, int microbatches, int chunks = 0, int lookahead = 0);
 // The built-in names.
 std::vector<std::string> scheduleNames();
 

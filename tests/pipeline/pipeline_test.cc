@@ -30,9 +30,10 @@ struct Config {
   int m;
   int chunks = 0;
   bool checkpoint = false;  // every stage recomputes its forward in backward
+  int lookahead = 0;
   std::string str() const {
-    return fmt::format("{} m={}{}{}", schedule, m, chunks ? fmt::format(" chunks={}", chunks) : "",
-                       checkpoint ? " checkpointed" : "");
+    return fmt::format("{} m={}{}{}{}", schedule, m, chunks ? fmt::format(" chunks={}", chunks) : "",
+                       checkpoint ? " checkpointed" : "", lookahead ? fmt::format(" lookahead={}", lookahead) : "");
   }
 };
 
@@ -44,6 +45,8 @@ std::vector<Config> configsFor(int p) {
   for (int m : {p, 2 * p, 3 * p}) out.push_back({"interleaved", m, 2});  // below, at, above 2p stages
   out.push_back({"1f1b", p + 1, 0, true});
   out.push_back({"zb", p + 1, 0, true});
+  out.push_back({"1f1b", 2 * p + 1, 0, false, 1});
+  out.push_back({"zb", 2 * p + 1, 0, false, 2});
   return out;
 }
 
@@ -52,7 +55,7 @@ std::string trainAndCompare(const TransportPtr& transport, const Config& c) {
   const int p = transport->size(), S = p * (c.chunks ? c.chunks : 1);
   Reference ref = oneProcess(S, c.m);
   auto all = makeStages(S);
-  Schedule sched = makeSchedule(c.schedule, p, c.m, c.chunks);
+  Schedule sched = makeSchedule(c.schedule, p, c.m, c.chunks, c.lookahead);
   std::vector<nn::ModulePtr> mine;
   for (int s : sched.stagesOf(transport->rank())) mine.push_back(all[static_cast<size_t>(s)]);
   PipelineOptions po;

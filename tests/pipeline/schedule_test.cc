@@ -177,6 +177,61 @@ TEST(Simulator, PeakActivations) {
   }
 }
 
+TEST(Schedule, ALookaheadRunsForwardsAheadAndKeepsEveryScheduleValid) {
+  for (int p = 1; p <= 5; ++p)
+    for (int m = 1; m <= 12; ++m)
+      for (int la = 1; la <= 3; ++la) {
+        Schedule o = oneFOneB(p, m, la), z = zeroBubble(p, m, la);
+        EXPECT_NO_THROW(check(o)) << "1f1b p=" << p << " m=" << m << " lookahead=" << la;
+        EXPECT_NO_THROW(check(z)) << "zb p=" << p << " m=" << m << " lookahead=" << la;
+        Simulation sim = simulate(o);
+        for (int r = 0; r < p; ++r) {
+          // Forwards before the first backward: 1F1B's count plus the lookahead, but the last
+          // rank's stays one (its backward follows its own forward).
+          const auto& list = o.actions[static_cast<size_t>(r)];
+          const auto firstB =
+              std::find_if(list.begin(), list.end(), [](const Action& a) { return a.kind == K::Backward; });
+          const int ahead = r < p - 1 ? p - r + la : 1;
+          EXPECT_EQ(firstB - list.begin(), std::min(ahead, m)) << "p=" << p << " m=" << m << " rank " << r;
+          EXPECT_EQ(sim.peakActivations[static_cast<size_t>(r)], std::min(ahead, m));
+        }
+        // With equal, steady costs running ahead changes nothing.
+        EXPECT_NEAR(sim.bubble, static_cast<double>(p - 1) / (m + p - 1), 1e-12) << "p=" << p << " m=" << m;
+        if (m % p != 0) continue;
+        for (int v = 1; v <= 3; ++v) {
+          EXPECT_NO_THROW(check(interleaved1F1B(p, v, m, la))) << "interleaved p=" << p << " v=" << v << " m=" << m;
+        }
+      }
+  EXPECT_EQ(makeSchedule("1f1b", 3, 6, 0, 2).actions, oneFOneB(3, 6, 2).actions);
+  try {
+    makeSchedule("gpipe", 2, 4, 0, 1);
+    FAIL() << "no error";
+  } catch (const ScheduleError& e) {
+    EXPECT_NE(std::string(e.what()).find("gpipe runs every forward first; a lookahead (1) applies to 1f1b"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(oneFOneB(2, 4, -1), ScheduleError);
+  EXPECT_THROW(makeSchedule("zb", 2, 4, 0, -2), ScheduleError);
+}
+
+TEST(Simulator, ALookaheadHidesTheTransfersBetweenRanks) {
+  // Plain 1F1B on two ranks: rank 0's next forward waits for the gradient of its previous
+  // micro-batch, so each round trip's latency lands on both ranks. One forward in reserve keeps
+  // rank 1 fed.
+  ActionCosts c;
+  c.forward = {1.0};
+  c.backward = {2.0};
+  c.latency = 0.25;
+  const int m = 8;
+  const double plain = simulate(oneFOneB(2, m), c).makespan, ahead = simulate(oneFOneB(2, m, 1), c).makespan;
+  // Rank 1 computes 3 per micro-batch and waits only for the first activation (1 + 0.25); then
+  // rank 0's last backward follows the last gradient (0.25 + 2).
+  EXPECT_DOUBLE_EQ(ahead, 1.25 + 3.0 * m + 2.25);
+  // Without it every micro-batch between the first two and the last waits at least a transfer.
+  EXPECT_GE(plain, ahead + 0.25 * (m - 2)) << "plain " << plain << ", with a lookahead " << ahead;
+}
+
 TEST(Simulator, CommunicationCostsDelayTheReceiver) {
   ActionCosts c;
   c.forward = {1.0};
