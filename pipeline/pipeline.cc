@@ -83,8 +83,16 @@ Pipeline::Pipeline(std::vector<std::shared_ptr<nn::Module>> stages, TransportPtr
     throw ValueError(fmt::format("Pipeline: schedule '{}' places {} stage(s) on rank {} ({}), {} module(s) given",
                                  schedule_.name, stageIds_.size(), transport_->rank(), fmt::join(stageIds_, ", "),
                                  stages_.size()));
-  for (size_t i = 0; i < stages_.size(); ++i)
+  for (size_t i = 0; i < stages_.size(); ++i) {
     if (!stages_[i]) throw ValueError(fmt::format("Pipeline: the module of stage {} is null", stageIds_[i]));
+    // Activations and gradients arrive on the transport's device: the stage must be there too.
+    for (const auto& [name, p] : stages_[i]->namedParameters())
+      if (p.device() != transport_->device())
+        throw ValueError(fmt::format("Pipeline: stage {}'s parameter '{}' is on {}, but the transport ({}) places "
+                                     "what it receives on {}; build the transport with the stage's device",
+                                     stageIds_[i], name, p.device().str(), transport_->name(),
+                                     transport_->device().str()));
+  }
   for (int s : options_.checkpointStages)
     if (s < 0 || s >= schedule_.stages)
       throw ValueError(
@@ -172,9 +180,11 @@ Tensor Pipeline::step(const Tensor& input, const Tensor& target) {
     for (int i = 0; i < m; ++i) sizes.push_back(base + (i < extra ? 1 : 0));
     return std::pair{batch.split(sizes, 0), n};
   };
-  if (holdsFirstStage()) inputs = cut(input, "input").first;
+  // Micro-batches move to this rank's device (a no-op when the batch is there already).
+  const Device device = transport_->device();
+  if (holdsFirstStage()) inputs = cut(input.defined() ? input.to(device) : input, "input").first;
   if (holdsLastStage()) {
-    auto [parts, n] = cut(target, "target");
+    auto [parts, n] = cut(target.defined() ? target.to(device) : target, "target");
     targets = std::move(parts);
     if (options_.lossReduction == LossReduction::Mean)
       for (int i = 0; i < m; ++i) lossScale_[i] = static_cast<double>(targets[i].size(0)) / static_cast<double>(n);
@@ -235,7 +245,7 @@ Tensor Pipeline::step(const Tensor& input, const Tensor& target) {
       for (int r = 0; r < transport_->size(); ++r)
         if (r != rank()) transport_->send(loss, r, lossTag + r);
     } else {
-      loss = transport_->recv(lastRank, lossTag + rank(), options_.timeout);
+      loss = transport_->recv(lastRank, lossTag + rank(), options_.timeout).to(Device::cpu());
     }
     transport_->flush(options_.timeout);
   } catch (...) {

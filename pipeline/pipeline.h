@@ -30,6 +30,12 @@
  * schedule, stages r, r + p, r + 2p, ... of a p-rank pipeline). A stage's forward takes one
  * tensor and returns one; the last stage's output goes to the loss function with the target.
  *
+ * Devices: a rank's stages live on its transport's device (a ValueError when a parameter is
+ * elsewhere); `input` and `target` are moved there. On GPUs give every rank its own device and
+ * build the transport with it, processGroupTransport(pg, Device::cuda(localRank)): with an
+ * "nccl" backend in the group activations and gradients go device to device, with only CPU
+ * backends (or the RPC transport) they go through the host. The loss step() returns is on the CPU.
+ *
  * Pipeline x data parallel: give a stage as a DistributedDataParallel over the group of the
  * ranks holding the same stage in the other pipeline replicas (DeviceMesh, distributed/
  * device_mesh.h, makes those groups). The pipeline runs every forward of the step under DDP's

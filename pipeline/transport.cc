@@ -16,14 +16,27 @@ namespace cohort::pipeline {
 namespace {
 
 constexpr int kMaxDims = 8;
-constexpr int64_t kHeaderLen = 2 + kMaxDims;  // dtype, ndim, sizes
+constexpr int64_t kHeaderLen = 3 + kMaxDims;  // dtype, ndim, the data's device type on the wire, sizes
 
 // ---- process group --------------------------------------------------------------------------
 
+// Where tensors travel: a tensor goes over the group's backend for its own device when the group
+// has one (CUDA tensors over NCCL), else through the other side (a CUDA tensor through the host
+// and a CPU backend; a CPU tensor, in a group with only a CUDA backend, through this rank's
+// device). The header, small and read on the host, travels on the CPU when the group has a CPU
+// backend, else on this rank's device; the same rule on every rank, since the group is the same.
+// The receiver places what arrives on its own device.
 class ProcessGroupTransport final : public Transport {
  public:
-  explicit ProcessGroupTransport(dist::ProcessGroupPtr pg) : pg_(std::move(pg)) {
+  ProcessGroupTransport(dist::ProcessGroupPtr pg, Device device) : pg_(std::move(pg)), device_(device) {
     if (!pg_) throw ValueError("processGroupTransport: the process group is null");
+    const bool cpu = pg_->supports(dist::OpType::Send, DeviceType::CPU);
+    if (!cpu && (device_.isCpu() || !pg_->supports(dist::OpType::Send, device_.type())))
+      throw NotSupportedError(fmt::format(
+          "processGroupTransport: the process group sends neither CPU tensors nor {} ones (give the transport the "
+          "device its stages run on, with a group that has a backend for it)",
+          device_.str()));
+    control_ = cpu ? Device::cpu() : device_;
   }
   ~ProcessGroupTransport() override {
     // Sends still in flight keep their tensors alive until they end (or fail).
@@ -37,7 +50,13 @@ class ProcessGroupTransport final : public Transport {
   // Two process-group tags per tag, below MPI's guaranteed tag bound (32767).
   int64_t maxTag() const override { return 16383; }
   std::string describe(int r) const override { return fmt::format("rank {}", r); }
-  std::string name() const override { return fmt::format("process group ({})", pg_->backend(DeviceType::CPU).name()); }
+  std::string name() const override {
+    std::string n = pg_->backend(control_.type()).name();
+    if (!device_.isCpu() && control_.isCpu() && pg_->supports(dist::OpType::Send, device_.type()))
+      n += ", " + pg_->backend(device_.type()).name();
+    return fmt::format("process group ({})", n);
+  }
+  Device device() const override { return device_; }
 
   void send(const Tensor& tensor, int dst, int64_t tag) override {
     checkTag(tag);
@@ -45,18 +64,26 @@ class ProcessGroupTransport final : public Transport {
       throw ValueError(fmt::format("pipeline transport: a {}-dimensional tensor; at most {} dimensions travel",
                                    tensor.dim(), kMaxDims));
     reap();
+    Device wire = tensor.device();
+    if (!pg_->supports(dist::OpType::Send, wire.type())) wire = wire.isCpu() ? device_ : Device::cpu();
+    if (!pg_->supports(dist::OpType::Send, wire.type()))
+      throw NotSupportedError(fmt::format("pipeline transport: the process group has no backend that sends a tensor "
+                                          "on {} to rank {}, directly or through {}",
+                                          tensor.device().str(), dst, wire.str()));
     Tensor header = empty({kHeaderLen}, {.dtype = DType::Int64});
     auto* h = header.data<int64_t>();
     std::fill(h, h + kHeaderLen, 0);
     h[0] = static_cast<int64_t>(tensor.dtype());
     h[1] = tensor.dim();
-    for (int64_t d = 0; d < tensor.dim(); ++d) h[2 + d] = tensor.size(d);
+    h[2] = static_cast<int64_t>(wire.type());
+    for (int64_t d = 0; d < tensor.dim(); ++d) h[3 + d] = tensor.size(d);
+    if (control_ != Device::cpu()) header = header.to(control_);
+    Tensor data;
+    if (tensor.numel() > 0) data = tensor.detach().contiguous().to(wire);
     std::lock_guard<std::mutex> lock(mu_);
     post(pg_->send(header, dst, {.tag = static_cast<int>(2 * tag), .timeout = kSendTimeout}), header);
-    if (tensor.numel() > 0) {
-      Tensor data = tensor.detach().contiguous();
+    if (data.defined())
       post(pg_->send(data, dst, {.tag = static_cast<int>(2 * tag + 1), .timeout = kSendTimeout}), data);
-    }
   }
 
   // Posts the header's receive now and, the moment the header arrives (on the backend's thread),
@@ -68,7 +95,7 @@ class ProcessGroupTransport final : public Transport {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (incoming_.contains(key)) return;  // one posted receive per (source, tag) at a time
-      in->header = empty({kHeaderLen}, {.dtype = DType::Int64});
+      in->header = empty({kHeaderLen}, {.dtype = DType::Int64, .device = control_});
       in->headerWork = pg_->recv(in->header, src, {.tag = static_cast<int>(2 * tag), .timeout = kSendTimeout});
       incoming_[key] = in;
     }
@@ -114,7 +141,7 @@ class ProcessGroupTransport final : public Transport {
     if (in->dataWork)
       in->dataWork->wait(
           std::max(Millis(1), std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now())));
-    return in->data;
+    return in->data.device() == device_ ? in->data : in->data.to(device_);
   }
 
   void flush(Millis timeout) override {
@@ -150,11 +177,22 @@ class ProcessGroupTransport final : public Transport {
     std::exception_ptr error;
     bool ready = false;  // the data's receive is posted (or failed, or not needed)
   };
-  Tensor allocate(const Tensor& header, int src, int64_t tag) const {
+  // The receive buffer the header describes, on the device the data travels on.
+  Tensor allocate(const Tensor& received, int src, int64_t tag) const {
+    const Tensor header = received.device().isCpu() ? received : received.to(Device::cpu());
     const auto* h = header.data<int64_t>();
-    if (h[0] < 0 || h[0] >= kNumDTypes || h[1] < 0 || h[1] > kMaxDims)
+    if (h[0] < 0 || h[0] >= kNumDTypes || h[1] < 0 || h[1] > kMaxDims || h[2] < 0 || h[2] >= kNumDeviceTypes)
       throw DistError(fmt::format("pipeline transport: a malformed header from rank {} (tag {})", src, tag));
-    return empty(Shape(h + 2, h + 2 + h[1]), {.dtype = static_cast<DType>(h[0])});
+    Device wire = Device::cpu();
+    if (static_cast<DeviceType>(h[2]) != DeviceType::CPU) {
+      if (device_.type() != static_cast<DeviceType>(h[2]))
+        throw NotSupportedError(fmt::format(
+            "pipeline transport: rank {} sends a tensor (tag {}) over the group's {} backend, but this rank's "
+            "transport places tensors on {}; give processGroupTransport the device this rank's stages run on",
+            src, tag, Device(static_cast<DeviceType>(h[2]), 0).str(), device_.str()));
+      wire = device_;
+    }
+    return empty(Shape(h + 3, h + 3 + h[1]), {.dtype = static_cast<DType>(h[0]), .device = wire});
   }
   void post(dist::WorkPtr work, Tensor keep) { pending_.push_back({std::move(work), std::move(keep)}); }
   // Drops finished sends (failures stay for flush() to report).
@@ -163,6 +201,8 @@ class ProcessGroupTransport final : public Transport {
   }
 
   dist::ProcessGroupPtr pg_;
+  Device device_;   // where received tensors are placed
+  Device control_;  // where headers travel
   std::vector<Pending> pending_;
   // Serialises this transport's calls into the group: the pipeline's thread and the backend
   // thread that posts an expected tensor's data.
@@ -234,7 +274,7 @@ const bool kRegistered = (registerDeliver(), true);
 
 class RpcTransport final : public Transport {
  public:
-  explicit RpcTransport(std::vector<std::string> workers) : workers_(std::move(workers)) {
+  RpcTransport(std::vector<std::string> workers, Device device) : workers_(std::move(workers)), device_(device) {
     registerDeliver();
     const std::string self = rpc::currentAgent()->self().name;
     for (size_t i = 0; i < workers_.size(); ++i) {
@@ -254,11 +294,12 @@ class RpcTransport final : public Transport {
     return fmt::format("rank {} (worker '{}')", r, workers_.at(static_cast<size_t>(r)));
   }
   std::string name() const override { return "rpc"; }
+  Device device() const override { return device_; }
 
   void send(const Tensor& tensor, int dst, int64_t tag) override {
     std::erase_if(pending_, [](const Future<void>& f) { return f.isCompleted() && !f.hasError(); });
     pending_.push_back(rpc::rpcAsync<void>(workers_.at(static_cast<size_t>(dst)), kDeliver, static_cast<int64_t>(rank_),
-                                           tag, tensor.detach()));
+                                           tag, tensor.detach().to(Device::cpu())));  // RPC carries CPU tensors
   }
 
   // Waits in slices of kProbeEvery; after each slice without the tensor it probes the sender
@@ -288,7 +329,7 @@ class RpcTransport final : public Transport {
                                        describe(src), tag, timeout.count()));
       const auto left = std::chrono::duration_cast<Millis>(deadline - now) + Millis(1);
       Tensor t = Mailbox::instance().take(src, tag, std::min(kProbeEvery, left), peerGone);
-      if (t.defined()) return t;
+      if (t.defined()) return t.device() == device_ ? t : t.to(device_);
       if (peerGone()) {
         std::string why = "unknown error";
         try {
@@ -323,18 +364,19 @@ class RpcTransport final : public Transport {
  private:
   static constexpr Millis kProbeEvery{100};
   std::vector<std::string> workers_;
+  Device device_;
   int rank_ = -1;
   std::vector<Future<void>> pending_;
 };
 
 }  // namespace
 
-TransportPtr processGroupTransport(dist::ProcessGroupPtr pg) {
-  return std::make_shared<ProcessGroupTransport>(std::move(pg));
+TransportPtr processGroupTransport(dist::ProcessGroupPtr pg, Device device) {
+  return std::make_shared<ProcessGroupTransport>(std::move(pg), device);
 }
 
-TransportPtr rpcTransport(std::vector<std::string> workers) {
-  return std::make_shared<RpcTransport>(std::move(workers));
+TransportPtr rpcTransport(std::vector<std::string> workers, Device device) {
+  return std::make_shared<RpcTransport>(std::move(workers), device);
 }
 
 }  // namespace cohort::pipeline

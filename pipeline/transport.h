@@ -2,14 +2,20 @@
  * How a pipeline's activations and gradients travel between its ranks: one seam, two
  * implementations.
  *
- *  - processGroupTransport(pg): a process group's send/recv (shm, gloo or mpi). Each tensor goes
- *    as two messages under one tag: a header (dtype and shape) and the data, so the receiver
- *    needs no shape in advance. Pipeline rank = the group's rank.
+ *  - processGroupTransport(pg, device): a process group's send/recv (shm, gloo, mpi, nccl). Each
+ *    tensor goes as two messages under one tag: a header (dtype, shape and which backend carries
+ *    the data) and the data, so the receiver needs no shape in advance. A tensor travels over the
+ *    group's backend for its own device when there is one (CUDA tensors over NCCL, device to
+ *    device); otherwise through the host and the group's CPU backend. Pipeline rank = the group's
+ *    rank.
  *  - rpcTransport(workers): the RPC layer (TensorPipe). A send is an asynchronous call that
  *    delivers the tensor into the receiving worker's mailbox; on one host TensorPipe's CMA channel
  *    has the receiver read the tensor straight from the sender's memory. The served function only
  *    files the tensor and returns, so RPC threads are never held. Pipeline rank i = workers[i];
- *    rpc::init must have run.
+ *    rpc::init must have run. RPC carries CPU tensors: a CUDA tensor goes through the host.
+ *
+ * Either way a received tensor is placed on the transport's device (`device`, where this rank's
+ * stages run: the CPU, or a GPU), wherever it came from.
  *
  * Sends never block; recv blocks until the tensor sent with that (source, tag) arrives, or throws
  * TimeoutError after `timeout` naming the peer and tag. A dead sender fails it sooner: the process
@@ -53,13 +59,16 @@ class Transport {
   virtual void flush(Millis timeout) = 0;
   // How errors name pipeline rank `r` ("rank 1", "worker 'stage1'").
   virtual std::string describe(int r) const = 0;
-  virtual std::string name() const = 0;  // "process group (gloo)", "rpc"
+  virtual std::string name() const = 0;  // "process group (gloo)", "process group (shm, nccl)", "rpc"
+  // Where received tensors are placed (the device this rank's stages run on).
+  virtual Device device() const { return Device::cpu(); }
 };
 
 using TransportPtr = std::shared_ptr<Transport>;
 
-TransportPtr processGroupTransport(dist::ProcessGroupPtr pg);
+// NotSupportedError when the group can send neither CPU tensors nor ones on `device`.
+TransportPtr processGroupTransport(dist::ProcessGroupPtr pg, Device device = Device::cpu());
 // workers[i]: the RPC worker name of pipeline rank i; this worker must be one of them.
-TransportPtr rpcTransport(std::vector<std::string> workers);
+TransportPtr rpcTransport(std::vector<std::string> workers, Device device = Device::cpu());
 
 }  // namespace cohort::pipeline

@@ -286,6 +286,13 @@ TEST(Pipeline, RefusesWhatCannotRun) {
     // The wrong number of modules for the stages placed here.
     expect(errorAs<ValueError>([&] { Pipeline({stages[0]}, t, mse, interleaved1F1B(1, 2, 2)); }),
            "places 2 stage(s) on rank 0 (0, 1), 1 module(s) given");
+    // Stages on the CPU with a transport that delivers to a GPU (no GPU needed to be refused).
+    auto pg = dist::ProcessGroup::create(std::make_shared<dist::HashStore>(), 0, 1, {.backend = "gloo"});
+    TransportPtr toGpu = processGroupTransport(pg, Device::cuda(0));
+    if (toGpu->device() != Device::cuda(0) || t->device() != Device::cpu()) throw Error("transport devices");
+    expect(errorAs<ValueError>([&] { Pipeline(stages, toGpu, mse, interleaved1F1B(1, 2, 2)); }),
+           "stage 0's parameter '0.weight' is on cpu, but the transport (process group (gloo)) places what it "
+           "receives on cuda:0");
     // A batch smaller than the micro-batch count, and a missing input.
     Pipeline pipe(stages, t, mse, interleaved1F1B(1, 2, 4));
     expect(errorAs<ValueError>([&] {
