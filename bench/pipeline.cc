@@ -1,11 +1,17 @@
 // Pipeline-parallel training of a GPT split in halves over two processes, every schedule, against
-// one process training the same model on the same batches (measured first, in this run).
+// one process training the same model on the same batches, measured alternately in this run.
 //
 // Each pipeline rank and the single process compute on one thread (two ranks on this 2-core
 // machine: one core each), so samples_s / single_samples_s is what the pipeline buys, bounded by
 // its bubble (1F1B with m = 8, p = 2: 8/9 of 2x = 1.78x). The interleaved schedule splits the
-// GPT into four stages (two per rank); "1f1b+ckpt" is 1F1B with every stage's forward recomputed in
-// its backward (activation checkpointing: less memory, more compute).
+// GPT into four stages (two per rank). A schedule may carry modifiers: "+ahead<N>" is its
+// lookahead (schedule.h: N more forwards run ahead on the ranks that feed a later stage),
+// "+ckpt" recomputes every stage's forward in its backward (activation checkpointing: less
+// memory, more compute).
+//
+// The one-process figure: rank 0 of the pipeline also holds the whole GPT and its optimizer and
+// trains it a step after every pipeline step, while rank 1 waits idle, so the two alternate step
+// by step and a drift in the machine's speed falls on both.
 //
 // Per schedule one JSON line:
 //   {"schedule", "samples_s", "single_samples_s", "speedup", "bubble_measured", "bubble_simulated",
@@ -18,9 +24,10 @@
 // measured bytes of one micro-batch's activations on that rank). Peaks are the allocator's
 // high-water mark during a step above what was live before it.
 //
-//   build/bench/pipeline [--steps 5] [--warmup 2] [--microbatches 8] [--schedules gpipe,1f1b,interleaved,zb,1f1b+ckpt]
+//   build/bench/pipeline [--steps 10] [--warmup 2] [--microbatches 8]
+//                        [--schedules gpipe,1f1b,1f1b+ahead1,interleaved,zb,zb+ahead1,1f1b+ckpt]
 //                        [--transport pg|rpc] [--backend auto|shm|gloo] [--layers 4] [--embd 192] [--block 64]
-//                        [--batch 32]
+//                        [--batch 32] [--timeline]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -53,7 +60,7 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 struct Args {
-  int steps = 5, warmup = 2, microbatches = 8;
+  int steps = 10, warmup = 2, microbatches = 8;
   int64_t layers = 4, embd = 192, heads = 4, block = 64, batch = 32;
   std::string transport = "pg";
   std::string backend = "auto";  // the process group's, with --transport pg
@@ -81,20 +88,50 @@ Tensor gptLoss(const Tensor& logits, const Tensor& target) {
   return nn::functional::crossEntropy(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}));
 }
 
-double single(const Args& a) {
-  manualSeed(0);
-  auto gpt = std::make_shared<nn::GPT>(config(a));
-  optim::AdamW opt(gpt->parameters(), {.lr = 1e-4});
-  double total = 0;
-  for (int s = 0; s < a.warmup + a.steps; ++s) {
-    auto [x, y] = batchFor(a, s);
+// The one-process baseline: the whole GPT and its optimizer, trained a step at a time.
+struct Single {
+  explicit Single(const Args& a)
+      : gpt([&] {
+          manualSeed(0);
+          return std::make_shared<nn::GPT>(config(a));
+        }()),
+        opt(gpt->parameters(), {.lr = 1e-4}) {}
+  // Seconds of one whole training step on the batch of `step`.
+  double step(const Args& a, int step) {
+    auto [x, y] = batchFor(a, step);
     const auto t0 = Clock::now();
     opt.zeroGrad();
     gptLoss((*gpt)(x), y).backward();
     opt.step();
-    if (s >= a.warmup) total += std::chrono::duration<double>(Clock::now() - t0).count();
+    return std::chrono::duration<double>(Clock::now() - t0).count();
   }
-  return total / a.steps;
+  std::shared_ptr<nn::GPT> gpt;
+  optim::AdamW opt;
+};
+
+// A --schedules entry: a built-in name, then "+ckpt" (every stage's forward recomputed in its
+// backward) and/or "+ahead<N>" (the schedule's lookahead, schedule.h), e.g. "1f1b+ahead1+ckpt".
+struct Variant {
+  std::string base;
+  bool ckpt = false;
+  int lookahead = 0;
+  int chunks() const { return base == "interleaved" ? 2 : 1; }
+  pipeline::Schedule schedule(int ranks, int microbatches) const {
+    return pipeline::makeSchedule(base, ranks, microbatches, chunks() > 1 ? chunks() : 0, lookahead);
+  }
+};
+
+Variant parseVariant(const std::string& name) {
+  Variant v;
+  std::stringstream in(name);
+  std::getline(in, v.base, '+');
+  for (std::string mod; std::getline(in, mod, '+');) {
+    if (mod == "ckpt") v.ckpt = true;
+    else if (mod.starts_with("ahead") && mod.size() > 5 && mod.find_first_not_of("0123456789", 5) == std::string::npos)
+      v.lookahead = std::stoi(mod.substr(5));
+    else throw ValueError(fmt::format("'{}' is neither +ckpt nor +ahead<N>", mod));
+  }
+  return v;
 }
 
 double mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
@@ -115,11 +152,10 @@ int runRank(const Args& a, const std::string& schedule, const std::string& dir, 
     pg = dist::ProcessGroup::create(store, rank, p, {.backend = a.backend});
     transport = pipeline::processGroupTransport(pg);
   }
-  // "<name>+ckpt": the schedule with every stage's forward recomputed in backward.
-  const bool ckpt = schedule.ends_with("+ckpt");
-  const std::string base = ckpt ? schedule.substr(0, schedule.size() - 5) : schedule;
-  const int chunks = base == "interleaved" ? 2 : 1;
-  pipeline::Schedule sched = pipeline::makeSchedule(base, p, a.microbatches, base == "interleaved" ? 2 : 0);
+  const Variant variant = parseVariant(schedule);
+  const bool ckpt = variant.ckpt;
+  const int chunks = variant.chunks();
+  pipeline::Schedule sched = variant.schedule(p, a.microbatches);
   manualSeed(0);
   auto gpt = std::make_shared<nn::GPT>(config(a));
   pipeline::StageSplit split = pipeline::splitGPT(gpt, p * chunks);
@@ -161,7 +197,13 @@ int runRank(const Args& a, const std::string& schedule, const std::string& dir, 
     }
   }
 
-  double stepTotal = 0, trainTotal = 0, busyTotal = 0;
+  // Rank 0 also trains the whole model in this process, a step after each pipeline step while
+  // rank 1 waits idle, so the two are measured step by step alternating: the machine's speed
+  // drifts by 10% and more over seconds here, and a baseline measured once before every schedule
+  // would carry that drift into every ratio.
+  std::unique_ptr<Single> one = rank == 0 ? std::make_unique<Single>(a) : nullptr;
+  const int64_t idleTag = 16000, goTag = 16001;  // + 2 (step % 100): below the ping-pong's, above the pipeline's
+  double stepTotal = 0, trainTotal = 0, busyTotal = 0, singleTotal = 0;
   int64_t peak = 0;
   std::map<std::pair<int, int>, std::pair<double, int>> kindTimes;  // (kind, stage) -> (sum, count)
   for (int s = 0; s < a.warmup + a.steps; ++s) {
@@ -176,6 +218,17 @@ int runRank(const Args& a, const std::string& schedule, const std::string& dir, 
     peak = std::max(peak, memoryStats().peakBytes - live);
     opt.step();
     const auto t3 = Clock::now();
+    Tensor token = zeros({1});
+    if (rank == 0) {
+      (void)transport->recv(1, idleTag + 2 * (s % 100), std::chrono::milliseconds(60'000));  // rank 1 is done
+      const double t = one->step(a, s);
+      if (s >= a.warmup) singleTotal += t;
+      transport->send(token, 1, goTag + 2 * (s % 100));
+    } else {
+      transport->send(token, 0, idleTag + 2 * (s % 100));
+      (void)transport->recv(0, goTag + 2 * (s % 100), std::chrono::milliseconds(60'000));
+    }
+    transport->flush(std::chrono::milliseconds(60'000));
     if (s < a.warmup) continue;
     stepTotal += std::chrono::duration<double>(t2 - t1).count();
     trainTotal += std::chrono::duration<double>(t3 - t0).count();
@@ -189,6 +242,7 @@ int runRank(const Args& a, const std::string& schedule, const std::string& dir, 
   }
   report << fmt::format("step {}\ntrain {}\nbusy {}\npeak {}\noneway {}\n", stepTotal / a.steps, trainTotal / a.steps,
                         busyTotal / a.steps, peak, oneWay);
+  if (one) report << fmt::format("single {}\n", singleTotal / a.steps);
   for (const auto& [k, v] : kindTimes) report << fmt::format("cost {} {} {}\n", k.first, k.second, v.first / v.second);
   for (const auto& [s, b] : actBytes) report << fmt::format("actbytes {} {}\n", s, b);
   for (const auto& t : pipe.lastStepTiming().actions)  // the last step, as it ran
@@ -205,7 +259,7 @@ int runRank(const Args& a, const std::string& schedule, const std::string& dir, 
 int main(int argc, char** argv) {
   CLI::App app{"Pipeline-parallel GPT training, every schedule, against one process"};
   Args a;
-  std::string schedules = "gpipe,1f1b,interleaved,zb,1f1b+ckpt";
+  std::string schedules = "gpipe,1f1b,1f1b+ahead1,interleaved,zb,zb+ahead1,1f1b+ckpt";
   bool showTimeline = false;
   app.add_flag("--timeline", showTimeline, "print each schedule's measured and simulated timelines (stderr)");
   app.add_option("--steps", a.steps)->check(CLI::PositiveNumber);
@@ -222,10 +276,18 @@ int main(int argc, char** argv) {
   app.add_option("--batch", a.batch)->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   blas::setNumThreads(1);
-  const double singleStep = single(a);
-  const double singleSamples = static_cast<double>(a.batch) / singleStep;
   std::stringstream list(schedules);
+  std::vector<std::string> names;
   for (std::string name; std::getline(list, name, ',');) {
+    try {  // every entry known before anything runs
+      (void)parseVariant(name).schedule(2, a.microbatches);
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "pipeline bench: --schedules '{}': {}\n", name, e.what());
+      return 2;
+    }
+    names.push_back(name);
+  }
+  for (const std::string& name : names) {
     char tmpl[] = "/tmp/cohort_bench_pipeline_XXXXXX";
     if (!mkdtemp(tmpl)) return 1;
     const std::string dir = tmpl;
@@ -242,12 +304,11 @@ int main(int argc, char** argv) {
         return 1;
       }
     // Gather what the ranks measured.
-    double step = 0, train = 0, busy = 0, oneWay = 0;
+    double step = 0, train = 0, busy = 0, oneWay = 0, singleStep = 0;
     std::vector<double> peakMib, actMib(8, 0.0);
     pipeline::ActionCosts costs;
-    const std::string base = name.ends_with("+ckpt") ? name.substr(0, name.size() - 5) : name;
-    const int chunks = base == "interleaved" ? 2 : 1;
-    const int S = 2 * chunks;
+    const Variant variant = parseVariant(name);
+    const int S = 2 * variant.chunks();
     costs.forward.assign(S, 0.0);
     costs.backward.assign(S, 0.0);
     costs.backwardInput.assign(S, 0.0);
@@ -283,6 +344,8 @@ int main(int argc, char** argv) {
           double v;
           in >> v;
           peakMib.push_back(mib(static_cast<int64_t>(v)));
+        } else if (key == "single") {
+          in >> singleStep;
         } else if (key == "oneway") {
           double v;
           in >> v;
@@ -309,7 +372,7 @@ int main(int argc, char** argv) {
       }
     }
     costs.latency = oneWay;
-    pipeline::Schedule sched = pipeline::makeSchedule(base, 2, a.microbatches, chunks > 1 ? chunks : 0);
+    pipeline::Schedule sched = variant.schedule(2, a.microbatches);
     pipeline::Simulation sim = pipeline::simulate(sched, costs);
     // Simulated peak bytes per rank: live micro-batches of each stage x that stage's bytes.
     std::vector<double> simPeak(2, 0.0);
@@ -325,8 +388,26 @@ int main(int argc, char** argv) {
       simPeak[static_cast<size_t>(r)] = mib(static_cast<int64_t>(best));
     }
     const double samples = static_cast<double>(a.batch) / train;  // with the optimizer, as single's
+    const double singleSamples = static_cast<double>(a.batch) / singleStep;
     if (showTimeline) {
       const double unit = sim.makespan / 120;
+      auto ms = [](std::vector<double> v) {
+        for (double& x : v) x *= 1e3;
+        return v;
+      };
+      fmt::print(stderr, "{} ms per action by stage: F [{:.2f}] B [{:.2f}] I [{:.2f}] W [{:.2f}], one-way {:.3f}\n",
+                 name, fmt::join(ms(costs.forward), ", "), fmt::join(ms(costs.backward), ", "),
+                 fmt::join(ms(costs.backwardInput), ", "), fmt::join(ms(costs.backwardWeight), ", "), oneWay * 1e3);
+      for (size_t r = 0; r < measured.timeline.size(); ++r) {  // where each rank's last step went
+        std::map<std::string, double> by;
+        double covered = 0;
+        for (const auto& t : measured.timeline[r]) {
+          by[pipeline::shortName(t.action.kind)] += (t.end - t.start) * 1e3;
+          covered += t.end - t.start;
+        }
+        fmt::print(stderr, "{} rank {} ms by action kind: {}, between actions {:.2f}\n", name, r, fmt::join(by, ", "),
+                   (measured.makespan - covered) * 1e3);
+      }
       fmt::print(stderr, "{} measured (last step):\n{}{} simulated:\n{}", name,
                  pipeline::formatTimeline(measured, unit), name, pipeline::formatTimeline(sim, unit));
     }
@@ -334,10 +415,10 @@ int main(int argc, char** argv) {
                "\"bubble_measured\": {:.4f}, \"bubble_simulated\": {:.4f}, \"step_ms\": {:.2f}, \"step_ms_predicted\": "
                "{:.2f}, "
                "\"peak_activation_mib\": [{:.2f}], \"peak_activation_mib_simulated\": [{:.2f}], \"microbatches\": {}, "
-               "\"stages\": {}, \"transport\": \"{}\"}}\n",
+               "\"stages\": {}, \"lookahead\": {}, \"transport\": \"{}\"}}\n",
                name, samples, singleSamples, samples / singleSamples, 1.0 - busy / (2.0 * step), sim.bubble, step * 1e3,
                sim.makespan * 1e3, fmt::join(peakMib, ", "), fmt::join(simPeak, ", "), a.microbatches, S,
-               transportName);
+               variant.lookahead, transportName);
     std::fflush(stdout);
   }
   return 0;
