@@ -623,7 +623,32 @@ void RpcAgent::shutdown(bool graceful) {
         std::vector<std::string> keys;
         for (int r = 0; r < worldSize_; ++r) keys.push_back(fmt::format("shutdown/{}", r));
         auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
-        store_->wait(keys, std::max(left, Millis(1)));
+        try {
+          store_->wait(keys, std::max(left, Millis(1)));
+        } catch (const TimeoutError&) {
+          // Name who is missing: the store's own message only lists keys.
+          std::vector<std::string> missing;
+          for (int r = 0; r < worldSize_; ++r) {
+            bool there = false;
+            try {
+              there = store_->check({fmt::format("shutdown/{}", r)});
+            } catch (...) {
+            }
+            if (!there) {
+              std::string name;
+              try {
+                name = worker(r).name;
+              } catch (...) {
+              }
+              missing.push_back(name.empty() ? fmt::format("rank {}", r) : fmt::format("'{}' (rank {})", name, r));
+            }
+          }
+          throw TimeoutError(fmt::format(
+              "rpc shutdown on worker '{}': {} did not reach shutdown within {} ms (RpcOptions::shutdownTimeout); "
+              "this worker leaves without waiting longer, and calls to it from those still running will fail",
+              self_.name, missing.empty() ? std::string("a worker") : fmt::format("{}", fmt::join(missing, ", ")),
+              options_.shutdownTimeout.count()));
+        }
       } catch (...) {
         barrierError = std::current_exception();
       }

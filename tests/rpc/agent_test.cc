@@ -203,6 +203,33 @@ TEST(RpcAgent, GracefulShutdownWaitsForCallsInFlight) {
   EXPECT_EQ(reports[1], "ok");
 }
 
+// A worker that arrives at shutdown after the others' shutdownTimeout: they leave with a
+// TimeoutError naming it (not the store's key-level message), and it still shuts down.
+TEST(RpcAgent, AShutdownBarrierPastItsTimeoutNamesTheLateWorker) {
+  auto reports = runWorkers(
+      3,
+      [](int rank) -> std::string {
+        if (rank == 2) usleep(2'500'000);  // busy past the others' shutdown timeout
+        if (rank == 2) return "ok";
+        try {
+          shutdown();
+        } catch (const TimeoutError& e) {
+          return e.what();
+        }
+        return "no error";
+      },
+      [](int rank, RpcOptions& o) {
+        if (rank != 2) o.shutdownTimeout = Millis(500);
+      });
+  for (int r : {0, 1})
+    EXPECT_EQ(reports[r], fmt::format("rpc shutdown on worker 'w{}': 'w2' (rank 2) did not reach shutdown within 500 "
+                                      "ms (RpcOptions::shutdownTimeout); this worker leaves without waiting longer, "
+                                      "and calls to it from those still running will fail",
+                                      r))
+        << "rank " << r;
+  EXPECT_EQ(reports[2], "ok");
+}
+
 TEST(RpcAgent, AWrongSharedSecretIsRefused) {
   auto reports = runWorkers(
       3,

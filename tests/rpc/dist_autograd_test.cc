@@ -402,24 +402,29 @@ std::string waitNoLiveContexts(int n, const std::vector<std::string>& skip = {})
 struct LeaveScope {};
 
 TEST(DistAutograd, ThousandsOfContextsLeaveNoneBehind) {
-  auto reports = runWorkers(3, [](int rank) -> std::string {
-    if (rank != 0) return "ok";
-    Tensor w = ones({4});
-    w.setRequiresGrad(true);
-    for (int i = 0; i < 2000; ++i) {
-      try {
-        Context ctx;
-        Tensor y = rpcSync<Tensor>("w1", "relay", std::string("w2"), w.mul(full({}, 2.0)));
-        if (i % 3 == 0) ctx.backward({y.sum()});
-        if (i % 7 == 0) throw LeaveScope{};
-        if (i % 11 == 0) ctx.backward({y.sum().mul(full({}, 0.0)).add(w.sum())}, false);  // a failed second one
-      } catch (const ValueError&) {                                                       // the failed second backward
-      } catch (const LeaveScope&) {
-      }
-    }
-    std::string left = waitNoLiveContexts(3);
-    return left.empty() ? "ok" : left;
-  });
+  auto reports = runWorkers(
+      3,
+      [](int rank) -> std::string {
+        if (rank != 0) return "ok";
+        Tensor w = ones({4});
+        w.setRequiresGrad(true);
+        for (int i = 0; i < 2000; ++i) {
+          try {
+            Context ctx;
+            Tensor y = rpcSync<Tensor>("w1", "relay", std::string("w2"), w.mul(full({}, 2.0)));
+            if (i % 3 == 0) ctx.backward({y.sum()});
+            if (i % 7 == 0) throw LeaveScope{};
+            if (i % 11 == 0) ctx.backward({y.sum().mul(full({}, 0.0)).add(w.sum())}, false);  // a failed second one
+          } catch (const ValueError&) {  // the failed second backward
+          } catch (const LeaveScope&) {
+          }
+        }
+        std::string left = waitNoLiveContexts(3);
+        return left.empty() ? "ok" : left;
+      },
+      // w1 and w2 wait at shutdown while w0 runs its 2,000 nested calls, which on a loaded machine
+      // (the suite beside others on two cores) take far longer than the 1 s they take alone.
+      [](int, RpcOptions& o) { o.shutdownTimeout = Millis(150'000); }, std::chrono::seconds(180));
   for (int r = 0; r < 3; ++r) EXPECT_EQ(reports[r], "ok") << "rank " << r;
 }
 
