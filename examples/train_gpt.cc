@@ -10,6 +10,7 @@
 //   cohortrun --standalone --nproc-per-node 2 build/examples/train_gpt --ddp --amp bf16 --checkpoint run.ckpt --resume
 //   cohortrun --standalone --nproc-per-node 4 build/examples/train_gpt --pipeline 2 --schedule zb --micro-batches 8
 //   build/examples/train_gpt --steps 10 --profile prof          # prof/trace.json (Perfetto) and prof/memory.html
+//   build/examples/train_gpt --device cuda --amp bf16           # on a GPU (--ddp/--fsdp/--pipeline: one per rank)
 //
 // With --ddp every rank trains on its DistributedSampler shard (global batch = --batch-size ×
 // ranks) under DistributedDataParallel; rank 0 prints and writes the checkpoint, every rank
@@ -46,6 +47,7 @@
 #include <fstream>
 
 #include <cohort/cohort.h>
+#include <cohort/core/cuda/cuda.h>
 #include <cohort/core/data/data_loader.h>
 #include <cohort/core/data/text.h>
 #include <cohort/core/io/atomic_file.h>
@@ -54,6 +56,7 @@
 #include <cohort/core/nn/nn.h>
 #include <cohort/core/optim/optim.h>
 #include <cohort/distributed.h>
+#include <cohort/distributed/env/environment.h>
 #include <cohort/distributed/grad_scaler.h>
 #include <cohort/fsdp/fully_sharded_data_parallel.h>
 #include <cohort/fsdp/sharded_grad_scaler.h>
@@ -77,14 +80,39 @@ void logTraining(io::SummaryWriter& tb, int64_t step, double loss, double lr, do
   tb.addScalar("train/throughput", tokensPerSecond, step);
 }
 
+// Where a module's parameters are (the CPU for one without any).
+Device deviceOf(nn::Module& model) {
+  auto params = model.parameters();
+  return params.empty() ? Device::cpu() : params[0].device();
+}
+
+// --device: "cpu", "cuda:N", or "cuda": under a launcher the GPU of this process's local rank, else
+// the first. Makes it the current device. NotSupportedError without a GPU.
+Device resolveDevice(const std::string& spec) {
+  const Device d = Device::parse(spec);  // ValueError for anything else
+  if (d.isCpu()) return d;
+  if (!cuda::isAvailable())
+    throw NotSupportedError(
+        fmt::format("--device {}: no CUDA device is visible (or this build of cohort has no CUDA)", spec));
+  const int count = cuda::deviceCount();
+  int index = d.index();
+  if (spec == "cuda" && dist::env::launchEnvironmentPresent()) index = dist::env::detectEnvironment().localRank % count;
+  if (index >= count)
+    throw ValueError(
+        fmt::format("--device {}: this machine has {} CUDA device(s), cuda:0..cuda:{}", spec, count, count - 1));
+  cuda::setDevice(index);
+  return Device::cuda(index);
+}
+
 double evalLoss(nn::GPT& model, data::DataLoader& loader, int64_t batches, int64_t vocab) {
   autograd::NoGradGuard ng;
   model.eval();
+  const Device device = deviceOf(model);
   double sum = 0;
   int64_t n = 0;
   for (auto& b : loader) {
-    Tensor logits = model(b.data);
-    sum += nn::functional::crossEntropy(logits.reshape({-1, vocab}), b.target.reshape({-1})).item<double>();
+    Tensor logits = model(b.data.to(device));
+    sum += nn::functional::crossEntropy(logits.reshape({-1, vocab}), b.target.to(device).reshape({-1})).item<double>();
     if (++n == batches) break;
   }
   model.train();
@@ -125,7 +153,7 @@ class LocalStages : public nn::Module {
   }
 };
 
-int trainPipelined(const PipelineRun& run, nn::GPTConfig cfg, const std::string& backend, int64_t steps,
+int trainPipelined(const PipelineRun& run, nn::GPTConfig cfg, const std::string& backend, Device device, int64_t steps,
                    int64_t stopAfter, int64_t batchSize, int64_t warmup, int64_t logInterval, int64_t ckptEvery,
                    double lr, double minLr, double weightDecay, double clip, uint64_t seed,
                    const std::string& checkpoint, bool resume, int64_t sampleTokens, const std::string& prompt,
@@ -155,11 +183,12 @@ int trainPipelined(const PipelineRun& run, nn::GPTConfig cfg, const std::string&
   const std::vector<int> ids = schedule.stagesOf(pipeRank);
   for (int s : ids) {
     nn::ModulePtr stage = parts.stages[static_cast<size_t>(s)];
+    stage->to(device);
     plain.push_back(stage);
     mine.push_back(replicas > 1 ? std::make_shared<dist::DistributedDataParallel>(stage, mesh.group("data")) : stage);
   }
   pipeline::Pipeline pipe(
-      mine, pipeline::processGroupTransport(mesh.group("pipe")),
+      mine, pipeline::processGroupTransport(mesh.group("pipe"), device),
       [&](const Tensor& logits, const Tensor& target) {
         return nn::functional::crossEntropy(logits.reshape({-1, cfg.vocabSize}), target.reshape({-1}));
       },
@@ -245,7 +274,8 @@ int trainPipelined(const PipelineRun& run, nn::GPTConfig cfg, const std::string&
     const int owner = mesh.rankAt({0, schedule.rankOf(s)});
     if (owner == 0) continue;
     for (auto& [name, t] : parts.stages[static_cast<size_t>(s)]->stateDict()) {
-      if (world->rank() == owner) world->send(t.contiguous(), 0)->wait();
+      // Through the host: the group's CPU backend, wherever the stages run.
+      if (world->rank() == owner) world->send(t.to(Device::cpu()).contiguous(), 0)->wait();
       if (talk) {
         Tensor into = empty(t.sizes(), {.dtype = t.dtype()});
         world->recv(into, owner)->wait();
@@ -265,10 +295,10 @@ int trainPipelined(const PipelineRun& run, nn::GPTConfig cfg, const std::string&
   }
   if (sampleTokens > 0) {
     gpt->eval();
-    Tensor idx = vocab.encodeTensor(prompt).unsqueeze(0);
+    Tensor idx = vocab.encodeTensor(prompt).unsqueeze(0).to(deviceOf(*gpt));
     Generator g(seed + 1);
     Tensor out = gpt->generate(idx, sampleTokens, 0.8, 0, &g);
-    fmt::print("--- sample ---\n{}\n--------------\n", vocab.decode(out.select(0, 0)));
+    fmt::print("--- sample ---\n{}\n--------------\n", vocab.decode(out.select(0, 0).to(Device::cpu())));
   }
   return 0;
 }
@@ -336,6 +366,10 @@ int main(int argc, char** argv) {
                  "with --pipeline: forwards each rank runs ahead beyond the schedule's own (1f1b, interleaved, zb; "
                  "more activations held, fewer stalls)")
       ->check(CLI::NonNegativeNumber);
+  std::string deviceName = "cpu";
+  app.add_option("--device", deviceName,
+                 "cpu, cuda (under a launcher: the GPU of the local rank) or cuda:N; with --ddp/--fsdp/--pipeline "
+                 "the group's nccl backend carries the GPU tensors when this build has it");
   std::string profileDir;
   app.add_option("--profile", profileDir,
                  "profile steps 3-5 (memory and shapes): DIR/trace.json for Perfetto, DIR/memory.html, the op table");
@@ -359,9 +393,11 @@ int main(int argc, char** argv) {
 
   try {
     manualSeed(seed);
+    const Device device = resolveDevice(deviceName);
     if (pipelined.stages > 0)
-      return trainPipelined(pipelined, cfg, backend, steps, stopAfter, batchSize, warmup, logInterval, ckptEvery, lr,
-                            minLr, weightDecay, clip, seed, checkpoint, resume, sampleTokens, prompt, tensorboard);
+      return trainPipelined(pipelined, cfg, backend, device, steps, stopAfter, batchSize, warmup, logInterval,
+                            ckptEvery, lr, minLr, weightDecay, clip, seed, checkpoint, resume, sampleTokens, prompt,
+                            tensorboard);
     dist::ProcessGroupPtr pg;
     if (ddp || useFsdp) pg = dist::initProcessGroup({.backend = backend});
     const int rank = pg ? pg->rank() : 0, world = pg ? pg->size() : 1;
@@ -374,6 +410,7 @@ int main(int argc, char** argv) {
     const size_t split = corpus.split;
     cfg.vocabSize = vocab.size();
     auto gpt = std::make_shared<nn::GPT>(cfg);
+    gpt->to(device);  // before DDP or FSDP wraps it: their buffers follow the parameters
     nn::GPT& model = *gpt;
     std::shared_ptr<nn::Module> trained = gpt;
     std::shared_ptr<fsdp::FullyShardedDataParallel> sharded;
@@ -438,9 +475,9 @@ int main(int argc, char** argv) {
       for (auto& b : loader) {
         Tensor loss;
         {
-          amp::Autocast autocast(DeviceType::CPU, ampDType, {.enabled = amp});
-          Tensor logits = (*trained)(b.data);
-          loss = nn::functional::crossEntropy(logits.reshape({-1, cfg.vocabSize}), b.target.reshape({-1}));
+          amp::Autocast autocast(device.type(), ampDType, {.enabled = amp});
+          Tensor logits = (*trained)(b.data.to(device));
+          loss = nn::functional::crossEntropy(logits.reshape({-1, cfg.vocabSize}), b.target.to(device).reshape({-1}));
         }
         opt.zeroGrad();
         scaler->scale(loss).backward();
@@ -505,10 +542,10 @@ int main(int argc, char** argv) {
     }
     if (sampleTokens > 0) {
       finalModel.eval();
-      Tensor idx = vocab.encodeTensor(prompt).unsqueeze(0);
+      Tensor idx = vocab.encodeTensor(prompt).unsqueeze(0).to(deviceOf(finalModel));
       Generator g(seed + 1);
       Tensor out = finalModel.generate(idx, sampleTokens, 0.8, 0, &g);
-      fmt::print("--- sample ---\n{}\n--------------\n", vocab.decode(out.select(0, 0)));
+      fmt::print("--- sample ---\n{}\n--------------\n", vocab.decode(out.select(0, 0).to(Device::cpu())));
     }
     return 0;
   } catch (const std::exception& e) {

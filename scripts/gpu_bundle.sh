@@ -41,6 +41,7 @@ done
 for name in cuda_gemm cuda_train_step comm_overhead; do
   if [[ -x $build/bench/$name ]]; then cp "$build/bench/$name" "$stage/bin/"; else echo "not built: $build/bench/$name" >&2; missing=1; fi
 done
+if [[ -x $build/examples/train_gpt ]]; then cp "$build/examples/train_gpt" "$stage/bin/"; else echo "not built: $build/examples/train_gpt" >&2; missing=1; fi
 [[ $missing -eq 0 ]] || { echo "gpu_bundle.sh: build the tree with CUDA first (./scripts/test.sh)" >&2; exit 1; }
 
 # The libraries the programs need, and those cohort's BLAS layer loads with dlopen, with theirs;

@@ -9,9 +9,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 
 #include <cohort/cohort.h>
+#include <cohort/core/cuda/cuda.h>
 #include <cohort/core/io/checkpoint.h>
 #include <cohort/core/io/safetensors.h>
 
@@ -162,4 +164,36 @@ TEST(ExactResume, AmpUnderDdpOnTwoRanksTwentyStepsEqualTenPlusTen) {
 #else
   GTEST_SKIP() << "cohortrun is not built";
 #endif
+}
+
+// --device: a device this machine cannot give is refused by name before anything trains (without a
+// GPU here; on a GPU machine scripts/gpu_tests.sh trains with --device cuda instead).
+TEST(TrainGpt, ADeviceItCannotUseIsRefusedByName) {
+  const fs::path out = fs::temp_directory_path() / fmt::format("cohort_train_gpt_device_{}.txt", ::getpid());
+  auto errorOf = [&](const std::string& device) {
+    const std::string cmd =
+        binary() + " --steps 2 --warmup 1 --sample-tokens 0 --device " + device + " > " + out.string() + " 2>&1";
+    const int status = std::system(cmd.c_str());
+    std::ifstream in(out);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return std::pair{status, text};
+  };
+  auto [badStatus, bad] = errorOf("tpu");
+  EXPECT_NE(badStatus, 0);
+  EXPECT_NE(bad.find("'tpu' is not a device (expected cpu, cuda or cuda:N)"), std::string::npos) << bad;
+  if (cuda::isAvailable()) {
+    auto [status, text] = errorOf(fmt::format("cuda:{}", cuda::deviceCount()));
+    EXPECT_NE(status, 0);
+    EXPECT_NE(text.find("CUDA device(s), cuda:0..cuda:"), std::string::npos) << text;
+  } else {
+    auto [status, text] = errorOf("cuda");
+    EXPECT_NE(status, 0);
+    EXPECT_NE(text.find("train_gpt: --device cuda: no CUDA device is visible"), std::string::npos) << text;
+    EXPECT_EQ(text.find("train_gpt:  "), std::string::npos);
+  }
+  // The CPU, named, trains as the default does.
+  auto [okStatus, ok] = errorOf("cpu");
+  EXPECT_EQ(okStatus, 0) << ok;
+  EXPECT_NE(ok.find("validation loss: "), std::string::npos) << ok;
+  fs::remove(out);
 }
