@@ -286,16 +286,38 @@ Tensor Tensor::flatten(int64_t startDim, int64_t endDim) const {
   return reshape(ns);
 }
 
+namespace {
+
+// Consecutive views of `self` along dim `d` with these lengths (summing to its size), recorded as
+// one autograd node: its backward concatenates the parts' gradients (zeros for a part that got
+// none), one copy of the input's size. A view per part with a backward of its own would instead
+// fill a zero tensor of the whole input for every part and add them up (for a transformer's
+// q, k, v split: three fills, three copies and two additions of the whole projection).
+std::vector<Tensor> splitViews(const Tensor& self, int64_t d, const Shape& lengths) {
+  std::vector<Tensor> out;
+  int64_t start = 0;
+  for (int64_t len : lengths) {
+    Shape ns = self.sizes();
+    ns[d] = len;
+    out.push_back(makeView(self, ns, self.strides(), self.storageOffset() + start * self.strides()[d]));
+    start += len;
+  }
+  autograd::record("split", {self}, out, {}, [d](Ctx&, const GradList& g) -> GradList { return {cat(g, d)}; });
+  return out;
+}
+
+}  // namespace
+
 std::vector<Tensor> Tensor::split(int64_t splitSize, int64_t d) const {
   requireDefined("split");
   if (dim() == 0) throw ValueError("split: cannot split a 0-dimensional tensor");
   d = wrapDim(d, dim(), "split");
   if (splitSize <= 0) throw ValueError(fmt::format("split: split size must be positive, got {}", splitSize));
-  int64_t len = sizes()[d];
-  std::vector<Tensor> out;
-  for (int64_t s = 0; s < len; s += splitSize) out.push_back(narrow(d, s, std::min(splitSize, len - s)));
-  if (out.empty()) out.push_back(narrow(d, 0, 0));
-  return out;
+  const int64_t len = sizes()[d];
+  Shape lengths;
+  for (int64_t s = 0; s < len; s += splitSize) lengths.push_back(std::min(splitSize, len - s));
+  if (lengths.empty()) lengths.push_back(0);
+  return splitViews(*this, d, lengths);
 }
 
 std::vector<Tensor> Tensor::split(const Shape& parts, int64_t d) const {
@@ -310,13 +332,7 @@ std::vector<Tensor> Tensor::split(const Shape& parts, int64_t d) const {
   if (total != sizes()[d])
     throw ValueError(
         fmt::format("split: sections {} sum to {}, but dim {} has size {}", shapeStr(parts), total, d, sizes()[d]));
-  std::vector<Tensor> out;
-  int64_t s = 0;
-  for (int64_t p : parts) {
-    out.push_back(narrow(d, s, p));
-    s += p;
-  }
-  return out;
+  return splitViews(*this, d, parts);
 }
 
 std::vector<Tensor> Tensor::chunk(int64_t chunks, int64_t d) const {

@@ -273,6 +273,30 @@ TEST(ChunkSplit, SizesValuesAndSharing) {
   expectError<ValueError>([&] { scalarTensor(1.0).chunk(2); }, {"chunk", "0-dimensional"});
 }
 
+// The parts of a split share one backward: it concatenates their gradients, with zeros for a part
+// that got none (the middle one below) or whose gradient is only partial.
+TEST(ChunkSplit, GradientsOfThePartsMeetInOneBackward) {
+  Tensor a = randArg({3, 7});
+  EXPECT_TRUE(gradcheck(
+      [](const std::vector<Tensor>& in) {
+        auto p = in[0].split(Shape{2, 3, 2}, 1);
+        return p[0] * p[2] + p[0].sum();  // p[1] unused
+      },
+      {a}));
+  EXPECT_TRUE(gradcheck(
+      [](const std::vector<Tensor>& in) {
+        auto p = in[0].chunk(3, 0);  // 1 row each
+        return (p[2] * 2.0 - p[0]).exp().slice(1, 2, 5);
+      },
+      {a}));
+  // The split sits in the graph once, with the input's gradient in one piece.
+  Tensor b = randn({2, 6}).setRequiresGrad(true);
+  auto parts = b.split(2, 1);
+  (parts[0].sum() + (parts[1] * 3.0).sum()).backward();
+  EXPECT_EQ(vals(b.grad()), (std::vector<double>{1, 1, 3, 3, 0, 0, 1, 1, 3, 3, 0, 0}));
+  EXPECT_EQ(parts[0].gradFn(), parts[2].gradFn());
+}
+
 TEST(ChunkSplit, Gradcheck) {
   Tensor a = randArg({5, 3});
   EXPECT_TRUE(gradcheck(
