@@ -295,6 +295,13 @@ TEST(ChunkSplit, GradientsOfThePartsMeetInOneBackward) {
   (parts[0].sum() + (parts[1] * 3.0).sum()).backward();
   EXPECT_EQ(vals(b.grad()), (std::vector<double>{1, 1, 3, 3, 0, 0, 1, 1, 3, 3, 0, 0}));
   EXPECT_EQ(parts[0].gradFn(), parts[2].gradFn());
+  // Each part's own backward, one after another, through the shared node (as a pipeline's
+  // micro-batches of one batch do): the gradients add up.
+  Tensor c = randn({4}).setRequiresGrad(true);
+  auto halves = c.split(2, 0);
+  halves[0].sum().backward();
+  (halves[1] * 3.0).sum().backward();
+  EXPECT_EQ(vals(c.grad()), (std::vector<double>{1, 1, 3, 3}));
 }
 
 TEST(ChunkSplit, Gradcheck) {
