@@ -28,6 +28,11 @@ void checkLookahead(int lookahead, const char* what) {
                                     what, lookahead));
 }
 
+// The extra forwards rank r runs ahead: `lookahead` when it holds a stage that feeds a later one
+// (every rank with several chunks; else every rank but the last, whose backward follows its own
+// forward and gains nothing by running ahead).
+int aheadOn(int r, int ranks, int chunks, int lookahead) { return chunks > 1 || r < ranks - 1 ? lookahead : 0; }
+
 Schedule blank(std::string name, int ranks, int stages, int microbatches) {
   Schedule s;
   s.name = std::move(name);
@@ -112,8 +117,7 @@ Schedule oneFOneB(int ranks, int microbatches, int lookahead) {
   Schedule s = blank("1f1b", ranks, ranks, microbatches);
   for (int r = 0; r < ranks; ++r) {
     auto& list = s.actions[static_cast<size_t>(r)];
-    // The last rank gains nothing by running ahead: its backward follows its own forward.
-    const int warmup = std::min(ranks - r - 1 + (r < ranks - 1 ? lookahead : 0), microbatches);
+    const int warmup = std::min(ranks - r - 1 + aheadOn(r, ranks, 1, lookahead), microbatches);
     int f = 0, b = 0;
     while (f < warmup) list.push_back({ActionKind::Forward, r, f++});
     while (f < microbatches) {
@@ -146,9 +150,8 @@ Schedule interleaved1F1B(int ranks, int chunks, int microbatches, int lookahead)
   const int total = microbatches * chunks;
   for (int r = 0; r < ranks; ++r) {
     auto& list = s.actions[static_cast<size_t>(r)];
-    // Every rank holds a stage that sends on when chunks > 1; with one chunk this is 1F1B's rule.
-    const bool feeds = chunks > 1 || r < ranks - 1;
-    const int warmup = std::min((ranks - r - 1) * 2 + (chunks - 1) * ranks + (feeds ? lookahead : 0), total);
+    const int warmup =
+        std::min((ranks - r - 1) * 2 + (chunks - 1) * ranks + aheadOn(r, ranks, chunks, lookahead), total);
     int f = 0, b = 0;
     auto fwd = [&] {
       auto [c, i] = order(f++, false);
@@ -197,7 +200,7 @@ Schedule zeroBubble(int ranks, int microbatches, int lookahead) {
         consider(std::max(fEnd[{r, i}], r == p - 1 ? 0.0 : iEnd[{r + 1, i}]), 0);
       const int f = nextF[r];
       const int inFlight = f - nextI[r], unfinished = f - (nextI[r] - static_cast<int>(pendingW[r].size()));
-      const int ahead = r < p - 1 ? lookahead : 0;
+      const int ahead = aheadOn(r, p, 1, lookahead);
       if (f < m && inFlight < p - r + ahead && unfinished < 2 * p - r - 1 + ahead &&
           (r == 0 || fEnd.contains({r - 1, f})))
         consider(r == 0 ? 0.0 : fEnd[{r - 1, f}], 1);
