@@ -14,6 +14,17 @@ using autograd::Ctx;
 using GradList = std::vector<Tensor>;
 namespace vm = vecmath;
 
+namespace {
+// g times the activation's derivative at x: the AVX-512 loop when it applies (simd.h), else the
+// portable kernel of the same formula.
+template <typename F>
+Tensor activationGrad(const Tensor& g, const Tensor& x, const char* op, detail::simd::UnaryGrad k, F&& f) {
+  Tensor fast = detail::simd::unaryGrad(g, x, k);
+  if (fast.defined()) return fast;
+  return detail::binaryFloatOp(g, x, op, std::forward<F>(f), detail::kComputeBoundGrain);
+}
+}  // namespace
+
 Tensor relu(const Tensor& a) {
   COHORT_RECORD_OP("relu", a);
   if (a.defined() && a.dtype() == DType::Bool)
@@ -62,14 +73,8 @@ Tensor silu(const Tensor& a) {
   Tensor out = detail::simd::unary(a, detail::simd::Unary::Silu);
   if (!out.defined()) out = detail::unaryFloatOp(a, "silu", [](auto x) COHORT_KERNEL_FN { return vm::silu(x); });
   autograd::record("silu", {a}, {out}, {a}, [](Ctx& ctx, const GradList& g) -> GradList {
-    return {detail::binaryFloatOp(
-        g[0], ctx.saved(0), "silu backward",
-        [](auto gv, auto x) COHORT_KERNEL_FN {
-          using A = decltype(gv);
-          const A s = vm::sigmoid(x);
-          return gv * s * (A(1) + x * (A(1) - s));
-        },
-        detail::kComputeBoundGrain)};
+    return {activationGrad(g[0], ctx.saved(0), "silu backward", detail::simd::UnaryGrad::Silu,
+                           [](auto gv, auto x) COHORT_KERNEL_FN { return vm::siluGrad(gv, x); })};
   });
   return out;
 }
@@ -82,28 +87,10 @@ Tensor gelu(const Tensor& a, bool tanhApprox) {
                      : detail::unaryFloatOp(a, "gelu", [](auto x) COHORT_KERNEL_FN { return vm::geluErf(x); });
   autograd::record("gelu", {a}, {out}, {a}, [tanhApprox](Ctx& ctx, const GradList& g) -> GradList {
     if (tanhApprox)
-      return {detail::binaryFloatOp(
-          g[0], ctx.saved(0), "gelu_tanh backward",
-          [](auto gv, auto x) COHORT_KERNEL_FN {
-            using A = decltype(gv);
-            const A kBeta = A(0.79788456080286535588), kKappa = A(0.044715);
-            const A x2 = x * x;
-            const A t = vm::tanh(kBeta * (x + kKappa * x2 * x));
-            const A left = A(0.5) * x;
-            const A right = A(1) + t;
-            const A dRight = left * (A(1) - t * t) * kBeta * (A(1) + A(3) * kKappa * x2);
-            return gv * (A(0.5) * right + dRight);
-          },
-          detail::kComputeBoundGrain)};
-    return {detail::binaryFloatOp(
-        g[0], ctx.saved(0), "gelu backward",
-        [](auto gv, auto x) COHORT_KERNEL_FN {
-          using A = decltype(gv);
-          const A cdf = A(0.5) * (A(1) + vm::erf(x * A(0.70710678118654752440)));
-          const A pdf = vm::exp(A(-0.5) * x * x) * A(0.39894228040143267794);  // 1/sqrt(2 pi)
-          return gv * (cdf + x * pdf);
-        },
-        detail::kComputeBoundGrain)};
+      return {activationGrad(g[0], ctx.saved(0), "gelu_tanh backward", detail::simd::UnaryGrad::GeluTanh,
+                             [](auto gv, auto x) COHORT_KERNEL_FN { return vm::geluTanhGrad(gv, x); })};
+    return {activationGrad(g[0], ctx.saved(0), "gelu backward", detail::simd::UnaryGrad::GeluErf,
+                           [](auto gv, auto x) COHORT_KERNEL_FN { return vm::geluErfGrad(gv, x); })};
   });
   return out;
 }

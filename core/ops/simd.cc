@@ -28,6 +28,9 @@ void geluErf(float*, const float*, int64_t);
 void geluTanh(float*, const float*, int64_t);
 void powScalar(float*, const float*, int64_t, const vecmath::PowExponent&);
 void powTensor(float*, const float*, const float*, int64_t);
+void geluErfGrad(float*, const float*, const float*, int64_t);
+void geluTanhGrad(float*, const float*, const float*, int64_t);
+void siluGrad(float*, const float*, const float*, int64_t);
 }  // namespace avx512
 
 namespace {
@@ -106,6 +109,23 @@ Tensor unary(const Tensor& a, Unary k) {
       else floatToHalfN(res, reinterpret_cast<Half*>(o + i), n);
     }
   });
+  return out;
+}
+
+Tensor unaryGrad(const Tensor& g, const Tensor& x, UnaryGrad k) {
+  if (!applies(g) || !applies(x) || g.sizes() != x.sizes() || !enabled()) return Tensor();
+  void (*kernel)(float*, const float*, const float*, int64_t) = nullptr;
+  switch (k) {
+    case UnaryGrad::GeluErf: kernel = avx512::geluErfGrad; break;
+    case UnaryGrad::GeluTanh: kernel = avx512::geluTanhGrad; break;
+    case UnaryGrad::Silu: kernel = avx512::siluGrad; break;
+  }
+  Tensor out = empty(x.sizes(), {.dtype = DType::Float32, .device = x.device()});
+  float* o = out.data<float>();
+  const float* gp = g.data<float>();
+  const float* xp = x.data<float>();
+  parallelFor(x.numel(), kComputeBoundGrain,
+              [&](int64_t lo, int64_t hi) { kernel(o + lo, gp + lo, xp + lo, hi - lo); });
   return out;
 }
 

@@ -36,6 +36,16 @@ COHORT_SIMD_LOOP(geluErf, vecmath::geluErf(x))
 COHORT_SIMD_LOOP(geluTanh, vecmath::geluTanh(x))
 #undef COHORT_SIMD_LOOP
 
+#define COHORT_SIMD_GRAD_LOOP(name, fn)                                                                \
+  void name(float* __restrict out, const float* __restrict g, const float* __restrict in, int64_t n) { \
+    for (int64_t i = 0; i < n; ++i) out[i] = vecmath::fn(g[i], in[i]);                                 \
+  }
+
+COHORT_SIMD_GRAD_LOOP(geluErfGrad, geluErfGrad<float>)
+COHORT_SIMD_GRAD_LOOP(geluTanhGrad, geluTanhGrad<float>)
+COHORT_SIMD_GRAD_LOOP(siluGrad, siluGrad<float>)
+#undef COHORT_SIMD_GRAD_LOOP
+
 // pow is not the vecmath float-pair algorithm here but a table-driven one in double lanes: the
 // magnitude |x|^y is computed in double (log2 from a 16-entry table and a degree-8 polynomial,
 // 2^w by a degree-9 polynomial and scalef) and rounded once to float, which makes it faster
@@ -215,6 +225,9 @@ void geluErf(float*, const float*, int64_t) {}
 void geluTanh(float*, const float*, int64_t) {}
 void powScalar(float*, const float*, int64_t, const vecmath::PowExponent&) {}
 void powTensor(float*, const float*, const float*, int64_t) {}
+void geluErfGrad(float*, const float*, const float*, int64_t) {}
+void geluTanhGrad(float*, const float*, const float*, int64_t) {}
+void siluGrad(float*, const float*, const float*, int64_t) {}
 
 #endif
 

@@ -397,6 +397,32 @@ COHORT_VM_INLINE double geluTanh(double x) {
   return 0.5 * x * (1.0 + std::tanh(inner));
 }
 
+// Backward formulas of the activations (the upstream gradient g times the derivative at x), in
+// torch's formulas; one definition for the portable kernels and the AVX-512 loops, so the two give
+// the same bits. Templates over float and double, after both types' exp, erf, tanh and sigmoid (a
+// template's unqualified calls see only what is declared before it).
+template <typename A>
+COHORT_VM_INLINE A geluErfGrad(A g, A x) {
+  const A cdf = A(0.5) * (A(1) + erf(x * A(0.70710678118654752440)));
+  const A pdf = exp(A(-0.5) * x * x) * A(0.39894228040143267794);  // 1/sqrt(2 pi)
+  return g * (cdf + x * pdf);
+}
+template <typename A>
+COHORT_VM_INLINE A geluTanhGrad(A g, A x) {
+  const A kBeta = A(0.79788456080286535588), kKappa = A(0.044715);
+  const A x2 = x * x;
+  const A t = tanh(kBeta * (x + kKappa * x2 * x));
+  const A left = A(0.5) * x;
+  const A right = A(1) + t;
+  const A dRight = left * (A(1) - t * t) * kBeta * (A(1) + A(3) * kKappa * x2);
+  return g * (A(0.5) * right + dRight);
+}
+template <typename A>
+COHORT_VM_INLINE A siluGrad(A g, A x) {
+  const A s = sigmoid(x);
+  return g * s * (A(1) + x * (A(1) - s));
+}
+
 #undef COHORT_VM_INLINE
 
 }  // namespace cohort::vecmath
