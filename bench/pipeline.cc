@@ -19,10 +19,11 @@
 // samples_s counts whole training steps (zeroGrad, the pipeline's step, the optimizer's step), as
 // single_samples_s does; step_ms is the pipeline's step alone (what the simulator predicts).
 // bubble_measured = 1 - (time ranks spent in F/B/I/W) / (ranks x step time); the simulator is fed
-// this run's measured per-action times and the measured one-way transfer time of an activation,
-// and predicts the step time, the bubble and each rank's peak of live activations (times the
-// measured bytes of one micro-batch's activations on that rank). Peaks are the allocator's
-// high-water mark during a step above what was live before it.
+// this run's measured per-action times, what a send keeps its rank busy (the mean send action), a
+// receive's own cost (the shortest receive action: its data was there) and the measured one-way
+// transfer time of an activation, and predicts the step time, the bubble and each rank's peak of live activations
+// (times the measured bytes of one micro-batch's activations on that rank). Peaks are the allocator's high-water mark
+// during a step above what was live before it.
 //
 //   build/bench/pipeline [--steps 10] [--warmup 2] [--microbatches 8]
 //                        [--schedules gpipe,1f1b,1f1b+ahead1,interleaved,zb,zb+ahead1,1f1b+ckpt]
@@ -30,7 +31,9 @@
 //                        [--batch 32] [--timeline]
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <string>
@@ -206,6 +209,10 @@ int runRank(const Args& a, const std::string& schedule, const std::string& dir, 
   double stepTotal = 0, trainTotal = 0, busyTotal = 0, singleTotal = 0;
   int64_t peak = 0;
   std::map<std::pair<int, int>, std::pair<double, int>> kindTimes;  // (kind, stage) -> (sum, count)
+  // What a send keeps its rank busy (copying into the backend's buffer), and a receive's own cost:
+  // its shortest run, one whose data was there already (the others include the wait).
+  double sendTime = 0, recvMin = std::numeric_limits<double>::infinity();
+  int64_t sends = 0;
   for (int s = 0; s < a.warmup + a.steps; ++s) {
     auto [x, y] = batchFor(a, s);
     const auto t0 = Clock::now();
@@ -234,15 +241,24 @@ int runRank(const Args& a, const std::string& schedule, const std::string& dir, 
     trainTotal += std::chrono::duration<double>(t3 - t0).count();
     busyTotal += pipe.lastStepTiming().busy;
     for (const auto& t : pipe.lastStepTiming().actions) {
-      if (!pipeline::isCompute(t.action.kind)) continue;
-      auto& e = kindTimes[{static_cast<int>(t.action.kind), t.action.stage}];
-      e.first += t.end - t.start;
-      ++e.second;
+      const pipeline::ActionKind k = t.action.kind;
+      if (k == pipeline::ActionKind::SendActivation || k == pipeline::ActionKind::SendGradient) {
+        sendTime += t.end - t.start;
+        ++sends;
+      } else if (k == pipeline::ActionKind::RecvActivation || k == pipeline::ActionKind::RecvGradient) {
+        recvMin = std::min(recvMin, t.end - t.start);
+      } else {
+        auto& e = kindTimes[{static_cast<int>(k), t.action.stage}];
+        e.first += t.end - t.start;
+        ++e.second;
+      }
     }
   }
   report << fmt::format("step {}\ntrain {}\nbusy {}\npeak {}\noneway {}\n", stepTotal / a.steps, trainTotal / a.steps,
                         busyTotal / a.steps, peak, oneWay);
   if (one) report << fmt::format("single {}\n", singleTotal / a.steps);
+  if (sends > 0) report << fmt::format("sendcost {} {}\n", sendTime, sends);
+  if (std::isfinite(recvMin)) report << fmt::format("recvcost {}\n", recvMin);
   for (const auto& [k, v] : kindTimes) report << fmt::format("cost {} {} {}\n", k.first, k.second, v.first / v.second);
   for (const auto& [s, b] : actBytes) report << fmt::format("actbytes {} {}\n", s, b);
   for (const auto& t : pipe.lastStepTiming().actions)  // the last step, as it ran
@@ -304,7 +320,8 @@ int main(int argc, char** argv) {
         return 1;
       }
     // Gather what the ranks measured.
-    double step = 0, train = 0, busy = 0, oneWay = 0, singleStep = 0;
+    double step = 0, train = 0, busy = 0, oneWay = 0, singleStep = 0, sendSum = 0;
+    int64_t sendCount = 0;
     std::vector<double> peakMib, actMib(8, 0.0);
     pipeline::ActionCosts costs;
     const Variant variant = parseVariant(name);
@@ -346,6 +363,16 @@ int main(int argc, char** argv) {
           peakMib.push_back(mib(static_cast<int64_t>(v)));
         } else if (key == "single") {
           in >> singleStep;
+        } else if (key == "sendcost") {
+          double v;
+          int64_t n;
+          in >> v >> n;
+          sendSum += v;
+          sendCount += n;
+        } else if (key == "recvcost") {
+          double v;
+          in >> v;
+          costs.recv = costs.recv > 0 ? std::min(costs.recv, v) : v;
         } else if (key == "oneway") {
           double v;
           in >> v;
@@ -372,6 +399,11 @@ int main(int argc, char** argv) {
       }
     }
     costs.latency = oneWay;
+    costs.send = sendCount > 0 ? sendSum / static_cast<double>(sendCount) : 0.0;
+    if (a.batch % a.microbatches != 0)  // the Pipeline's cut: the first batch % m micro-batches one row more
+      for (int i = 0; i < a.microbatches; ++i)
+        costs.microbatchScale.push_back(static_cast<double>(a.batch / a.microbatches + (i < a.batch % a.microbatches)) *
+                                        a.microbatches / static_cast<double>(a.batch));
     pipeline::Schedule sched = variant.schedule(2, a.microbatches);
     pipeline::Simulation sim = pipeline::simulate(sched, costs);
     // Simulated peak bytes per rank: live micro-batches of each stage x that stage's bytes.
@@ -395,9 +427,12 @@ int main(int argc, char** argv) {
         for (double& x : v) x *= 1e3;
         return v;
       };
-      fmt::print(stderr, "{} ms per action by stage: F [{:.2f}] B [{:.2f}] I [{:.2f}] W [{:.2f}], one-way {:.3f}\n",
+      fmt::print(stderr,
+                 "{} ms per action by stage: F [{:.2f}] B [{:.2f}] I [{:.2f}] W [{:.2f}]; one-way {:.3f}, send {:.3f}, "
+                 "receive {:.3f}\n",
                  name, fmt::join(ms(costs.forward), ", "), fmt::join(ms(costs.backward), ", "),
-                 fmt::join(ms(costs.backwardInput), ", "), fmt::join(ms(costs.backwardWeight), ", "), oneWay * 1e3);
+                 fmt::join(ms(costs.backwardInput), ", "), fmt::join(ms(costs.backwardWeight), ", "), oneWay * 1e3,
+                 costs.send * 1e3, costs.recv * 1e3);
       for (size_t r = 0; r < measured.timeline.size(); ++r) {  // where each rank's last step went
         std::map<std::string, double> by;
         double covered = 0;

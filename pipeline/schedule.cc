@@ -272,7 +272,8 @@ Schedule withCommunication(const Schedule& in) {
 double ActionCosts::of(const Action& a) const {
   auto pick = [&](const std::vector<double>& v) {
     if (v.empty()) return 0.0;
-    return v.size() == 1 ? v[0] : v.at(static_cast<size_t>(a.stage));
+    const double scale = microbatchScale.empty() ? 1.0 : microbatchScale.at(static_cast<size_t>(a.microbatch));
+    return scale * (v.size() == 1 ? v[0] : v.at(static_cast<size_t>(a.stage)));
   };
   switch (a.kind) {
     case ActionKind::Forward: return pick(forward);
@@ -405,6 +406,15 @@ class Index {
 Simulation simulate(const Schedule& input, const ActionCosts& costs) {
   // The schedule as given first (its errors name its own positions), then with communication.
   Index(input).build();
+  if (!costs.microbatchScale.empty()) {
+    if (static_cast<int>(costs.microbatchScale.size()) != input.microbatches)
+      throw ValueError(fmt::format("simulate: microbatchScale has {} factors for schedule '{}' of {} micro-batches",
+                                   costs.microbatchScale.size(), input.name, input.microbatches));
+    for (size_t i = 0; i < costs.microbatchScale.size(); ++i)
+      if (!(costs.microbatchScale[i] >= 0) || !std::isfinite(costs.microbatchScale[i]))
+        throw ValueError(fmt::format("simulate: microbatchScale[{}] is {}; factors are finite and non-negative", i,
+                                     costs.microbatchScale[i]));
+  }
   const Schedule s = withCommunication(input);
   Index index(s);
   index.build();

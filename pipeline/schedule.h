@@ -129,6 +129,9 @@ struct ActionCosts {
   double send = 0.0;     // time a send keeps its rank busy
   double recv = 0.0;     // time a receive keeps its rank busy once the data is there
   double latency = 0.0;  // from the end of a send to the data being at the receiver
+  // Per micro-batch: a factor on its compute actions' costs (its rows over the rows the costs
+  // above were measured at), for micro-batches of unequal sizes. Empty: 1 for every one.
+  std::vector<double> microbatchScale{};
   double of(const Action& a) const;
 };
 

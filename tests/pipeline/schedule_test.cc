@@ -243,6 +243,30 @@ TEST(Simulator, CommunicationCostsDelayTheReceiver) {
   EXPECT_DOUBLE_EQ(sim.busy[0], 3.0);
 }
 
+TEST(Simulator, SendReceiveAndMicrobatchSizeCostsCount) {
+  ActionCosts c;
+  c.forward = {1.0};
+  c.backward = {2.0};
+  c.latency = 0.5;
+  c.send = 0.25;  // keeps the sender busy
+  c.recv = 0.125;
+  // F0 [0,1], SF [1,1.25], arrives 1.75, RF [1.75,1.875], F0 [1.875,2.875], B [2.875,4.875],
+  // SB [4.875,5.125], arrives 5.625, RB [5.625,5.75], B [5.75,7.75].
+  Simulation sim = simulate(gpipe(2, 1), c);
+  EXPECT_DOUBLE_EQ(sim.makespan, 7.75);
+  EXPECT_DOUBLE_EQ(sim.busy[0], 3.0);  // sends and receives are not compute
+  // A micro-batch half the size costs half in every compute action (not in its transfers).
+  c.microbatchScale = {1.0, 0.5};
+  sim = simulate(gpipe(2, 2), c);
+  EXPECT_DOUBLE_EQ(sim.busy[0], 3.0 + 1.5);
+  EXPECT_DOUBLE_EQ(sim.busy[1], 4.5);
+  // One factor per micro-batch, finite and non-negative.
+  c.microbatchScale = {1.0};
+  EXPECT_THROW(simulate(gpipe(2, 2), c), ValueError);
+  c.microbatchScale = {1.0, -1.0};
+  EXPECT_THROW(simulate(gpipe(2, 2), c), ValueError);
+}
+
 TEST(Timeline, TextAndSvg) {
   Simulation sim = simulate(oneFOneB(2, 2));  // F = 1, B = 2
   EXPECT_EQ(formatTimeline(sim), "rank  0 | F0 F1 .  .  B0    .  B1\n"
