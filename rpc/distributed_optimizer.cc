@@ -10,7 +10,6 @@ namespace {
 
 // The local optimizers this worker holds for DistributedOptimizers, by (creator rank, number).
 struct Local {
-  std::mutex mu;  // one step at a time
   std::unique_ptr<optim::Optimizer> opt;
   std::vector<RRef<Tensor>> params;  // keep the values owned here alive
   std::weak_ptr<RpcAgent> agent;     // the agent it was made under
@@ -23,6 +22,12 @@ struct Table {
 Table& table() {
   static Table t;
   return t;
+}
+// Held across every local optimizer's step on this worker: the optimizers of several trainers
+// (several DistributedOptimizers) may hold the same parameter, and an update is a read-modify-write.
+std::mutex& stepMutex() {
+  static std::mutex mu;
+  return mu;
 }
 
 std::shared_ptr<Local> findLocal(int64_t id) {
@@ -73,7 +78,7 @@ const bool kRegistered = [] {
   registerFunction("cohort.dist_optim.step", [](int64_t id, autograd::ContextId ctx) {
     auto local = findLocal(id);
     autograd::Gradients grads = autograd::gradientsOf(ctx);
-    std::lock_guard<std::mutex> lock(local->mu);
+    std::lock_guard<std::mutex> lock(stepMutex());
     local->opt->step([&](const Tensor& p) { return grads.get(p); });
   });
   registerFunction("cohort.dist_optim.destroy", [](int64_t id) {

@@ -15,8 +15,10 @@
  * with the given options over the parameters it owns. step(ctx) asks all of them at once
  * (asynchronous RPCs) to apply the context's gradients on that worker (Optimizer::step with the
  * context's gradients; a parameter that got none is left alone) and returns when all are done.
- * Each owner's optimizer takes a lock for its step, so trainers sharing a parameter server may
- * step it concurrently. Destroying the DistributedOptimizer destroys the remote optimizers; those
+ * The local optimizers on one worker step one at a time (one lock per worker): trainers sharing a
+ * parameter server each have their own local optimizer there over the same tensors, and two steps
+ * of one tensor at once would lose updates. (PyTorch's local optimizers share one lock too.)
+ * Destroying the DistributedOptimizer destroys the remote optimizers; those
  * of a creator that died without destroying them stay on their owners until the owner's agent
  * shuts down.
  *

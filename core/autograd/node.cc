@@ -140,6 +140,9 @@ Edge gradientEdge(const Tensor& t) {
   AutogradMeta& meta = *t.impl()->autograd;
   if (meta.gradFn) return {meta.gradFn, meta.outputNr};
   if (!meta.requiresGrad) return {};
+  // Several threads may record ops on one leaf at once (trainers' requests on a parameter
+  // server's shared weights): the accumulator is made once and shared under a lock.
+  std::lock_guard<std::mutex> lock(meta.accumulatorMu);
   auto acc = meta.accumulator.lock();
   if (!acc) {
     acc = std::make_shared<AccumulateGrad>(t.implPtr());

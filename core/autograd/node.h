@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -152,6 +153,7 @@ struct AutogradMeta {
   Tensor grad;
   Tensor gradTarget;  // leaves: receives the first gradient while .grad is undefined (setGradTarget)
   std::weak_ptr<AccumulateGrad> accumulator;  // leaves: shared by every edge into this leaf
+  std::mutex accumulatorMu;                   // guards `accumulator`: threads may record ops on one leaf at once
   struct Hook {
     int handle;
     GradHook fn;

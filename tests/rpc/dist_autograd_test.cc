@@ -91,6 +91,18 @@ Tensor& ptParam() {
   }();
   return p;
 }
+// A large parameter on the server, for two trainers' optimizers stepping it at once.
+constexpr int64_t kBigNumel = int64_t{1} << 22;  // 16 MiB: a step takes long enough to overlap another
+constexpr int kBigSteps = 25;
+constexpr double kBigLr = 1.0 / 1024;
+Tensor& psBig() {
+  static Tensor w = [] {
+    Tensor t = zeros({kBigNumel});
+    t.setRequiresGrad(true);
+    return t;
+  }();
+  return w;
+}
 nn::Embedding& psTable() {
   static Generator g(5);
   static nn::Embedding e(12, 4, &g);
@@ -127,6 +139,8 @@ const bool kRegistered = [] {
   });
   registerFunction("ps_weight_rref", [] { return makeRRef(psWeight()); });
   registerFunction("ps_weight", [] { return psWeight().detach().clone(); });
+  registerFunction("ps_big_sum", [] { return psBig().sum(); });
+  registerFunction("ps_big_rref", [] { return makeRRef(psBig()); });
   registerFunction("requires_grad", [](Tensor t) { return t.requiresGrad(); });
   registerFunction("identity", [](Tensor t) { return t.mul(full({}, 1.0)); });
   registerFunction("relay", [](std::string to, Tensor t) { return rpcSync<Tensor>(to, "identity", t); });
@@ -273,6 +287,32 @@ TEST(DistAutograd, ConcurrentTrainersReachTheSequentialResult) {
       opt.step(ctx);
     }
     currentAgent()->options().store->set(fmt::format("trained/{}", rank), std::string("1"));
+    return "ok";
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(reports[r], "ok") << "rank " << r;
+}
+
+// Two trainers, each with its own DistributedOptimizer over the same parameter on the server,
+// record on it and step it at the same time, many times: every update must land. (Each trainer's
+// optimizer is a separate local optimizer on the server; stepping one tensor from two threads at
+// once would lose updates, and recording on one leaf from two threads raced on its gradient
+// accumulator.) Every element must end exactly at -steps x trainers x lr (all exact in float).
+TEST(DistAutograd, TwoOptimizersOverOneParameterNeverLoseAnUpdate) {
+  auto reports = runWorkers(3, [](int rank) -> std::string {
+    if (rank == 0) {
+      for (int r = 1; r <= 2; ++r) currentAgent()->options().store->wait({fmt::format("big/{}", r)});
+      const Tensor w = psBig().detach();
+      const int64_t wrong = w.ne(full({}, -2.0 * kBigSteps * kBigLr)).sum().item<int64_t>();
+      return wrong == 0 ? "ok" : fmt::format("{} of {} elements lost an update", wrong, kBigNumel);
+    }
+    auto w = rpcSync<RRef<Tensor>>("w0", "ps_big_rref");
+    DistributedOptimizer opt("SGD", {w}, {{"lr", kBigLr}});
+    for (int i = 0; i < kBigSteps; ++i) {
+      Context ctx;
+      ctx.backward({rpcSync<Tensor>("w0", "ps_big_sum")});  // d sum / d w = 1 everywhere
+      opt.step(ctx);
+    }
+    currentAgent()->options().store->set(fmt::format("big/{}", rank), std::string("1"));
     return "ok";
   });
   for (int r = 0; r < 3; ++r) EXPECT_EQ(reports[r], "ok") << "rank " << r;
