@@ -74,7 +74,7 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   Tensor leaf(leaf_);
   AutogradMeta& meta = autogradMeta(leaf);
   Tensor g = std::move(grads.at(0));
-  const TensorImpl* sink = std::exchange(expectedSink_, nullptr);
+  const TensorImpl* sink = expectedSink_.exchange(nullptr, std::memory_order_relaxed);
   if (sink != nullptr && g.impl() == sink) {
     // The producer wrote into .grad (accumulate) or into the gradient target (overwrite).
     if (!meta.grad.defined()) meta.grad = meta.gradTarget;

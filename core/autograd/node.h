@@ -139,11 +139,12 @@ class AccumulateGrad final : public Node {
   std::string name() const override { return "AccumulateGrad"; }
   const std::shared_ptr<TensorImpl>& leaf() const { return leaf_; }
   // The engine hands `target` out as a sink; apply() recognises it when it comes back.
-  void expectSink(const TensorImpl* target) { expectedSink_ = target; }
+  void expectSink(const TensorImpl* target) { expectedSink_.store(target, std::memory_order_relaxed); }
 
  private:
   std::shared_ptr<TensorImpl> leaf_;
-  const TensorImpl* expectedSink_ = nullptr;
+  // Atomic: backward passes of several contexts may run this node on their threads at once.
+  std::atomic<const TensorImpl*> expectedSink_{nullptr};
 };
 
 struct AutogradMeta {
