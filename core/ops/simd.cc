@@ -112,21 +112,28 @@ Tensor unary(const Tensor& a, Unary k) {
   return out;
 }
 
-Tensor unaryGrad(const Tensor& g, const Tensor& x, UnaryGrad k) {
-  if (!applies(g) || !applies(x) || g.sizes() != x.sizes() || !enabled()) return Tensor();
-  void (*kernel)(float*, const float*, const float*, int64_t) = nullptr;
-  switch (k) {
-    case UnaryGrad::GeluErf: kernel = avx512::geluErfGrad; break;
-    case UnaryGrad::GeluTanh: kernel = avx512::geluTanhGrad; break;
-    case UnaryGrad::Silu: kernel = avx512::siluGrad; break;
-  }
-  Tensor out = empty(x.sizes(), {.dtype = DType::Float32, .device = x.device()});
+namespace {
+// An elementwise kernel of two float32 operands of one shape, both contiguous, split across the
+// intra-op threads; undefined when it does not apply.
+using BinaryKernel = void (*)(float*, const float*, const float*, int64_t);
+Tensor binary(const Tensor& a, const Tensor& b, BinaryKernel kernel) {
+  if (!applies(a) || !applies(b) || a.sizes() != b.sizes() || !enabled()) return Tensor();
+  Tensor out = empty(a.sizes(), {.dtype = DType::Float32, .device = a.device()});
   float* o = out.data<float>();
-  const float* gp = g.data<float>();
-  const float* xp = x.data<float>();
-  parallelFor(x.numel(), kComputeBoundGrain,
-              [&](int64_t lo, int64_t hi) { kernel(o + lo, gp + lo, xp + lo, hi - lo); });
+  const float* x = a.data<float>();
+  const float* y = b.data<float>();
+  parallelFor(a.numel(), kComputeBoundGrain, [&](int64_t lo, int64_t hi) { kernel(o + lo, x + lo, y + lo, hi - lo); });
   return out;
+}
+}  // namespace
+
+Tensor unaryGrad(const Tensor& g, const Tensor& x, UnaryGrad k) {
+  switch (k) {
+    case UnaryGrad::GeluErf: return binary(g, x, avx512::geluErfGrad);
+    case UnaryGrad::GeluTanh: return binary(g, x, avx512::geluTanhGrad);
+    case UnaryGrad::Silu: return binary(g, x, avx512::siluGrad);
+  }
+  return Tensor();
 }
 
 Tensor powScalar(const Tensor& a, const vecmath::PowExponent& p) {
@@ -138,15 +145,6 @@ Tensor powScalar(const Tensor& a, const vecmath::PowExponent& p) {
   return out;
 }
 
-Tensor powTensor(const Tensor& a, const Tensor& b) {
-  if (!applies(a) || !applies(b) || a.sizes() != b.sizes() || !enabled()) return Tensor();
-  Tensor out = empty(a.sizes(), {.dtype = DType::Float32, .device = a.device()});
-  float* o = out.data<float>();
-  const float* x = a.data<float>();
-  const float* y = b.data<float>();
-  parallelFor(a.numel(), kComputeBoundGrain,
-              [&](int64_t lo, int64_t hi) { avx512::powTensor(o + lo, x + lo, y + lo, hi - lo); });
-  return out;
-}
+Tensor powTensor(const Tensor& a, const Tensor& b) { return binary(a, b, avx512::powTensor); }
 
 }  // namespace cohort::detail::simd

@@ -3,11 +3,13 @@
  *
  * The library is compiled for x86-64-v3 (AVX2) so that it runs on any CPU of the last decade
  * (CMakeLists.txt says why not -march=native). The kernels that are bound by arithmetic rather
- * than memory (pow, gelu, exp, log, tanh, sigmoid, silu, and the backward of gelu and silu) run ~1.5x faster per core
- * when the same vecmath code is compiled for 512-bit vectors: the long dependency chains of one 8-lane vector leave a
- * core idle, 16 lanes per instruction keep twice as many elements in flight. So simd_avx512.cc holds just those loops,
- * compiled with -march=x86-64-v4, and the ops call them when the CPU has AVX-512 (F, VL, DQ, BW) and the operands are
- * contiguous float32; otherwise, and for every other dtype and layout, the portable kernels run. Both compile the same
+ * than memory (pow, gelu, exp, log, tanh, sigmoid, silu, and the backward of gelu and silu) run
+ * ~1.5x faster per core when the same vecmath code is compiled for 512-bit vectors: the long
+ * dependency chains of one 8-lane vector leave a core idle, 16 lanes per instruction keep twice as
+ * many elements in flight. So simd_avx512.cc holds just those loops, compiled with
+ * -march=x86-64-v4, and the ops call them when the CPU has AVX-512 (F, VL, DQ, BW) and the operands
+ * are contiguous float32; otherwise, and for every other dtype and layout, the portable kernels
+ * run. Both compile the same
  * vecmath functions, so results are bit-identical, a NaN's sign aside — except pow, which on
  * AVX-512 is a table-driven kernel in double lanes (simd_avx512.cc): faster, and within 0.5001 ulp
  * of the exact result where the portable one is within 1.2, so the two may differ in the last
