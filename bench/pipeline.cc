@@ -21,9 +21,9 @@
 // bubble_measured = 1 - (time ranks spent in F/B/I/W) / (ranks x step time); the simulator is fed
 // this run's measured per-action times, what a send keeps its rank busy (the mean send action), a
 // receive's own cost (the shortest receive action: its data was there) and the measured one-way
-// transfer time of an activation, and predicts the step time, the bubble and each rank's peak of live activations
-// (times the measured bytes of one micro-batch's activations on that rank). Peaks are the allocator's high-water mark
-// during a step above what was live before it.
+// transfer time of an activation, and predicts the step time, the bubble and each rank's peak of
+// live activations (times the measured bytes of one micro-batch's activations on that rank).
+// Peaks are the allocator's high-water mark during a step above what was live before it.
 //
 //   build/bench/pipeline [--steps 10] [--warmup 2] [--microbatches 8]
 //                        [--schedules gpipe,1f1b,1f1b+ahead1,interleaved,zb,zb+ahead1,1f1b+ckpt]
@@ -400,10 +400,9 @@ int main(int argc, char** argv) {
     }
     costs.latency = oneWay;
     costs.send = sendCount > 0 ? sendSum / static_cast<double>(sendCount) : 0.0;
-    if (a.batch % a.microbatches != 0)  // the Pipeline's cut: the first batch % m micro-batches one row more
-      for (int i = 0; i < a.microbatches; ++i)
-        costs.microbatchScale.push_back(static_cast<double>(a.batch / a.microbatches + (i < a.batch % a.microbatches)) *
-                                        a.microbatches / static_cast<double>(a.batch));
+    if (a.batch % a.microbatches != 0)  // unequal micro-batches: each one's rows over the mean
+      for (int64_t rows : pipeline::microbatchSizes(a.batch, a.microbatches))
+        costs.microbatchScale.push_back(static_cast<double>(rows) * a.microbatches / static_cast<double>(a.batch));
     pipeline::Schedule sched = variant.schedule(2, a.microbatches);
     pipeline::Simulation sim = pipeline::simulate(sched, costs);
     // Simulated peak bytes per rank: live micro-batches of each stage x that stage's bytes.

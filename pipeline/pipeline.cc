@@ -60,6 +60,12 @@ int localIndex(const std::vector<int>& ids, int stage) {
 
 }  // namespace
 
+Shape microbatchSizes(int64_t rows, int microbatches) {
+  Shape sizes;
+  for (int i = 0; i < microbatches; ++i) sizes.push_back(rows / microbatches + (i < rows % microbatches ? 1 : 0));
+  return sizes;
+}
+
 Pipeline::Pipeline(std::vector<std::shared_ptr<nn::Module>> stages, TransportPtr transport, LossFn loss,
                    PipelineOptions options)
     : Pipeline(std::move(stages), transport, std::move(loss),
@@ -175,10 +181,8 @@ Tensor Pipeline::step(const Tensor& input, const Tensor& target) {
     if (batch.dim() == 0 || batch.size(0) < m)
       throw ValueError(fmt::format("Pipeline::step: the {} has {} rows along dim 0, fewer than the {} micro-batches",
                                    what, batch.dim() == 0 ? 0 : batch.size(0), m));
-    const int64_t n = batch.size(0), base = n / m, extra = n % m;
-    Shape sizes;
-    for (int i = 0; i < m; ++i) sizes.push_back(base + (i < extra ? 1 : 0));
-    return std::pair{batch.split(sizes, 0), n};
+    const int64_t n = batch.size(0);
+    return std::pair{batch.split(microbatchSizes(n, m), 0), n};
   };
   // Micro-batches move to this rank's device (a no-op when the batch is there already).
   const Device device = transport_->device();

@@ -88,6 +88,10 @@ struct PipelineOptions {
 // output of the last stage, target of its micro-batch -> a one-element loss.
 using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;
 
+// The rows of each of `microbatches` micro-batches a step cuts `rows` into: sizes differing by
+// at most one, the first rows % microbatches one larger.
+Shape microbatchSizes(int64_t rows, int microbatches);
+
 struct StepTiming {
   std::vector<TimedAction> actions{};  // this rank's actions, seconds since the step began
   double seconds = 0;                  // the whole step on this rank
