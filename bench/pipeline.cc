@@ -6,8 +6,9 @@
 // its bubble (1F1B with m = 8, p = 2: 8/9 of 2x = 1.78x). The interleaved schedule splits the
 // GPT into four stages (two per rank). A schedule may carry modifiers: "+ahead<N>" is its
 // lookahead (schedule.h: N more forwards run ahead on the ranks that feed a later stage),
-// "+ckpt" recomputes every stage's forward in its backward (activation checkpointing: less
-// memory, more compute).
+// "+split<K>" splits the backwards of the last K micro-batches into input and weight halves
+// (schedule.h, splitTail), "+ckpt" recomputes every stage's forward in its backward (activation
+// checkpointing: less memory, more compute).
 //
 // The one-process figure: rank 0 of the pipeline also holds the whole GPT and its optimizer and
 // trains it a step after every pipeline step, while rank 1 waits idle, so the two alternate step
@@ -26,7 +27,8 @@
 // Peaks are the allocator's high-water mark during a step above what was live before it.
 //
 //   build/bench/pipeline [--steps 10] [--warmup 2] [--microbatches 8]
-//                        [--schedules gpipe,1f1b,1f1b+ahead1,interleaved,zb,zb+ahead1,1f1b+ckpt]
+//                        [--schedules gpipe,1f1b,1f1b+ahead1,1f1b+split1,interleaved,interleaved+split2,zb,
+//                                     zb+ahead1,1f1b+ckpt]
 //                        [--transport pg|rpc] [--backend auto|shm|gloo] [--layers 4] [--embd 192] [--block 64]
 //                        [--batch 32] [--timeline]
 #include <algorithm>
@@ -112,17 +114,28 @@ struct Single {
   optim::AdamW opt;
 };
 
-// A --schedules entry: a built-in name, then "+ckpt" (every stage's forward recomputed in its
-// backward) and/or "+ahead<N>" (the schedule's lookahead, schedule.h), e.g. "1f1b+ahead1+ckpt".
+// A --schedules entry: a built-in name, then any of "+ckpt" (every stage's forward recomputed in
+// its backward), "+ahead<N>" (the schedule's lookahead) and "+split<K>" (splitTail, schedule.h),
+// e.g. "1f1b+ahead1+ckpt".
 struct Variant {
   std::string base;
   bool ckpt = false;
   int lookahead = 0;
+  int split = 0;
   int chunks() const { return base == "interleaved" ? 2 : 1; }
   pipeline::Schedule schedule(int ranks, int microbatches) const {
-    return pipeline::makeSchedule(base, ranks, microbatches, base == "interleaved" ? 2 : 0, lookahead);
+    pipeline::Schedule s = pipeline::makeSchedule(base, ranks, microbatches, base == "interleaved" ? 2 : 0, lookahead);
+    return split > 0 ? pipeline::splitTail(s, split) : s;
   }
 };
+
+// The N of "<prefix>N" (digits only), or -1.
+int modifierNumber(const std::string& mod, const std::string& prefix) {
+  if (!mod.starts_with(prefix) || mod.size() == prefix.size() ||
+      mod.find_first_not_of("0123456789", prefix.size()) != std::string::npos)
+    return -1;
+  return std::stoi(mod.substr(prefix.size()));
+}
 
 Variant parseVariant(const std::string& name) {
   Variant v;
@@ -130,9 +143,9 @@ Variant parseVariant(const std::string& name) {
   std::getline(in, v.base, '+');
   for (std::string mod; std::getline(in, mod, '+');) {
     if (mod == "ckpt") v.ckpt = true;
-    else if (mod.starts_with("ahead") && mod.size() > 5 && mod.find_first_not_of("0123456789", 5) == std::string::npos)
-      v.lookahead = std::stoi(mod.substr(5));
-    else throw ValueError(fmt::format("'{}' is neither +ckpt nor +ahead<N>", mod));
+    else if (int n = modifierNumber(mod, "ahead"); n >= 0) v.lookahead = n;
+    else if (int k = modifierNumber(mod, "split"); k >= 0) v.split = k;
+    else throw ValueError(fmt::format("'{}' is none of +ckpt, +ahead<N> and +split<K>", mod));
   }
   return v;
 }
@@ -275,7 +288,7 @@ int runRank(const Args& a, const std::string& schedule, const std::string& dir, 
 int main(int argc, char** argv) {
   CLI::App app{"Pipeline-parallel GPT training, every schedule, against one process"};
   Args a;
-  std::string schedules = "gpipe,1f1b,1f1b+ahead1,interleaved,zb,zb+ahead1,1f1b+ckpt";
+  std::string schedules = "gpipe,1f1b,1f1b+ahead1,1f1b+split1,interleaved,interleaved+split2,zb,zb+ahead1,1f1b+ckpt";
   bool showTimeline = false;
   app.add_flag("--timeline", showTimeline, "print each schedule's measured and simulated timelines (stderr)");
   app.add_option("--steps", a.steps)->check(CLI::PositiveNumber);
@@ -451,10 +464,10 @@ int main(int argc, char** argv) {
                "\"bubble_measured\": {:.4f}, \"bubble_simulated\": {:.4f}, \"step_ms\": {:.2f}, \"step_ms_predicted\": "
                "{:.2f}, "
                "\"peak_activation_mib\": [{:.2f}], \"peak_activation_mib_simulated\": [{:.2f}], \"microbatches\": {}, "
-               "\"stages\": {}, \"lookahead\": {}, \"transport\": \"{}\"}}\n",
+               "\"stages\": {}, \"lookahead\": {}, \"split\": {}, \"transport\": \"{}\"}}\n",
                name, samples, singleSamples, samples / singleSamples, 1.0 - busy / (2.0 * step), sim.bubble, step * 1e3,
                sim.makespan * 1e3, fmt::join(peakMib, ", "), fmt::join(simPeak, ", "), a.microbatches, S,
-               variant.lookahead, transportName);
+               variant.lookahead, variant.split, transportName);
     std::fflush(stdout);
   }
   return 0;

@@ -24,8 +24,8 @@
 // full state dict.
 // With --pipeline N the GPT is cut into N stages (pipeline/split.h: blocks divided evenly,
 // embeddings on the first stage, LM head on the last, their tied weight kept in sync) trained by
-// a pipeline schedule (--schedule, --micro-batches, --lookahead; "interleaved" cuts 2N stages,
-// two per rank).
+// a pipeline schedule (--schedule, --micro-batches, --lookahead, --split-tail; "interleaved" cuts
+// 2N stages, two per rank).
 // A world larger than N holds world / N pipeline replicas, laid out by a DeviceMesh (data x
 // pipe), each stage a DistributedDataParallel over the same stage of the other replicas, each
 // replica on its DistributedSampler shard. Gradients are clipped by their norm over the whole
@@ -135,6 +135,7 @@ struct PipelineRun {
   std::string schedule = "1f1b";
   int microbatches = 4;
   int lookahead = 0;
+  int splitTail = 0;
 };
 
 // The committed step of a pipeline checkpoint folder (-1: none).
@@ -192,7 +193,7 @@ int trainPipelined(const PipelineRun& run, nn::GPTConfig cfg, const std::string&
       [&](const Tensor& logits, const Tensor& target) {
         return nn::functional::crossEntropy(logits.reshape({-1, cfg.vocabSize}), target.reshape({-1}));
       },
-      schedule, {.tied = parts.tied});
+      schedule, {.splitTail = run.splitTail, .tied = parts.tied});
   LocalStages local(plain, ids);
   optim::AdamW opt(pipe.parameters(), {.lr = lr, .beta1 = 0.9, .beta2 = 0.95, .weightDecay = weightDecay});
   optim::CosineWithWarmup sched(opt, {.warmupSteps = warmup, .totalSteps = steps, .minLr = minLr});
@@ -365,6 +366,10 @@ int main(int argc, char** argv) {
   app.add_option("--lookahead", pipelined.lookahead,
                  "with --pipeline: forwards each rank runs ahead beyond the schedule's own (1f1b, interleaved, zb; "
                  "more activations held, fewer stalls)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--split-tail", pipelined.splitTail,
+                 "with --pipeline: the backwards of the last K micro-batches split into input and weight halves, the "
+                 "weight halves filling the waits at the end of each step (the number of ranks is a good K)")
       ->check(CLI::NonNegativeNumber);
   std::string deviceName = "cpu";
   app.add_option("--device", deviceName,

@@ -81,6 +81,7 @@ Pipeline::Pipeline(std::vector<std::shared_ptr<nn::Module>> stages, TransportPtr
   if (schedule.ranks != transport_->size())
     throw ScheduleError(fmt::format("Pipeline: schedule '{}' is for {} ranks, the transport ({}) has {}", schedule.name,
                                     schedule.ranks, transport_->name(), transport_->size()));
+  if (options.splitTail != 0) schedule = splitTail(schedule, options.splitTail);
   check(schedule);  // ScheduleError before anything runs
   schedule_ = withCommunication(schedule);
   options_.microbatches = schedule_.microbatches;

@@ -75,6 +75,10 @@ struct PipelineOptions {
   int microbatches = 4;
   int chunks = 0;     // stages per rank for "interleaved" (0: 2)
   int lookahead = 0;  // extra forwards each rank runs ahead in 1f1b, interleaved and zb (schedule.h)
+  // The backwards of the last splitTail micro-batches split into input and weight halves, the
+  // weight halves filling the waits at the end of the step (schedule.h, splitTail); applied to the
+  // schedule whether it is named here or given. 0: as the schedule says.
+  int splitTail = 0;
   LossReduction lossReduction = LossReduction::Mean;
   Millis timeout = Millis(300'000);   // how long a receive waits for its peer
   std::vector<TiedParameter> tied{};  // parameters whose copies stay in sync (see above)

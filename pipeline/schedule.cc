@@ -527,6 +527,89 @@ Simulation simulate(const Schedule& input, const ActionCosts& costs) {
 
 void check(const Schedule& schedule) { (void)simulate(schedule); }
 
+Schedule splitTail(const Schedule& in, int k, const ActionCosts& costs) {
+  if (in.hasCommunication())
+    throw ScheduleError(fmt::format("splitTail: schedule '{}' has its sends and receives already; split its backwards "
+                                    "first (withCommunication places the transfers around them)",
+                                    in.name));
+  if (k < 0 || k > in.microbatches)
+    throw ScheduleError(fmt::format("splitTail: cannot split the backwards of the last {} micro-batches of schedule "
+                                    "'{}', which has {} (0..{})",
+                                    k, in.name, in.microbatches, in.microbatches));
+  (void)simulate(in, costs);  // the schedule and the costs, checked
+  if (k == 0) return in;
+  const int p = in.ranks, S = in.stages, m = in.microbatches;
+  Schedule out = in;
+  out.name = fmt::format("{}+split{}", in.name, k);
+  for (auto& list : out.actions) list.clear();
+  // List scheduling: when each stage's forward, and the backward that produces its input
+  // gradient (B or I), ends; negative until it has run.
+  std::vector<double> fEnd(static_cast<size_t>(S * m), -1.0), gEnd(static_cast<size_t>(S * m), -1.0);
+  auto at = [m](int stage, int mb) { return static_cast<size_t>(stage * m + mb); };
+  auto handover = [&](int from, int to) { return in.rankOf(from) == in.rankOf(to) ? 0.0 : costs.send + costs.latency; };
+  auto readyAt = [&](const Action& a) -> std::optional<double> {
+    const int st = a.stage, i = a.microbatch;
+    if (a.kind == ActionKind::BackwardWeight) return 0.0;  // its I runs before it on this rank
+    if (a.kind == ActionKind::Forward) {
+      if (st == 0) return 0.0;
+      const double e = fEnd[at(st - 1, i)];
+      if (e < 0) return std::nullopt;
+      return e + handover(st - 1, st);
+    }
+    double e = fEnd[at(st, i)];
+    if (e < 0) return std::nullopt;
+    if (st + 1 < S) {
+      const double g = gEnd[at(st + 1, i)];
+      if (g < 0) return std::nullopt;
+      e = std::max(e, g + handover(st + 1, st));
+    }
+    return e;
+  };
+  std::vector<size_t> next(static_cast<size_t>(p), 0);
+  std::vector<double> freeAt(static_cast<size_t>(p), 0.0);
+  std::vector<std::deque<Action>> postponed(static_cast<size_t>(p));
+  for (;;) {
+    int best = -1;
+    bool bestIsW = false;
+    double bestStart = std::numeric_limits<double>::infinity();
+    for (int r = 0; r < p; ++r) {
+      const auto ru = static_cast<size_t>(r);
+      const auto& list = in.actions[ru];
+      std::optional<double> ready;
+      if (next[ru] < list.size()) ready = readyAt(list[next[ru]]);
+      double start = ready ? std::max(*ready, freeAt[ru]) : std::numeric_limits<double>::infinity();
+      bool isW = false;
+      if (!postponed[ru].empty() && start > freeAt[ru]) start = freeAt[ru], isW = true;
+      if (start < bestStart) bestStart = start, best = r, bestIsW = isW;
+    }
+    if (best < 0) break;
+    const auto r = static_cast<size_t>(best);
+    auto& list = out.actions[r];
+    if (bestIsW) {
+      list.push_back(postponed[r].front());
+      postponed[r].pop_front();
+      freeAt[r] = bestStart + costs.of(list.back());
+      continue;
+    }
+    Action a = in.actions[r][next[r]++];
+    const bool split = a.kind == ActionKind::Backward && a.stage > 0 && a.microbatch >= m - k;
+    if (split) {
+      a.kind = ActionKind::BackwardInput;
+      postponed[r].push_back({ActionKind::BackwardWeight, a.stage, a.microbatch});
+    }
+    list.push_back(a);
+    freeAt[r] = bestStart + costs.of(a);
+    if (a.kind == ActionKind::Forward) fEnd[at(a.stage, a.microbatch)] = freeAt[r];
+    else if (a.kind != ActionKind::BackwardWeight) gEnd[at(a.stage, a.microbatch)] = freeAt[r];
+  }
+  // A checked schedule always progresses: its order is kept, and a W waits only for its own I.
+  for (size_t r = 0; r < next.size(); ++r)
+    if (next[r] != in.actions[r].size())
+      throw Error(fmt::format("splitTail: internal error: rank {} of '{}' stopped at action {}", r, in.name, next[r]));
+  check(out);
+  return out;
+}
+
 std::string formatTimeline(const Simulation& sim, double unit) {
   if (unit <= 0) {
     unit = std::numeric_limits<double>::infinity();

@@ -155,6 +155,23 @@ Simulation simulate(const Schedule& schedule, const ActionCosts& costs = {});
 // simulate() with unit costs, for its checks alone.
 void check(const Schedule& schedule);
 
+// Zero bubble where the bubble is: `schedule` with the full backwards (B) of its last `k`
+// micro-batches split into an input half (I) and a weight half (W), on every stage
+// but the first (whose input gradient nobody waits for). At the end of a step each rank waits for
+// the gradients of the ranks after it; run as I, a backward hands its gradient on a W earlier,
+// and the postponed Ws fill the waits. Every rank keeps its order of F, B and I; a postponed W
+// runs whenever the rank's next action would wait (timed with `costs`; the default unit costs
+// suit any balanced pipeline), and the ones left run at the rank's end. Only the last few are
+// split because splitting costs compute (the two halves together cost a few percent more than
+// B) and holds activations until W. The knees: k = ranks - 1 for 1F1B, k = ranks for interleaved
+// (p = 2, m = 8 in bench/pipeline, simulated with its measured costs: 1f1b 81.4 -> 79.1 ms,
+// interleaved 74.5 -> 72.7); k = microbatches splits every backward. With unit costs the result
+// is never slower than `schedule`.
+// Named "<name>+split<k>". ScheduleError for a schedule that check() refuses, one with sends or
+// receives already (it is placed before they are inserted), or k outside 0..microbatches; the
+// costs are checked as simulate() checks them.
+Schedule splitTail(const Schedule& schedule, int k, const ActionCosts& costs = {});
+
 // A text picture: a row per rank, a column per `unit` of time (default: the shortest compute
 // action), each compute action drawn as its short name padded to its length, idle time as dots.
 std::string formatTimeline(const Simulation& sim, double unit = 0);

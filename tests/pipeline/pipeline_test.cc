@@ -31,9 +31,11 @@ struct Config {
   int chunks = 0;
   bool checkpoint = false;  // every stage recomputes its forward in backward
   int lookahead = 0;
+  int split = 0;  // PipelineOptions::splitTail
   std::string str() const {
-    return fmt::format("{} m={}{}{}{}", schedule, m, chunks ? fmt::format(" chunks={}", chunks) : "",
-                       checkpoint ? " checkpointed" : "", lookahead ? fmt::format(" lookahead={}", lookahead) : "");
+    return fmt::format("{} m={}{}{}{}{}", schedule, m, chunks ? fmt::format(" chunks={}", chunks) : "",
+                       checkpoint ? " checkpointed" : "", lookahead ? fmt::format(" lookahead={}", lookahead) : "",
+                       split ? fmt::format(" split={}", split) : "");
   }
 };
 
@@ -47,6 +49,11 @@ std::vector<Config> configsFor(int p) {
   out.push_back({"zb", p + 1, 0, true});
   out.push_back({"1f1b", 2 * p + 1, 0, false, 1});
   out.push_back({"zb", 2 * p + 1, 0, false, 2});
+  // The last backwards split into I and W (splitTail): a few, all of them, and with a lookahead.
+  out.push_back({"1f1b", 2 * p + 1, 0, false, 0, p - 1});
+  out.push_back({"gpipe", p + 1, 0, false, 0, p + 1});
+  out.push_back({"interleaved", 2 * p, 2, false, 0, p});
+  out.push_back({"1f1b", p + 1, 0, true, 1, 2});
   return out;
 }
 
@@ -56,14 +63,16 @@ std::string trainAndCompare(const TransportPtr& transport, const Config& c) {
   Reference ref = oneProcess(S, c.m);
   auto all = makeStages(S);
   Schedule sched = makeSchedule(c.schedule, p, c.m, c.chunks, c.lookahead);
+  std::string err;
   std::vector<nn::ModulePtr> mine;
   for (int s : sched.stagesOf(transport->rank())) mine.push_back(all[static_cast<size_t>(s)]);
   PipelineOptions po;
   if (c.checkpoint)
     for (int s = 0; s < S; ++s) po.checkpointStages.push_back(s);
+  po.splitTail = c.split;
   Pipeline pipe(mine, transport, mse, sched, po);
+  if (c.split > 0 && !pipe.schedule().splitsBackward()) err += fmt::format("{}: no backward was split; ", c.str());
   optim::SGD opt(pipe.parameters(), {.lr = kLr});
-  std::string err;
   for (int k = 0; k < kSteps; ++k) {
     auto [x, y] = batch(k, c.m);
     opt.zeroGrad();

@@ -2,6 +2,8 @@
 // action of a broken schedule, and the simulator's bubbles and peaks match the formulas.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <cohort/pipeline/schedule.h>
 
 namespace cohort::pipeline {
@@ -265,6 +267,105 @@ TEST(Simulator, SendReceiveAndMicrobatchSizeCostsCount) {
   EXPECT_THROW(simulate(gpipe(2, 2), c), ValueError);
   c.microbatchScale = {1.0, -1.0};
   EXPECT_THROW(simulate(gpipe(2, 2), c), ValueError);
+}
+
+TEST(SplitTail, TheLastGradientLeavesAWeightBackwardEarlier) {
+  // 1F1B on two ranks, unit costs (F 1, B 2, I 1, W 1): rank 0's last backward waits for rank
+  // 1's [11, 13]; split, rank 1 hands the gradient on at 12 and runs W3 while rank 0 computes.
+  Schedule base = oneFOneB(2, 4), split = splitTail(base, 1);
+  EXPECT_EQ(split.name, "1f1b+split1");
+  EXPECT_EQ(split.actions[0], base.actions[0]);  // the first stage's input gradient is nobody's wait
+  const std::vector<Action> rank1{{K::Forward, 1, 0},  {K::Backward, 1, 0},      {K::Forward, 1, 1},
+                                  {K::Backward, 1, 1}, {K::Forward, 1, 2},       {K::Backward, 1, 2},
+                                  {K::Forward, 1, 3},  {K::BackwardInput, 1, 3}, {K::BackwardWeight, 1, 3}};
+  EXPECT_EQ(split.actions[1], rank1);
+  EXPECT_DOUBLE_EQ(simulate(base).makespan, 15.0);
+  EXPECT_DOUBLE_EQ(simulate(split).makespan, 14.0);
+  EXPECT_EQ(splitTail(base, 0).actions, base.actions);
+}
+
+TEST(SplitTail, KeepsEveryScheduleValidInOrderAndNeverSlowerWithUnitCosts) {
+  for (const char* name : {"gpipe", "1f1b", "interleaved", "zb"})
+    for (int p = 1; p <= 4; ++p)
+      for (int m = 1; m <= 9; ++m)
+        for (int la = 0; la <= 1; ++la) {
+          if ((std::string(name) == "interleaved" && m % p != 0) || (std::string(name) == "gpipe" && la > 0)) continue;
+          const Schedule base = makeSchedule(name, p, m, 0, la);
+          const double before = simulate(base).makespan;
+          for (int k = 0; k <= m; ++k) {
+            const std::string what = fmt::format("{} p={} m={} lookahead={} k={}", name, p, m, la, k);
+            Schedule s;
+            ASSERT_NO_THROW(s = splitTail(base, k)) << what;
+            EXPECT_NO_THROW(check(s)) << what;
+            // With I + W = B, a postponed W only fills waits: the step never gets longer.
+            EXPECT_LE(simulate(s).makespan, before + 1e-9) << what;
+            for (int r = 0; r < p; ++r) {
+              // Each rank's F, B and I keep their order; the split ones are exactly the last k
+              // micro-batches' backwards on every stage but the first.
+              std::vector<Action> order;
+              for (Action a : s.actions[static_cast<size_t>(r)]) {
+                const bool tail = a.stage > 0 && a.microbatch >= m - k;
+                if (!base.splitsBackward()) {
+                  if (a.kind == K::BackwardWeight) continue;
+                  if (a.kind == K::Backward) {
+                    EXPECT_FALSE(tail) << what << ": " << a.str() << " not split";
+                  }
+                  if (a.kind == K::BackwardInput) {
+                    EXPECT_TRUE(tail) << what << ": " << a.str();
+                    a.kind = K::Backward;
+                  }
+                }
+                order.push_back(a);
+              }
+              if (!base.splitsBackward()) {
+                EXPECT_EQ(order, base.actions[static_cast<size_t>(r)]) << what;
+              }
+            }
+          }
+        }
+}
+
+TEST(SplitTail, FillsTheInterleavedCooldownWithMeasuredCosts) {
+  // The per-stage times bench/pipeline measured for the GPT in four chunks on two ranks (ms),
+  // the split halves about 5% dearer than a full backward: splitting the last two micro-batches
+  // takes the step from 74.5 to 72.7 ms, and splitting all of them costs more than it saves.
+  ActionCosts c;
+  c.forward = {1.51, 1.49, 1.44, 1.59};
+  c.backward = {2.71, 2.70, 2.69, 2.77};
+  c.backwardInput = {0.04, 1.67, 1.67, 1.72};
+  c.backwardWeight = {2.71, 1.30, 1.30, 1.34};
+  c.send = 0.055;
+  c.latency = 0.088;
+  const Schedule base = interleaved1F1B(2, 2, 8);
+  const double plain = simulate(base, c).makespan, two = simulate(splitTail(base, 2, c), c).makespan,
+               all = simulate(splitTail(base, 8, c), c).makespan;
+  EXPECT_NEAR(plain, 74.5, 0.1);
+  EXPECT_LT(two, plain - 1.5);
+  EXPECT_GT(all, two);
+}
+
+TEST(SplitTail, RefusesWhatItCannotSplit) {
+  auto message = [](auto&& fn) {
+    try {
+      fn();
+    } catch (const ScheduleError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message([] { splitTail(oneFOneB(2, 4), 5); }),
+            "splitTail: cannot split the backwards of the last 5 micro-batches of schedule '1f1b', which has 4 (0..4)");
+  EXPECT_NE(message([] { splitTail(oneFOneB(2, 4), -1); }).find("last -1 micro-batches"), std::string::npos);
+  EXPECT_NE(message([] {
+              splitTail(withCommunication(oneFOneB(2, 4)), 1);
+            }).find("schedule '1f1b' has its sends and receives already"),
+            std::string::npos);
+  Schedule broken = oneFOneB(2, 2);
+  broken.actions[1].pop_back();  // rank 1 never runs its last backward
+  EXPECT_NE(message([&] { splitTail(broken, 1); }).find("never runs the backward"), std::string::npos);
+  ActionCosts c;
+  c.microbatchScale = {1.0};  // one factor for four micro-batches
+  EXPECT_THROW(splitTail(oneFOneB(2, 4), 1, c), ValueError);
 }
 
 TEST(Timeline, TextAndSvg) {
