@@ -29,8 +29,8 @@
 //   build/bench/pipeline [--steps 10] [--warmup 2] [--microbatches 8]
 //                        [--schedules gpipe,1f1b,1f1b+ahead1,1f1b+split1,interleaved,interleaved+split2,zb,
 //                                     zb+ahead1,1f1b+ckpt]
-//                        [--transport pg|rpc] [--backend auto|shm|gloo] [--layers 4] [--embd 192] [--block 64]
-//                        [--batch 32] [--timeline]
+//                        [--transport pg|rpc] [--rpc-shm] [--backend auto|shm|gloo] [--layers 4] [--embd 192]
+//                        [--block 64] [--batch 32] [--timeline]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -69,6 +69,7 @@ struct Args {
   int64_t layers = 4, embd = 192, heads = 4, block = 64, batch = 32;
   std::string transport = "pg";
   std::string backend = "auto";  // the process group's, with --transport pg
+  bool rpcShm = false;           // with --transport rpc: RpcOptions::useShm
 };
 
 nn::GPTConfig config(const Args& a) {
@@ -162,6 +163,7 @@ int runRank(const Args& a, const std::string& schedule, const std::string& dir, 
   if (a.transport == "rpc") {
     rpc::RpcOptions o;
     o.store = store;
+    o.useShm = a.rpcShm;
     rpc::init(fmt::format("stage{}", rank), rank, p, o);
     transport = pipeline::rpcTransport({"stage0", "stage1"});
   } else {
@@ -277,7 +279,8 @@ int runRank(const Args& a, const std::string& schedule, const std::string& dir, 
   for (const auto& t : pipe.lastStepTiming().actions)  // the last step, as it ran
     report << fmt::format("ran {} {} {} {} {}\n", static_cast<int>(t.action.kind), t.action.stage, t.action.microbatch,
                           t.start, t.end);
-  report << fmt::format("transport {}\n", transport->name());
+  report << fmt::format("transport {}\n",
+                        a.transport == "rpc" ? fmt::format("rpc ({})", a.rpcShm ? "shm" : "tcp") : transport->name());
   transport.reset();
   if (a.transport == "rpc") rpc::shutdown();
   return 0;
@@ -296,6 +299,9 @@ int main(int argc, char** argv) {
   app.add_option("--microbatches", a.microbatches)->check(CLI::PositiveNumber);
   app.add_option("--schedules", schedules);
   app.add_option("--transport", a.transport)->check(CLI::IsMember({"pg", "rpc"}));
+  app.add_flag("--rpc-shm", a.rpcShm,
+               "with --transport rpc: TensorPipe's shared-memory transport between the ranks (RpcOptions::useShm; "
+               "it keeps a core busy in each rank, so off by default here, where the ranks use every core)");
   app.add_option("--backend", a.backend, "the process group's backend with --transport pg (auto: shm on one host)")
       ->check(CLI::IsMember({"auto", "shm", "gloo"}));
   app.add_option("--layers", a.layers)->check(CLI::PositiveNumber);

@@ -80,7 +80,14 @@ struct RpcOptions {
   // The address other hosts reach this worker at over TCP. Empty: this host's name resolved, or
   // 127.0.0.1 when that fails.
   std::string tcpHost{};
-  bool useShm = true;  // peers on the same host (and network namespace) talk over shared memory
+  // Peers on the same host (and network namespace) talk over TensorPipe's shared-memory transport:
+  // round trips of ~20 us instead of TCP's ~90 here. Its cost is a core: the transport's thread
+  // polls without ever sleeping, one per process, busy even while the worker idles. Turn it off
+  // (or set COHORT_RPC_SHM=0, which overrides this either way) where the workers keep every core
+  // busy, as pipeline stages or compute-heavy RPC functions do: there the stolen core costs more
+  // than the latency saves (a two-stage pipeline on two cores: 1.15x one process with it, 1.38x
+  // without). Tensors between processes of one host move by cross-memory attach either way.
+  bool useShm = true;
   bool useCma = true;  // tensors between processes of one host move by cross-memory attach
   // Threads that read one large tensor (2 MiB and up) out of the sender's memory at once: one
   // process_vm_readv moves ~4-5 GB/s here, two ~9. 0: one per core, at most 4.

@@ -10,6 +10,7 @@
 
 #include <tensorpipe/tensorpipe.h>
 
+#include <cohort/core/util/env.h>
 #include <cohort/core/util/logging.h>
 #include <cohort/distributed/store/detail/store_util.h>
 #include <cohort/rpc/tensorpipe/detail/parallel_cma.h>
@@ -19,6 +20,12 @@ namespace tp = tensorpipe;
 namespace cohort::rpc {
 
 namespace {
+
+COHORT_ENV_KNOB(kRpcShmKnob, "COHORT_RPC_SHM", "",
+                "1 or 0: overrides RpcOptions::useShm. TensorPipe's shared-memory transport between the workers "
+                "of one host (round trips of ~20 us) keeps one thread per process polling without sleeping, a "
+                "whole core even while idle; 0 uses TCP, whose thread sleeps until there is work (~90 us round "
+                "trips). Tensors between processes of one host move by cross-memory attach either way.");
 
 // Same host and network namespace: shm's abstract sockets reach each other only then.
 std::string readHostId() {
@@ -50,6 +57,7 @@ TensorPipeAgent::~TensorPipeAgent() { closeTransport(); }
 void TensorPipeAgent::start() {
   if (!store_) throw ValueError("rpc::init: no store to meet the other workers through");
   hostId_ = readHostId();
+  useShm_ = kRpcShmKnob.raw() ? kRpcShmKnob.flag() : options_.useShm;  // ValueError naming it when malformed
   context_ = std::make_shared<tp::Context>(tp::ContextOptions().name(self_.name));
   context_->registerTransport(0, "uv", tp::transport::uv::create());
   std::vector<std::string> urls;
@@ -61,7 +69,7 @@ void TensorPipeAgent::start() {
   urls.push_back("uv://" + host);
   std::random_device rd;
   std::string shmName = fmt::format("cohort-rpc-{}-{}-{:x}", getpid(), self_.rank, (uint64_t{rd()} << 32) | rd());
-  if (options_.useShm) {
+  if (useShm_) {
     context_->registerTransport(10, "shm", tp::transport::shm::create());
     urls.push_back("shm://" + shmName);
   }
@@ -77,7 +85,7 @@ void TensorPipeAgent::start() {
   }
   listener_ = context_->listen(urls);
   std::string uvUrl = listener_->url("uv");
-  std::string shmUrl = options_.useShm ? listener_->url("shm") : "";
+  std::string shmUrl = useShm_ ? listener_->url("shm") : "";
 
   // Rendezvous: claim the name, publish the addresses, wait for everyone.
   std::string me = std::to_string(self_.rank);
@@ -112,7 +120,7 @@ void TensorPipeAgent::start() {
 
 std::string TensorPipeAgent::transportTo(int rank) const {
   const Peer& p = peers_.at(rank);
-  return options_.useShm && !p.shmUrl.empty() && p.hostId == hostId_ ? "shm" : "uv";
+  return useShm_ && !p.shmUrl.empty() && p.hostId == hostId_ ? "shm" : "uv";
 }
 
 // ---- sending ---------------------------------------------------------------------------------

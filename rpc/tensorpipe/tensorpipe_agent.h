@@ -78,6 +78,7 @@ class TensorPipeAgent : public RpcAgent {
   std::shared_ptr<tensorpipe::Context> context_;
   std::shared_ptr<tensorpipe::Listener> listener_;
   std::string hostId_;
+  bool useShm_ = true;           // RpcOptions::useShm, unless COHORT_RPC_SHM overrides it
   HelloReplayGuard helloGuard_;  // nonces of the hellos accepted lately (hello_auth.h)
   std::vector<Peer> peers_;
   mutable std::mutex pipesMu_;

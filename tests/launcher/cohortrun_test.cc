@@ -207,10 +207,10 @@ TEST(Cohortrun, HelpEnvListsTheRegistry) {
   ScratchDir dir("cohortrun_helpenv");
   Result r = runCohortrun({"--help-env"}, dir / "out");
   ASSERT_EQ(r.exitCode(), 0) << r.output;
-  // From core, distributed and the launcher.
+  // From core, distributed, rpc and the launcher.
   for (const char* knob :
        {"COHORT_BLAS", "COHORT_BACKEND", "COHORT_STORE_TOKEN", "COHORT_STORE_HOSTED_BY_LAUNCHER", "MASTER_ADDR",
-        "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "COHORT_GLOO_IFACE", "OMP_NUM_THREADS"}) {
+        "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "COHORT_GLOO_IFACE", "OMP_NUM_THREADS", "COHORT_RPC_SHM"}) {
     EXPECT_NE(r.output.find(std::string("\n  ") + knob), std::string::npos) << knob << "\n" << r.output;
   }
 }

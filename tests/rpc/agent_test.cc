@@ -287,6 +287,31 @@ TEST(RpcAgent, TcpCarriesCallsWhenShmIsOff) {
   EXPECT_EQ(reports[1], "ok");
 }
 
+TEST(RpcAgent, TheEnvironmentChoosesTheTransportOverTheOptions) {
+  // COHORT_RPC_SHM=0 turns the busy-polling shared-memory transport off for a program that asked
+  // for it, =1 on for one that did not; a value that is neither fails init naming the variable.
+  for (bool shm : {false, true}) {
+    auto reports = runWorkers(
+        2,
+        [shm](int rank) -> std::string {
+          auto agent = std::dynamic_pointer_cast<TensorPipeAgent>(currentAgent());
+          const std::string want = shm ? "shm" : "uv", got = agent->transportTo(1 - rank);
+          if (got != want) return fmt::format("reached over {}, not {}", got, want);
+          return rpcSync<int64_t>(workerName(1 - rank), "add", 2, 5) == 7 ? "ok" : "wrong result";
+        },
+        [shm](int, RpcOptions& o) {
+          o.useShm = !shm;  // the environment says the opposite
+          setenv("COHORT_RPC_SHM", shm ? "1" : "0", 1);
+        });
+    EXPECT_EQ(reports[0], "ok") << "COHORT_RPC_SHM=" << shm;
+    EXPECT_EQ(reports[1], "ok") << "COHORT_RPC_SHM=" << shm;
+  }
+  auto bad = runWorkers(
+      1, [](int) -> std::string { return "ok"; }, [](int, RpcOptions&) { setenv("COHORT_RPC_SHM", "sometimes", 1); });
+  EXPECT_EQ(bad[0].rfind("exception: ", 0), 0u) << bad[0];
+  EXPECT_NE(bad[0].find("COHORT_RPC_SHM"), std::string::npos) << bad[0];
+}
+
 TEST(RpcAgent, MessagesOverTheLimitsAreRefused) {
   auto reports = runWorkers(
       2,
