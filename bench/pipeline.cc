@@ -125,7 +125,7 @@ struct Variant {
   int split = 0;
   int chunks() const { return base == "interleaved" ? 2 : 1; }
   pipeline::Schedule schedule(int ranks, int microbatches) const {
-    pipeline::Schedule s = pipeline::makeSchedule(base, ranks, microbatches, base == "interleaved" ? 2 : 0, lookahead);
+    pipeline::Schedule s = pipeline::makeSchedule(base, ranks, microbatches, chunks() > 1 ? chunks() : 0, lookahead);
     return split > 0 ? pipeline::splitTail(s, split) : s;
   }
 };

@@ -367,9 +367,11 @@ int main(int argc, char** argv) {
                  "with --pipeline: forwards each rank runs ahead beyond the schedule's own (1f1b, interleaved, zb; "
                  "more activations held, fewer stalls)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--split-tail", pipelined.splitTail,
-                 "with --pipeline: the backwards of the last K micro-batches split into input and weight halves, the "
-                 "weight halves filling the waits at the end of each step (the number of ranks is a good K)")
+  app.add_option(
+         "--split-tail", pipelined.splitTail,
+         "with --pipeline: the backwards of the last K micro-batches split into input and weight halves, the "
+         "weight halves filling the waits at the end of each step (good K: the ranks - 1 with 1f1b, the ranks with "
+         "interleaved)")
       ->check(CLI::NonNegativeNumber);
   std::string deviceName = "cpu";
   app.add_option("--device", deviceName,

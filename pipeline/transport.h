@@ -13,9 +13,11 @@
  *    has the receiver read the tensor straight from the sender's memory. The served function only
  *    files the tensor and returns, so RPC threads are never held. Pipeline rank i = workers[i];
  *    rpc::init must have run. RPC carries CPU tensors: a CUDA tensor goes through the host.
- *    Its messages leave only when TensorPipe's threads get a core: where the ranks' compute
- *    threads keep every core busy, a transfer waits up to a compute action, and the process-group
- *    transport (whose shm send copies on the caller's thread) is much faster.
+ *    Where the ranks' compute threads keep every core busy, run the agent without TensorPipe's
+ *    shared-memory transport (RpcOptions::useShm = false, or COHORT_RPC_SHM=0): its loop polls a
+ *    core per process. Even so each transfer crosses several TensorPipe and RPC threads, each waiting
+ *    for a core there, and the process-group transport (whose shm send copies on the caller's
+ *    thread) is faster.
  *
  * Either way a received tensor is placed on the transport's device (`device`, where this rank's
  * stages run: the CPU, or a GPU), wherever it came from.

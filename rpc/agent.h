@@ -85,8 +85,8 @@ struct RpcOptions {
   // polls without ever sleeping, one per process, busy even while the worker idles. Turn it off
   // (or set COHORT_RPC_SHM=0, which overrides this either way) where the workers keep every core
   // busy, as pipeline stages or compute-heavy RPC functions do: there the stolen core costs more
-  // than the latency saves (a two-stage pipeline on two cores: 1.15x one process with it, 1.38x
-  // without). Tensors between processes of one host move by cross-memory attach either way.
+  // than the latency saves (a two-stage pipeline on two cores: 1.0-1.3x one process with it,
+  // 1.2-1.4x without). Tensors between processes of one host move by cross-memory attach either way.
   bool useShm = true;
   bool useCma = true;  // tensors between processes of one host move by cross-memory attach
   // Threads that read one large tensor (2 MiB and up) out of the sender's memory at once: one
