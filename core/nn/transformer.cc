@@ -13,8 +13,8 @@ namespace cohort::nn {
 // ---- CausalSelfAttention ---------------------------------------------------------------------
 
 CausalSelfAttention::CausalSelfAttention(int64_t nEmbd, int64_t nHead, int64_t blockSize, double dropout, bool bias,
-                                         Generator* gen)
-    : Module("CausalSelfAttention"), nEmbd_(nEmbd), nHead_(nHead), blockSize_(blockSize), gen_(gen) {
+                                         Generator* gen, bool fused)
+    : Module("CausalSelfAttention"), nEmbd_(nEmbd), nHead_(nHead), blockSize_(blockSize), gen_(gen), fused_(fused) {
   if (nHead < 1 || nEmbd < 1 || nEmbd % nHead != 0)
     throw ValueError(
         fmt::format("CausalSelfAttention: n_embd ({}) must be a positive multiple of n_head ({})", nEmbd, nHead));
@@ -37,16 +37,20 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   auto heads = [&](const Tensor& t) { return t.reshape({B, T, nHead_, hs}).transpose(1, 2); };  // [B, nh, T, hs]
   Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
   // Fused attention (core/ops/attention.cc): reads the head views in place and never holds the
-  // [T, T] weights. attn_dropout's probability applies to the weights inside it, in training mode.
+  // [T, T] weights. attn_dropout's probability applies to the weights inside it, in training mode
+  // (the math formula draws the same keep mask).
   auto attnDropout = std::dynamic_pointer_cast<Dropout>(child("attn_dropout"));
   const double p = attnDropout && attnDropout->isTraining() ? attnDropout->p() : 0.0;
-  Tensor y = functional::scaledDotProductAttention(q, k, v, {.causal = true, .dropout = p, .generator = gen_});
+  const functional::SdpaOptions opts{.causal = true, .dropout = p, .generator = gen_};
+  Tensor y = fused_ ? functional::scaledDotProductAttention(q, k, v, opts)
+                    : functional::scaledDotProductAttentionMath(q, k, v, opts);
   y = y.transpose(1, 2).contiguous().view({B, T, C});  // heads side by side again
   return (*child("resid_dropout"))((*child("c_proj"))(y));
 }
 
 std::string CausalSelfAttention::extraRepr() const {
-  return fmt::format("n_embd={}, n_head={}, block_size={}", nEmbd_, nHead_, blockSize_);
+  return fmt::format("n_embd={}, n_head={}, block_size={}{}", nEmbd_, nHead_, blockSize_,
+                     fused_ ? "" : ", fused=false");
 }
 
 // ---- MLP and block ---------------------------------------------------------------------------
@@ -66,10 +70,10 @@ Tensor MLP::forward(const Tensor& x) {
 }
 
 TransformerBlock::TransformerBlock(int64_t nEmbd, int64_t nHead, int64_t blockSize, double dropout, bool bias,
-                                   Generator* gen)
+                                   Generator* gen, bool fusedAttention)
     : Module("TransformerBlock") {
   registerModule("ln_1", LayerNorm(nEmbd, 1e-5, true, bias));
-  registerModule("attn", CausalSelfAttention(nEmbd, nHead, blockSize, dropout, bias, gen));
+  registerModule("attn", CausalSelfAttention(nEmbd, nHead, blockSize, dropout, bias, gen, fusedAttention));
   registerModule("ln_2", LayerNorm(nEmbd, 1e-5, true, bias));
   registerModule("mlp", MLP(nEmbd, dropout, bias, gen));
 }
@@ -94,7 +98,7 @@ GPT::GPT(GPTConfig config, Generator* gen) : Module("GPT"), config_(config) {
   transformer->insert("drop", Dropout(c.dropout, gen));
   auto h = transformer->insert("h", ModuleList());
   for (int64_t i = 0; i < c.nLayer; ++i)
-    h->push_back(TransformerBlock(c.nEmbd, c.nHead, c.blockSize, c.dropout, c.bias, gen));
+    h->push_back(TransformerBlock(c.nEmbd, c.nHead, c.blockSize, c.dropout, c.bias, gen, c.fusedAttention));
   transformer->insert("ln_f", LayerNorm(c.nEmbd, 1e-5, true, c.bias));
   registerModule("lm_head", lmHead);
 

@@ -8,7 +8,7 @@
  * With weight tying, transformer.wte.weight and lm_head.weight are one tensor: it is listed once
  * (as transformer.wte.weight) by namedParameters and under both names by stateDict.
  * Attention runs on the fused functional::scaledDotProductAttention with causal=true (no mask
- * buffer: memory stays linear in the sequence length).
+ * buffer: memory stays linear in the sequence length), or op by op when the config says so.
  * Every module calls its children through the registry (Module::child), so wrappers that replace
  * a block or hook its forward (FSDP units are usually one TransformerBlock) take effect.
  */
@@ -23,10 +23,13 @@ namespace cohort::nn {
 
 // Multi-head self-attention where position t sees positions <= t.
 // x [B, T, C] -> [B, T, C]; T <= blockSize; C = nEmbd divisible by nHead.
+// fused = false computes the attention with functional::scaledDotProductAttentionMath (op by op,
+// the [T, T] weights held) instead of the fused op: slower, and under autocast the scores and
+// weights round to the lower precision, as in nanoGPT's non-flash path on PyTorch 1.13.
 class CausalSelfAttention : public Module {
  public:
   CausalSelfAttention(int64_t nEmbd, int64_t nHead, int64_t blockSize, double dropout = 0.0, bool bias = true,
-                      Generator* gen = nullptr);
+                      Generator* gen = nullptr, bool fused = true);
   Tensor forward(const Tensor& x) override;
   std::string extraRepr() const override;
   std::shared_ptr<Linear> qkv() const { return std::dynamic_pointer_cast<Linear>(child("c_attn")); }
@@ -35,6 +38,7 @@ class CausalSelfAttention : public Module {
  private:
   int64_t nEmbd_, nHead_, blockSize_;
   Generator* gen_;  // attention dropout draws from it
+  bool fused_;
 };
 
 // Linear(C, 4C) -> GELU -> Linear(4C, C) -> Dropout.
@@ -48,7 +52,7 @@ class MLP : public Module {
 class TransformerBlock : public Module {
  public:
   TransformerBlock(int64_t nEmbd, int64_t nHead, int64_t blockSize, double dropout = 0.0, bool bias = true,
-                   Generator* gen = nullptr);
+                   Generator* gen = nullptr, bool fusedAttention = true);
   Tensor forward(const Tensor& x) override;
 };
 
@@ -61,6 +65,9 @@ struct GPTConfig {
   double dropout = 0.0;
   bool bias = true;        // biases in Linear and LayerNorm layers
   bool tieWeights = true;  // lm_head.weight is transformer.wte.weight
+  // false: every block's attention runs op by op (see CausalSelfAttention), to reproduce the
+  // rounding of a model written without fused attention under autocast. Same weights and names.
+  bool fusedAttention = true;
 };
 
 class GPT : public Module {

@@ -25,7 +25,7 @@
 // contiguous: the transposed head views of a fused qkv projection need no copy). float32 and
 // float64 compute natively; float16/bfloat16 inputs are converted to float32 and the result back.
 // Other devices run their registered fused kernels (on CUDA: core/cuda/attention.cu, 16-bit inputs
-// without mask or dropout) or else the unfused formula with the same mask and dropout (sdpaUnfused).
+// without mask or dropout) or else the unfused formula with the same mask and dropout (scaledDotProductAttentionMath).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -681,7 +681,8 @@ Tensor deviceFusedAttention(const Tensor& q, const Tensor& k, const Tensor& v, c
   return result;
 }
 
-// The formula with matmul and softmax ([..., Tq, Tk] materialised), for devices without the fused kernel.
+// The formula with matmul and softmax ([..., Tq, Tk] materialised): scaledDotProductAttentionMath,
+// and the path of devices without the fused kernel.
 Tensor unfusedAttention(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& opts) {
   const Dims d = checkArgs(q, k, v, opts);
   const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(d.e)));
@@ -727,6 +728,11 @@ Tensor scaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor&
   return fusedAttention(q, k, v, opts.mask, d, scale, opts.causal, drop);
 }
 
+Tensor scaledDotProductAttentionMath(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& opts) {
+  // No autocast entry of its own: the ops inside are dispatched one by one, each by its policy.
+  return unfusedAttention(q, k, v, opts);
+}
+
 Tensor scaledDotProductAttentionDropoutMask(const Shape& attnShape, double p, Generator* gen) {
   const char* op = "scaledDotProductAttentionDropoutMask";
   if (attnShape.size() < 2)
@@ -741,11 +747,3 @@ Tensor scaledDotProductAttentionDropoutMask(const Shape& attnShape, double p, Ge
 }
 
 }  // namespace cohort::nn::functional
-
-namespace cohort::detail {
-
-Tensor sdpaUnfused(const Tensor& q, const Tensor& k, const Tensor& v, const nn::functional::SdpaOptions& opts) {
-  return nn::functional::unfusedAttention(q, k, v, opts);
-}
-
-}  // namespace cohort::detail

@@ -81,6 +81,15 @@ struct SdpaOptions {
 // matmul and softmax (and the same dropout mask).
 // Options are taken by const reference (see Conv2dOptions above).
 Tensor scaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& opts = {});
+// The same formula written out op by op, as PyTorch's "math" attention and models written before
+// fused attention (nanoGPT's non-flash path) compute it: matmul(q, k^T) * scale, the mask (where
+// or +), softmax, the dropout keep mask (the very one scaledDotProductAttention draws from
+// opts.generator), matmul with v. It holds the [..., Tq, Tk] weights, so memory is quadratic in
+// the sequence length and it is slower; use it to reproduce such a model's rounding. Under
+// autocast each of those ops takes its own policy: with bfloat16, the scores and the weights are
+// rounded to bfloat16 (as in PyTorch 1.13 under torch.autocast), where the fused op keeps them in
+// float32. Same arguments, checks and errors as scaledDotProductAttention.
+Tensor scaledDotProductAttentionMath(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& opts = {});
 // The keep mask (bool, attnShape = [..., Tq, Tk]) that scaledDotProductAttention applies when its
 // attention weights have that shape and it is called with dropout p and `gen` in its present
 // state. Advances `gen` as that call would: with two generators in one state, one gives this

@@ -3,19 +3,26 @@
 // warmup+cosine schedule; per-step losses must agree to 1e-5 relative and the final parameters
 // closely. Under bfloat16 autocast (amp::Autocast against torch.autocast("cpu")), a GPT trains
 // 50 steps and the losses must agree within 1% per step and 0.5% at the end (the libraries round
-// differently in bfloat16, so the runs drift apart slowly); COHORT_PARITY_FULL=1 runs that on the
+// differently in bfloat16, so the runs drift apart slowly), once with each attention kernel against
+// PyTorch computing attention alike (see bf16Parity below); COHORT_PARITY_FULL=1 runs that on the
 // reference GPT of bench/train_step (6 layers, width 384, 256 tokens, batch 8: minutes) instead
 // of a small one, learning the next character of the shipped King James text (the small one
 // learns a fixed map of each token, whose loss falls towards 0 within the 50 steps). The
 // PyTorch side is tests/parity/torch_reference.py, run with Debian's python3-torch through
 // /usr/bin/python3 (installed by scripts/setup.sh).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <cohort/cohort.h>
 #include <cohort/core/data/text.h>
@@ -33,6 +40,10 @@ struct Setup {
   std::shared_ptr<nn::Module> model;
   std::vector<Tensor> xs, ys;
   int64_t classes = 0;
+  // > 1: also train the PyTorch side on 2..torchThreads threads and print how far PyTorch's runs
+  // are from each other next to how far cohort's is from each of them (bfloat16 runs: the
+  // libraries' differences beside PyTorch's own, from its GEMMs' blocking alone).
+  int torchThreads = 1;
 };
 
 fs::path scriptPath() { return fs::path(COHORT_SOURCE_DIR) / "tests" / "parity" / "torch_reference.py"; }
@@ -142,6 +153,43 @@ struct Tolerance {
   double paramRel = 1e-5;      // final parameters (< 0: not compared)
 };
 
+// The worst per-step and the final relative difference of losses `a` against `b`.
+std::pair<double, double> lossDifference(const std::vector<double>& a, const std::vector<double>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]) / std::abs(b[i]));
+  return {worst, std::abs(a.back() - b.back()) / std::abs(b.back())};
+}
+
+void printSpread(const fs::path& dir, const std::string& name, const std::vector<double>& mine,
+                 const std::vector<double>& torch1, int threads) {
+  std::vector<std::vector<double>> runs{torch1};
+  for (int t = 2; t <= threads; ++t) {
+    std::string cmd = fmt::format("/usr/bin/python3 {} {} {} 2>&1", scriptPath().string(), dir.string(), t);
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << "the PyTorch reference failed: " << cmd;
+    nlohmann::json out;
+    std::ifstream(dir / fmt::format("torch_out_threads{}.json", t)) >> out;
+    runs.push_back(out["losses"].get<std::vector<double>>());
+  }
+  auto pct = [](double x) { return fmt::format("{:.2f}%", 100 * x); };
+  std::vector<std::string> torchWorst, torchFinal, mineWorst, mineFinal;
+  for (size_t i = 0; i < runs.size(); ++i) {
+    for (size_t j = i + 1; j < runs.size(); ++j) {
+      auto [w, f] = lossDifference(runs[i], runs[j]);
+      torchWorst.push_back(pct(w));
+      torchFinal.push_back(pct(f));
+    }
+    auto [w, f] = lossDifference(mine, runs[i]);
+    mineWorst.push_back(pct(w));
+    mineFinal.push_back(pct(f));
+  }
+  std::printf("%s: PyTorch on 1..%d threads against itself, every pair: worst per-step %s; final %s\n"
+              "%s: cohort against PyTorch on 1..%d threads: worst per-step %s; final %s\n",
+              name.c_str(), threads, fmt::format("{}", fmt::join(torchWorst, " ")).c_str(),
+              fmt::format("{}", fmt::join(torchFinal, " ")).c_str(), name.c_str(), threads,
+              fmt::format("{}", fmt::join(mineWorst, " ")).c_str(),
+              fmt::format("{}", fmt::join(mineFinal, " ")).c_str());
+}
+
 void runParity(Setup s, const std::string& name, Tolerance tol = {}) {
   const bool bf16 = s.config.value("amp", std::string()) == "bf16";
   fs::path dir = freshDir(name);
@@ -208,9 +256,17 @@ void runParity(Setup s, const std::string& name, Tolerance tol = {}) {
               finalRel);
   // The losses must actually move: a frozen model would "agree" trivially.
   EXPECT_LT(losses.back(), losses.front());
+  if (s.torchThreads > 1) printSpread(dir, name, losses, refLosses, s.torchThreads);
+  // cohort's side next to torch_out.json; a failed run keeps the directory to look into.
+  { std::ofstream(dir / "cohort_out.json") << nlohmann::json{{"losses", losses}, {"grad_norms", norms}}.dump(); }
+  auto cleanUp = [&] {
+    if (::testing::Test::HasFailure())
+      std::printf("%s: inputs and both sides' losses kept in %s\n", name.c_str(), dir.c_str());
+    else fs::remove_all(dir);
+  };
 
   if (tol.paramRel < 0) {
-    fs::remove_all(dir);
+    cleanUp();
     return;
   }
   auto final = io::loadSafetensors((dir / "torch_final.safetensors").string()).tensors;
@@ -222,7 +278,7 @@ void runParity(Setup s, const std::string& name, Tolerance tol = {}) {
     double scale = ref.abs().max().item<double>();
     EXPECT_LE(diff, tol.paramRel * std::max(1.0, scale)) << name << " final " << k << " differs by " << diff;
   }
-  fs::remove_all(dir);
+  cleanUp();
 }
 
 }  // namespace
@@ -230,7 +286,12 @@ void runParity(Setup s, const std::string& name, Tolerance tol = {}) {
 TEST(PyTorchParity, MlpAdamWClipWarmupCosine) { runParity(mlpSetup(), "mlp"); }
 TEST(PyTorchParity, GptAdamWClipWarmupCosine) { runParity(gptSetup(), "gpt"); }
 
-TEST(PyTorchParity, GptBFloat16Autocast50Steps) {
+// Under bfloat16 autocast the two libraries are compared with attention computed alike: cohort's
+// fused attention (scores and weights in float32) against PyTorch computing its attention in
+// float32, and cohort's op-by-op formula (GPTConfig::fusedAttention = false, scores and weights
+// rounded to bfloat16) against PyTorch 1.13's own ops under autocast.
+namespace {
+void bf16Parity(bool fusedAttention) {
   const char* full = std::getenv("COHORT_PARITY_FULL");
   nn::GPTConfig c = smallGpt();
   int64_t batch = 4;
@@ -249,7 +310,17 @@ TEST(PyTorchParity, GptBFloat16Autocast50Steps) {
     c.nEmbd = 64;
     c.nHead = 4;
   }
+  c.fusedAttention = fusedAttention;
   auto s = gptSetup(c, 50, batch, task);
+  // At full size the runs drift apart about as far as PyTorch's own do when only its thread count
+  // changes: the full run prints that spread beside its figures.
+  if (task == Task::Text) s.torchThreads = 4;
   s.config["amp"] = "bf16";
-  runParity(s, "gpt_bf16", {.lossRel = 0.01, .finalLossRel = 0.005, .normRel = -1, .paramRel = -1});
+  s.config["attention"] = fusedAttention ? "fused" : "math";
+  runParity(s, fusedAttention ? "gpt_bf16" : "gpt_bf16_math_attention",
+            {.lossRel = 0.01, .finalLossRel = 0.005, .normRel = -1, .paramRel = -1});
 }
+}  // namespace
+
+TEST(PyTorchParity, GptBFloat16Autocast50Steps) { bf16Parity(true); }
+TEST(PyTorchParity, GptBFloat16Autocast50StepsMathAttention) { bf16Parity(false); }

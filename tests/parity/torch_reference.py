@@ -5,9 +5,11 @@ Reads <dir>/config.json, <dir>/init.safetensors (initial weights written by coho
 <dir>/batches.safetensors (x0, y0, x1, y1, ...), trains the same model with AdamW, gradient
 clipping and the warmup+cosine schedule for config["steps"] steps, and writes
 <dir>/torch_out.json ({"losses": [...], "grad_norms": [...], "lrs": [...]}) and
-<dir>/torch_final.safetensors. Runs on Debian's python3-torch (1.13) with /usr/bin/python3;
-safetensors files are read and written by hand (the format is an 8-byte little-endian header
-length, a JSON header, then raw little-endian data), so no extra package is needed.
+<dir>/torch_final.safetensors on one thread. With a second argument THREADS it trains on that
+many threads and writes only <dir>/torch_out_threads<THREADS>.json (the losses). Runs on Debian's
+python3-torch (1.13) with /usr/bin/python3; safetensors files are read and written by hand (the
+format is an 8-byte little-endian header length, a JSON header, then raw little-endian data), so
+no extra package is needed.
 """
 import json
 import math
@@ -65,6 +67,7 @@ class CausalSelfAttention(tnn.Module):
         super().__init__()
         self.n_head = c["heads"]
         self.sdpa = c.get("sdpa", False)  # PyTorch's fused attention (PyTorch 2), for GPU benchmarks
+        self.attention = c.get("attention", "math")
         self.c_attn = tnn.Linear(c["embd"], 3 * c["embd"], bias=c["bias"])
         self.c_proj = tnn.Linear(c["embd"], c["embd"], bias=c["bias"])
 
@@ -77,9 +80,11 @@ class CausalSelfAttention(tnn.Module):
         if self.sdpa:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
-        # COHORT_REF_ATTN_F32=1 (a diagnostic): under autocast, compute the attention in float32, as
-        # cohort's fused attention does inside, instead of PyTorch 1.13's bfloat16 matmuls.
-        f32 = os.environ.get("COHORT_REF_ATTN_F32") == "1" and torch.is_autocast_cpu_enabled()
+        # config "attention": "fused" (the cohort side runs its fused attention): under autocast,
+        # compute the attention in float32, as the fused kernel does inside. Otherwise the ops
+        # below take autocast's policy one by one (the bfloat16 matmuls of PyTorch 1.13), as
+        # cohort's op-by-op formula (GPTConfig::fusedAttention = false) does.
+        f32 = self.attention == "fused" and torch.is_autocast_cpu_enabled()
         with torch.autocast("cpu", enabled=not f32 and torch.is_autocast_cpu_enabled()):
             if f32:
                 q, k, v = q.float(), k.float(), v.float()
@@ -165,10 +170,10 @@ def lr_at(cfg, step):
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
 
 
-def main(d):
+def main(d, threads=None):
     with open(f"{d}/config.json") as f:
         cfg = json.load(f)
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads or 1)
     model = build(cfg)
     state = load_safetensors(f"{d}/init.safetensors")
     missing, unexpected = model.load_state_dict(state, strict=False)
@@ -195,10 +200,16 @@ def main(d):
         losses.append(loss.item())
         norms.append(float(norm))
         lrs.append(lr)
+    if threads is not None:  # a run to measure PyTorch's own spread: its losses only
+        with open(f"{d}/torch_out_threads{threads}.json", "w") as f:
+            json.dump({"losses": losses}, f)
+        return
     with open(f"{d}/torch_out.json", "w") as f:
         json.dump({"losses": losses, "grad_norms": norms, "lrs": lrs}, f)
     save_safetensors(f"{d}/torch_final.safetensors", dict(model.state_dict()))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    # torch_reference.py DIR [THREADS]: with THREADS, train on that many threads and write only
+    # DIR/torch_out_threads<THREADS>.json (the parity test's measure of PyTorch's own spread).
+    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else None)

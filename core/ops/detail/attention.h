@@ -8,7 +8,8 @@ namespace cohort::detail {
 // Kernel signatures of the fused attention on devices other than the CPU (internal to core/ops),
 // registered under "scaledDotProductAttention" (all three, each its own signature). q [nb, tq, e],
 // k and v [nb, tk, e] are dense, of one 16-bit dtype, tq and tk > 0.
-// Whether the device's kernel computes this dtype and head size (else the op runs sdpaUnfused).
+// Whether the device's kernel computes this dtype and head size (else the op runs the unfused formula,
+// scaledDotProductAttentionMath).
 using SdpaSupportsKernel = bool(DType dtype, int64_t e);
 // out [nb, tq, e] (q's dtype) and lse [nb, tq] (float32, the rows' log-sum-exp of the scaled
 // scores), both allocated by the caller.
@@ -18,10 +19,5 @@ using SdpaForwardKernel = void(Tensor& out, Tensor& lse, const Tensor& q, const 
 // the output's gradient dout (dense, q's dtype).
 using SdpaBackwardKernel = void(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& q, const Tensor& k, const Tensor& v,
                                 const Tensor& out, const Tensor& lse, const Tensor& dout, double scale, bool causal);
-
-// scaledDotProductAttention computed with matmul, softmax and where on whole [..., Tq, Tk]
-// matrices: the path of devices without the fused kernel. Same checks, mask semantics and dropout
-// keep mask (it draws from opts.generator the same way), so the two agree on any device.
-Tensor sdpaUnfused(const Tensor& q, const Tensor& k, const Tensor& v, const nn::functional::SdpaOptions& opts);
 
 }  // namespace cohort::detail

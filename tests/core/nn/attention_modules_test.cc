@@ -504,6 +504,47 @@ TEST(CausalSelfAttentionFused, MatchesTheUnfusedFormula) {
   for (size_t i = 0; i < fused.size(); ++i)
     EXPECT_LE((fused[i] - ref[i]).abs().max().item<double>(), 1e-12) << "tensor " << i;
   EXPECT_FALSE(attn.hasBuffer("mask"));  // no [block, block] buffer any more
+  // fused = false (the math formula) computes the same, with the same parameters.
+  Generator g2(6);
+  nn::CausalSelfAttention math(48, 4, 40, 0.0, true, &g2, /*fused=*/false);
+  math.to(DType::Float64);
+  math.loadStateDict(attn.stateDict());
+  EXPECT_NE(math.extraRepr().find("fused=false"), std::string::npos) << math.extraRepr();
+  EXPECT_EQ(attn.extraRepr().find("fused"), std::string::npos) << attn.extraRepr();
+  params = math.namedParameters();
+  auto viaMath = [&] {
+    math.zeroGrad();
+    Tensor xl = x.detach().clone().setRequiresGrad();
+    Tensor out = math(xl);
+    (out * w).sum().backward();
+    return std::vector<Tensor>{out.detach(), xl.grad(), params["c_attn.weight"].grad(), params["c_proj.bias"].grad()};
+  }();
+  for (size_t i = 0; i < viaMath.size(); ++i)
+    EXPECT_LE((viaMath[i] - ref[i]).abs().max().item<double>(), 1e-12) << "math formula, tensor " << i;
+}
+
+// GPTConfig::fusedAttention reaches every block: same weights and names; in float32 the two
+// kernels agree to rounding, under bfloat16 autocast the op-by-op formula rounds the scores.
+TEST(CausalSelfAttentionFused, GptConfigChoosesTheKernelForEveryBlock) {
+  nn::GPTConfig c{.vocabSize = 20, .blockSize = 16, .nLayer = 2, .nHead = 2, .nEmbd = 16};
+  Generator g1(3), g2(3);
+  nn::GPT fused(c, &g1);
+  c.fusedAttention = false;
+  nn::GPT math(c, &g2);
+  EXPECT_EQ(fused.stateDict().size(), math.stateDict().size());
+  int attentions = 0;
+  for (const auto& [name, m] : math.namedModules()) {
+    if (auto* a = dynamic_cast<nn::CausalSelfAttention*>(m)) {
+      ++attentions;
+      EXPECT_NE(a->extraRepr().find("fused=false"), std::string::npos) << name;
+    }
+  }
+  EXPECT_EQ(attentions, 2);
+  Generator gi(4);
+  Tensor idx = randint(0, 20, {2, 16}, {.dtype = DType::Int64}, &gi);
+  EXPECT_LE((fused(idx) - math(idx)).abs().max().item<double>(), 1e-5);
+  amp::Autocast ac(DeviceType::CPU, DType::BFloat16);
+  EXPECT_GT((fused(idx).to(DType::Float32) - math(idx).to(DType::Float32)).abs().max().item<double>(), 0.0);
 }
 
 TEST(CausalSelfAttentionFused, DropoutFollowsTrainingModeAndTheGenerator) {

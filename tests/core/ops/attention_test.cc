@@ -11,7 +11,6 @@
 #include <vector>
 
 #include <cohort/cohort.h>
-#include <cohort/core/ops/detail/attention.h>
 #include <cohort/core/tensor/allocator.h>
 
 #include "core/gradcheck.h"
@@ -169,10 +168,10 @@ TEST(Attention, MatchesUnfusedFormulaFloat64) {
             v, w);
     EXPECT_EQ(fused.out.sizes(), ref.out.sizes()) << describe(c);
     expectClose(fused, ref, 1e-12, describe(c));
-    // The unfused path other devices take agrees too.
+    // The op-by-op formula (the path of devices without the fused kernel) agrees too.
     Grads unfused =
         run([&](const Tensor& a, const Tensor& b,
-                const Tensor& d) { return detail::sdpaUnfused(a, b, d, {.mask = mask, .causal = c.causal}); },
+                const Tensor& d) { return scaledDotProductAttentionMath(a, b, d, {.mask = mask, .causal = c.causal}); },
             q, k, v, w);
     expectClose(unfused, ref, 1e-12, describe(c) + " (unfused path)");
   }
@@ -284,7 +283,7 @@ TEST(Attention, DropoutIsReproducibleAndMatchesItsKeepMask) {
     Grads unfused = run(
         [&](const Tensor& x, const Tensor& y, const Tensor& d) {
           Generator g(11);
-          return detail::sdpaUnfused(x, y, d, {.causal = causal, .dropout = 0.3, .generator = &g});
+          return scaledDotProductAttentionMath(x, y, d, {.causal = causal, .dropout = 0.3, .generator = &g});
         },
         q, k, v, w);
     expectClose(unfused, ref, 1e-12, "unfused dropout");
@@ -351,6 +350,41 @@ TEST(Attention, HalfTypesComputeInFloat32) {
     const double tol = dt == DType::BFloat16 ? 0.1 : 0.02;
     expectClose(h, f, tol, dtypeName(dt));
   }
+}
+
+// Under bfloat16 autocast the fused op computes scores and weights in float32, while the math
+// formula runs op by op, each by autocast's policy: the matrix products in bfloat16, so the scores
+// and weights are rounded to bfloat16 (PyTorch 1.13's explicit attention under torch.autocast).
+// It must equal those ops written out, bit for bit, forward and backward, and differ from the
+// fused op by more than the output's own rounding.
+TEST(Attention, MathFormulaUnderAutocastRoundsEachOpByThePolicy) {
+  Generator g(7);
+  Tensor q = randn({2, 3, 37, 16}, {}, &g), k = randn({2, 3, 37, 16}, {}, &g), v = randn({2, 3, 37, 16}, {}, &g);
+  Tensor w = randn({2, 3, 37, 16}, {}, &g);
+  auto written = [](const Tensor& a, const Tensor& b, const Tensor& d) {
+    Tensor att = matmul(a, b.transpose(-2, -1)) * (1.0 / 4.0);
+    EXPECT_EQ(att.dtype(), DType::BFloat16);
+    Tensor rows = arange(37, {.dtype = DType::Int64}).unsqueeze(1),
+           cols = arange(37, {.dtype = DType::Int64}).unsqueeze(0);
+    att = where(le(cols, rows), att, full({}, -kInf, {.dtype = att.dtype()}));
+    return matmul(softmax(att, -1), d);
+  };
+  auto math = [](const Tensor& a, const Tensor& b, const Tensor& d) {
+    return scaledDotProductAttentionMath(a, b, d, {.causal = true});
+  };
+  auto fused = [](const Tensor& a, const Tensor& b, const Tensor& d) {
+    return scaledDotProductAttention(a, b, d, {.causal = true});
+  };
+  auto runAutocast = [&](auto fn) {
+    amp::Autocast ac(DeviceType::CPU, DType::BFloat16);
+    return run(fn, q, k, v, w);
+  };
+  Grads byHand = runAutocast(written), m = runAutocast(math), f = runAutocast(fused);
+  EXPECT_EQ(m.out.dtype(), DType::BFloat16);
+  EXPECT_EQ(m.dq.dtype(), DType::Float32);  // gradients come back in the leaves' dtype
+  expectClose(m, byHand, 0.0, "math formula against the ops written out");
+  const double diff = (m.out.to(DType::Float32) - f.out.to(DType::Float32)).abs().max().item<double>();
+  EXPECT_GT(diff, 0.0) << "the math formula under autocast should round the scores, the fused op does not";
 }
 
 // A query row whose keys are all masked out gives NaN, as PyTorch's softmax over -inf does, and
@@ -433,43 +467,50 @@ TEST(Attention, ThreadCountDoesNotChangeResults) {
 
 TEST(Attention, ArgumentErrors) {
   Tensor q = zeros({2, 5, 8}), k = zeros({2, 6, 8}), v = zeros({2, 6, 4});
-  auto sdpa = [](const Tensor& a, const Tensor& b, const Tensor& c, const SdpaOptions& o = {}) {
-    return scaledDotProductAttention(a, b, c, o);
-  };
-  expectError<ValueError>([&] { sdpa(Tensor(), k, v); }, {"scaledDotProductAttention", "query is undefined"});
-  expectError<ValueError>([&] { sdpa(q, Tensor(), v); }, {"key is undefined"});
-  expectError<ValueError>([&] { sdpa(q.to(DType::Int64), k, v); }, {"query must be a floating-point", "int64"});
-  expectError<ValueError>([&] { sdpa(zeros({8}), k, v); }, {"query must have at least 2 dims", "[8]"});
-  expectError<ValueError>([&] { sdpa(q, zeros({6}), v); }, {"key must have at least 2 dims"});
-  expectError<ValueError>([&] { sdpa(q, k, zeros({4})); }, {"value must have at least 2 dims"});
-  expectError<ValueError>([&] { sdpa(q, k.to(DType::Float64), v); }, {"one dtype", "float32", "float64"});
-  expectError<ValueError>([&] { sdpa(q, zeros({2, 6, 7}), v); }, {"key's last dim (7) must equal query's (8)"});
-  expectError<ValueError>([&] { sdpa(q, k, zeros({2, 9, 4})); }, {"value's sequence length (9) must equal key's (6)"});
-  expectError<ValueError>(
-      [&] {
-        sdpa(q, zeros({3, 6, 8}), zeros({3, 6, 4}));
-      },
-      {"batch dims", "cannot be broadcast", "[2, 5, 8]", "[3, 6, 8]"});
-  for (double p : {-0.1, 1.0, std::nan("")})
-    expectError<ValueError>([&] { sdpa(q, k, v, {.dropout = p}); }, {"dropout must be in [0, 1)"});
-  expectError<ValueError>([&] { sdpa(q, k, v, {.scale = kInf}); }, {"scale must be finite"});
-  expectError<ValueError>(
-      [&] {
-        sdpa(q, k, v, {.mask = zeros({5, 6}), .causal = true});
-      },
-      {"mask and causal cannot both be given"});
-  expectError<ValueError>(
-      [&] {
-        sdpa(q, k, v, {.mask = zeros({5, 6}, {.dtype = DType::Int64})});
-      },
-      {"mask must be bool", "int64"});
-  expectError<ValueError>(
-      [&] {
-        sdpa(q, k, v, {.mask = zeros({5, 7})});
-      },
-      {"mask of shape [5, 7] cannot be broadcast to the attention shape [2, 5, 6]"});
-  expectError<ValueError>([&] { sdpa(q, k, v, {.mask = zeros({3, 5, 6})}); }, {"mask of shape [3, 5, 6]"});
-  expectError<ValueError>([&] { sdpa(q, k, v, {.mask = zeros({1, 2, 5, 6})}); }, {"mask of shape [1, 2, 5, 6]"});
+  for (bool math : {false, true}) {
+    SCOPED_TRACE(math ? "scaledDotProductAttentionMath" : "scaledDotProductAttention");
+    auto sdpa = [math](const Tensor& a, const Tensor& b, const Tensor& c, const SdpaOptions& o = {}) {
+      return math ? scaledDotProductAttentionMath(a, b, c, o) : scaledDotProductAttention(a, b, c, o);
+    };
+    expectError<ValueError>([&] { sdpa(Tensor(), k, v); }, {"scaledDotProductAttention", "query is undefined"});
+    expectError<ValueError>([&] { sdpa(q, Tensor(), v); }, {"key is undefined"});
+    expectError<ValueError>([&] { sdpa(q.to(DType::Int64), k, v); }, {"query must be a floating-point", "int64"});
+    expectError<ValueError>([&] { sdpa(zeros({8}), k, v); }, {"query must have at least 2 dims", "[8]"});
+    expectError<ValueError>([&] { sdpa(q, zeros({6}), v); }, {"key must have at least 2 dims"});
+    expectError<ValueError>([&] { sdpa(q, k, zeros({4})); }, {"value must have at least 2 dims"});
+    expectError<ValueError>([&] { sdpa(q, k.to(DType::Float64), v); }, {"one dtype", "float32", "float64"});
+    expectError<ValueError>([&] { sdpa(q, zeros({2, 6, 7}), v); }, {"key's last dim (7) must equal query's (8)"});
+    expectError<ValueError>(
+        [&] {
+          sdpa(q, k, zeros({2, 9, 4}));
+        },
+        {"value's sequence length (9) must equal key's (6)"});
+    expectError<ValueError>(
+        [&] {
+          sdpa(q, zeros({3, 6, 8}), zeros({3, 6, 4}));
+        },
+        {"batch dims", "cannot be broadcast", "[2, 5, 8]", "[3, 6, 8]"});
+    for (double p : {-0.1, 1.0, std::nan("")})
+      expectError<ValueError>([&] { sdpa(q, k, v, {.dropout = p}); }, {"dropout must be in [0, 1)"});
+    expectError<ValueError>([&] { sdpa(q, k, v, {.scale = kInf}); }, {"scale must be finite"});
+    expectError<ValueError>(
+        [&] {
+          sdpa(q, k, v, {.mask = zeros({5, 6}), .causal = true});
+        },
+        {"mask and causal cannot both be given"});
+    expectError<ValueError>(
+        [&] {
+          sdpa(q, k, v, {.mask = zeros({5, 6}, {.dtype = DType::Int64})});
+        },
+        {"mask must be bool", "int64"});
+    expectError<ValueError>(
+        [&] {
+          sdpa(q, k, v, {.mask = zeros({5, 7})});
+        },
+        {"mask of shape [5, 7] cannot be broadcast to the attention shape [2, 5, 6]"});
+    expectError<ValueError>([&] { sdpa(q, k, v, {.mask = zeros({3, 5, 6})}); }, {"mask of shape [3, 5, 6]"});
+    expectError<ValueError>([&] { sdpa(q, k, v, {.mask = zeros({1, 2, 5, 6})}); }, {"mask of shape [1, 2, 5, 6]"});
+  }
   expectError<ValueError>([&] { scaledDotProductAttentionDropoutMask({5}, 0.1); }, {"at least 2 dims"});
   expectError<ValueError>([&] { scaledDotProductAttentionDropoutMask({5, 5}, 1.0); }, {"p must be in [0, 1)"});
 }
