@@ -30,7 +30,7 @@
 //                        [--schedules gpipe,1f1b,1f1b+ahead1,1f1b+split1,interleaved,interleaved+split2,zb,
 //                                     zb+ahead1,1f1b+ckpt]
 //                        [--transport pg|rpc] [--rpc-shm] [--backend auto|shm|gloo] [--layers 4] [--embd 192]
-//                        [--block 64] [--batch 32] [--timeline]
+//                        [--block 64] [--batch 32] [--cpu-bind cores|none] [--timeline]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -52,6 +52,7 @@
 #include <cohort/core/ops/ops.h>
 #include <cohort/core/optim/adam.h>
 #include <cohort/core/tensor/allocator.h>
+#include <cohort/core/util/cpu_affinity.h>
 #include <cohort/distributed/store/file_store.h>
 #include <cohort/pipeline/pipeline.h>
 #include <cohort/pipeline/split.h>
@@ -68,8 +69,9 @@ struct Args {
   int steps = 10, warmup = 2, microbatches = 8;
   int64_t layers = 4, embd = 192, heads = 4, block = 64, batch = 32;
   std::string transport = "pg";
-  std::string backend = "auto";  // the process group's, with --transport pg
-  bool rpcShm = false;           // with --transport rpc: RpcOptions::useShm
+  std::string backend = "auto";   // the process group's, with --transport pg
+  bool rpcShm = false;            // with --transport rpc: RpcOptions::useShm
+  std::string cpuBind = "cores";  // each rank (with its threads) on its share of the CPUs, or "none"
 };
 
 nn::GPTConfig config(const Args& a) {
@@ -155,8 +157,10 @@ double mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0
 
 // One pipeline rank: trains, and reports "key value..." lines.
 int runRank(const Args& a, const std::string& schedule, const std::string& dir, int rank, std::ostream& report) {
-  blas::setNumThreads(1);
   const int p = 2;
+  // Before any thread starts, so the transport's progress thread stays on this rank's core too.
+  if (a.cpuBind == "cores") util::bindToCpus(util::cpuSlice(util::allowedCpus(), rank, p));
+  blas::setNumThreads(1);
   auto store = std::make_shared<dist::FileStore>(dir + "/store", std::chrono::milliseconds(60'000));
   pipeline::TransportPtr transport;
   dist::ProcessGroupPtr pg;
@@ -304,6 +308,10 @@ int main(int argc, char** argv) {
                "it keeps a core busy in each rank, so off by default here, where the ranks use every core)");
   app.add_option("--backend", a.backend, "the process group's backend with --transport pg (auto: shm on one host)")
       ->check(CLI::IsMember({"auto", "shm", "gloo"}));
+  app.add_option("--cpu-bind", a.cpuBind,
+                 "cores: each rank and its threads bound to its share of the CPUs, as cohortrun --cpu-bind cores "
+                 "(the one-process run is rank 0's); none: wherever the kernel puts them")
+      ->check(CLI::IsMember({"cores", "none"}));
   app.add_option("--layers", a.layers)->check(CLI::PositiveNumber);
   app.add_option("--embd", a.embd)->check(CLI::PositiveNumber);
   app.add_option("--heads", a.heads)->check(CLI::PositiveNumber);
@@ -470,10 +478,10 @@ int main(int argc, char** argv) {
                "\"bubble_measured\": {:.4f}, \"bubble_simulated\": {:.4f}, \"step_ms\": {:.2f}, \"step_ms_predicted\": "
                "{:.2f}, "
                "\"peak_activation_mib\": [{:.2f}], \"peak_activation_mib_simulated\": [{:.2f}], \"microbatches\": {}, "
-               "\"stages\": {}, \"lookahead\": {}, \"split\": {}, \"transport\": \"{}\"}}\n",
+               "\"stages\": {}, \"lookahead\": {}, \"split\": {}, \"transport\": \"{}\", \"cpu_bind\": \"{}\"}}\n",
                name, samples, singleSamples, samples / singleSamples, 1.0 - busy / (2.0 * step), sim.bubble, step * 1e3,
                sim.makespan * 1e3, fmt::join(peakMib, ", "), fmt::join(simPeak, ", "), a.microbatches, S,
-               variant.lookahead, variant.split, transportName);
+               variant.lookahead, variant.split, transportName, a.cpuBind);
     std::fflush(stdout);
   }
   return 0;

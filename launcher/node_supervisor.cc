@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cohort/core/util/cpu_affinity.h>
 #include <cohort/core/util/env.h>
 #include <cohort/core/util/error.h>
 #include <cohort/distributed/job_profile.h>
@@ -98,13 +99,15 @@ std::vector<std::string> baseEnvironment() {
   return out;
 }
 
-std::vector<WorkerSpec> workerSpecs(const LaunchOptions& o, const RoundInfo& info, bool setOmp) {
+std::vector<WorkerSpec> workerSpecs(const LaunchOptions& o, const RoundInfo& info, bool setOmp,
+                                    const std::vector<int>& cpus) {
   std::vector<std::string> base = baseEnvironment();
   if (setOmp) base.push_back("OMP_NUM_THREADS=1");
   std::vector<WorkerSpec> specs;
   for (int local = 0; local < o.nproc; ++local) {
     WorkerSpec s;
     s.localRank = local;
+    if (!cpus.empty()) s.cpus = util::cpuSlice(cpus, local, o.nproc);
     s.globalRank = info.rankOffset + local;
     s.env = base;
     auto add = [&](const char* k, const auto& v) { s.env.push_back(fmt::format("{}={}", k, v)); };
@@ -181,6 +184,30 @@ int superviseNode(const LaunchOptions& o) {
                     "worker); set it to use more",
                     o.nproc));
   }
+  std::vector<int> bindCpus;  // the CPUs shared out among the local ranks (--cpu-bind cores)
+  if (o.cpuBind == "cores") {
+    try {
+      bindCpus = util::allowedCpus();
+    } catch (const Error& e) {
+      say(e.what());
+      return 1;
+    }
+    std::vector<std::string> where;
+    for (int local = 0; local < o.nproc; ++local)
+      where.push_back(fmt::format("{} on {}", local, util::cpuListString(util::cpuSlice(bindCpus, local, o.nproc))));
+    say(fmt::format("--cpu-bind cores: local ranks bound to CPUs: {}", fmt::join(where, ", ")));
+    const int perRank = static_cast<int>(bindCpus.size()) / o.nproc;
+    if (perRank < 1) {
+      say(fmt::format("--cpu-bind cores: {} local ranks share {} CPUs, so some ranks share a CPU", o.nproc,
+                      bindCpus.size()));
+    } else if (!setOmp) {
+      const int omp = std::atoi(kOmpThreads.raw()->c_str());
+      if (omp > perRank)
+        say(fmt::format("--cpu-bind cores: OMP_NUM_THREADS={} is more threads than the {} CPU(s) a rank is bound to; "
+                        "they will share them",
+                        omp, perRank));
+    }
+  }
 
   std::unique_ptr<Rendezvous> rdzv;
   try {
@@ -222,7 +249,7 @@ int superviseNode(const LaunchOptions& o) {
     WorkerGroup group(program, o.programArgs, logs);
     gSupervising = true;
     try {
-      group.start(workerSpecs(o, info, setOmp));
+      group.start(workerSpecs(o, info, setOmp, bindCpus));
     } catch (const Error& e) {
       gSupervising = false;
       say(e.what());

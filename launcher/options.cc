@@ -109,6 +109,12 @@ void declare(CLI::App& app, Parsed& p) {
   app.add_option("--profile", o.profileDir,
                  "profile every rank over a window of steps (COHORT_PROFILE_STEPS, default 1:3) and merge the ranks' "
                  "traces into DIR/trace.json (Chrome trace: open in ui.perfetto.dev)");
+  app.add_option("--cpu-bind,--cpu_bind", o.cpuBind,
+                 "cores: bind each local rank and its threads to its own share of this launcher's CPUs (equal "
+                 "contiguous slices; ranks share CPUs only when there are more ranks than CPUs), as mpirun's "
+                 "--bind-to core; none: leave placement to the kernel")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "cores"}));
   app.add_flag("--help-env", o.helpEnv, "list every environment variable the runtime reads, and exit");
   app.add_flag("--version", o.version, "print the version and exit");
 }

@@ -3,7 +3,8 @@
  * anything is started. torchrun's flag set is the model (--nnodes N or MIN:MAX,
  * --nproc-per-node N|auto|cpu|gpu, --node-rank, --rdzv-endpoint, --rdzv-id, --standalone,
  * --max-restarts, --monitor-interval, --log-dir, --redirects, --tee, --local-ranks-filter,
- * --master-addr/--master-port); both dashed and underscored spellings are accepted.
+ * --master-addr/--master-port); both dashed and underscored spellings are accepted. Beyond
+ * torchrun: --cpu-bind cores (mpirun's --bind-to core), --profile DIR, --help-env.
  *
  * Where the rendezvous happens (resolveEndpoint):
  *   --standalone            127.0.0.1 on a free port picked by this launcher (one node only);
@@ -58,6 +59,9 @@ struct LaunchOptions {
   // Job profiling (distributed/job_profile.h): workers get COHORT_PROFILE=<absolute dir>, and the
   // rank traces left there are merged into <dir>/trace.json if the job did not merge them itself.
   std::string profileDir{};
+  // "cores": each local rank (and every thread it starts) bound to its own slice of the CPUs this
+  // launcher may use (util::cpuSlice); "none": the kernel places them.
+  std::string cpuBind = "none";
   std::string program{};
   std::vector<std::string> programArgs{};
   bool helpEnv = false;

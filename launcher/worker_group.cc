@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -17,6 +18,7 @@
 #include <fmt/format.h>
 
 #include <cohort/core/util/check.h>
+#include <cohort/core/util/cpu_affinity.h>
 #include <cohort/core/util/env.h>
 #include <cohort/core/util/error.h>
 
@@ -160,6 +162,14 @@ void WorkerGroup::start(const std::vector<WorkerSpec>& specs) {
       for (auto& e : spec.env) envp.push_back(const_cast<char*>(e.c_str()));
       envp.push_back(nullptr);
       const std::string execError = fmt::format("cohortrun: cannot execute {}\n", programPath_);
+      cpu_set_t cpus;
+      CPU_ZERO(&cpus);
+      for (int c : spec.cpus) {
+        if (c < 0 || c >= CPU_SETSIZE) throw ValueError(fmt::format("cohortrun: CPU {} is out of range", c));
+        CPU_SET(c, &cpus);
+      }
+      const std::string bindError = fmt::format("cohortrun: cannot bind rank {} to CPUs {} (--cpu-bind cores)\n",
+                                                spec.globalRank, util::cpuListString(spec.cpus));
 
       pid_t pid = ::fork();
       if (pid < 0) throw Error(fmt::format("cohortrun: fork for rank {}: {}", spec.globalRank, std::strerror(errno)));
@@ -175,6 +185,8 @@ void WorkerGroup::start(const std::vector<WorkerSpec>& specs) {
         ::sigprocmask(SIG_SETMASK, &none, nullptr);
         if (::dup2(devNull, 0) < 0 || ::dup2(outPipe[1], 1) < 0 || ::dup2(errPipe[1], 2) < 0) _exit(127);
         ::syscall(SYS_close_range, 3U, ~0U, 0U);
+        // Bound before exec: every thread the program starts inherits it.
+        if (!spec.cpus.empty() && ::sched_setaffinity(0, sizeof(cpus), &cpus) != 0) childFail(2, bindError.c_str());
         ::execve(argv[0], argv.data(), envp.data());
         childFail(2, execError.c_str());
       }

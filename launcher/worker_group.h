@@ -36,6 +36,7 @@ struct WorkerSpec {
   int globalRank = 0;
   int localRank = 0;
   std::vector<std::string> env{};  // "NAME=value", the whole environment
+  std::vector<int> cpus{};         // bound to these CPUs before the program starts; empty: not bound
 };
 
 struct LogConfig {

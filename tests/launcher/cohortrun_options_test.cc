@@ -85,6 +85,15 @@ TEST(CohortrunOptions, BadCombinationsNameTheFlag) {
   EXPECT_NE(errorOf({"--max-restarts", "-1", "p"}).find("max-restarts"), std::string::npos);
   EXPECT_NE(errorOf({"--no-such-flag", "p"}).find("--no-such-flag"), std::string::npos);
   EXPECT_NE(errorOf({}).find("no program given"), std::string::npos);
+  const std::string bind = errorOf({"--cpu-bind", "sockets", "p"});
+  EXPECT_NE(bind.find("--cpu-bind"), std::string::npos) << bind;
+  EXPECT_NE(bind.find("sockets"), std::string::npos) << bind;
+}
+
+TEST(CohortrunOptions, CpuBind) {
+  EXPECT_EQ(parseArgs({"p"}).cpuBind, "none");
+  EXPECT_EQ(parseArgs({"--cpu-bind", "cores", "p"}).cpuBind, "cores");
+  EXPECT_EQ(parseArgs({"--cpu_bind", "none", "p"}).cpuBind, "none");
 }
 
 TEST(CohortrunOptions, StreamSpecs) {

@@ -9,6 +9,8 @@
 #include <map>
 #include <set>
 
+#include <cohort/core/util/cpu_affinity.h>
+
 #include "harness/ranks.h"
 #include "launcher/launcher_test_util.h"
 
@@ -62,6 +64,7 @@ TEST(Cohortrun, WorkersGetDistinctRanksAndTheJobEnvironment) {
     EXPECT_EQ(e["COHORT_STORE_HOSTED_BY_LAUNCHER"], "1");
     EXPECT_EQ(e["OMP_NUM_THREADS"], "1");
     EXPECT_EQ(e["allreduce"], "6");  // 1 + 2 + 3: the three joined one group
+    EXPECT_EQ(e["cpus"], cohort::util::cpuListString(cohort::util::allowedCpus()));  // not bound by default
     ports.insert(e["MASTER_PORT"]);
     EXPECT_NE(r.output.find("[" + std::to_string(rank) + "]: hello from rank " + std::to_string(rank) + " of 3"),
               std::string::npos)
@@ -69,6 +72,25 @@ TEST(Cohortrun, WorkersGetDistinctRanksAndTheJobEnvironment) {
   }
   EXPECT_EQ(ports.size(), 1u);
   EXPECT_NE(r.output.find("OMP_NUM_THREADS is not set"), std::string::npos) << r.output;
+}
+
+// --cpu-bind cores: each local rank runs on its own slice of the launcher's CPUs (its threads too:
+// the worker reads its affinity after its process group's threads started), and says so.
+TEST(Cohortrun, CpuBindCoresGivesEachLocalRankItsShareOfTheCpus) {
+  ScratchDir dir("cohortrun_cpubind");
+  const std::vector<int> cpus = cohort::util::allowedCpus();
+  Result r = runCohortrun({"--cpu-bind", "cores", "--nproc-per-node", "3", workerPath(), "env", dir.path.string()},
+                          dir / "out");
+  ASSERT_EQ(r.exitCode(), 0) << r.output;
+  for (int rank = 0; rank < 3; ++rank) {
+    auto e = readEnvFile(dir / ("rank_" + std::to_string(rank) + ".env"));
+    EXPECT_EQ(e["cpus"], cohort::util::cpuListString(cohort::util::cpuSlice(cpus, rank, 3))) << rank;
+    EXPECT_EQ(e["allreduce"], "6");
+  }
+  EXPECT_NE(r.output.find("--cpu-bind cores: local ranks bound to CPUs: 0 on "), std::string::npos) << r.output;
+  if (cpus.size() < 3) {
+    EXPECT_NE(r.output.find("some ranks share a CPU"), std::string::npos) << r.output;
+  }
 }
 
 TEST(Cohortrun, KeepsTheUsersOmpNumThreads) {

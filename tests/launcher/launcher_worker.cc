@@ -1,6 +1,7 @@
 // The worker program the launcher tests run under cohortrun. Modes:
-//   env DIR              writes its launch environment to DIR/rank_<RANK>.env, joins the group
-//                        with dist::initProcessGroup() and all-reduces rank + 1
+//   env DIR              writes its launch environment and the CPUs it may run on (cpus=) to
+//                        DIR/rank_<RANK>.env, joins the group with dist::initProcessGroup() and
+//                        all-reduces rank + 1
 //   fail RANK CODE DIR   joins; rank RANK exits with CODE, the others write DIR/rank_<r>.pid and
 //                        wait (up to 60 s) to be stopped
 //   hold DIR             joins, starts a grandchild (sleep 60) in its process group, writes both
@@ -27,6 +28,7 @@
 
 #include <cohort/core/ops/ops.h>
 #include <cohort/core/tensor/tensor.h>
+#include <cohort/core/util/cpu_affinity.h>
 #include <cohort/distributed/init.h>
 
 #include "launcher/train_math.h"
@@ -126,6 +128,7 @@ int main(int argc, char** argv) {
                             "COHORT_MAX_RESTARTS", "COHORT_STORE_HOSTED_BY_LAUNCHER", "OMP_NUM_THREADS"}) {
         e << k << '=' << env(k) << '\n';
       }
+      e << "cpus=" << util::cpuListString(util::allowedCpus()) << '\n';
       auto pg = dist::initProcessGroup();
       e << "allreduce=" << allreduceRankPlusOne(*pg) << '\n';
       writeFile(std::string(argv[2]) + "/rank_" + env("RANK") + ".env", e.str());
