@@ -14,6 +14,11 @@
 // trains it a step after every pipeline step, while rank 1 waits idle, so the two alternate step
 // by step and a drift in the machine's speed falls on both.
 //
+// The kernel places the ranks (--cpu-bind none, the default, as cohortrun's). --cpu-bind cores
+// binds each rank, before it starts any thread, to its share of the CPUs, as cohortrun --cpu-bind
+// cores does (here one core each; the one-process run is rank 0's, so it runs on one bound core
+// too); --cpu-bind cores,none runs each schedule both ways, one after the other.
+//
 // Per schedule one JSON line:
 //   {"schedule", "samples_s", "single_samples_s", "speedup", "bubble_measured", "bubble_simulated",
 //    "step_ms", "step_ms_predicted", "peak_activation_mib": [per rank], "peak_activation_mib_simulated", ...}
@@ -30,7 +35,7 @@
 //                        [--schedules gpipe,1f1b,1f1b+ahead1,1f1b+split1,interleaved,interleaved+split2,zb,
 //                                     zb+ahead1,1f1b+ckpt]
 //                        [--transport pg|rpc] [--rpc-shm] [--backend auto|shm|gloo] [--layers 4] [--embd 192]
-//                        [--block 64] [--batch 32] [--cpu-bind cores|none] [--timeline]
+//                        [--block 64] [--batch 32] [--cpu-bind cores|none|cores,none] [--timeline]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -69,9 +74,9 @@ struct Args {
   int steps = 10, warmup = 2, microbatches = 8;
   int64_t layers = 4, embd = 192, heads = 4, block = 64, batch = 32;
   std::string transport = "pg";
-  std::string backend = "auto";   // the process group's, with --transport pg
-  bool rpcShm = false;            // with --transport rpc: RpcOptions::useShm
-  std::string cpuBind = "cores";  // each rank (with its threads) on its share of the CPUs, or "none"
+  std::string backend = "auto";  // the process group's, with --transport pg
+  bool rpcShm = false;           // with --transport rpc: RpcOptions::useShm
+  std::string cpuBind = "none";  // "cores": each rank (with its threads) on its share of the CPUs
 };
 
 nn::GPTConfig config(const Args& a) {
@@ -308,10 +313,11 @@ int main(int argc, char** argv) {
                "it keeps a core busy in each rank, so off by default here, where the ranks use every core)");
   app.add_option("--backend", a.backend, "the process group's backend with --transport pg (auto: shm on one host)")
       ->check(CLI::IsMember({"auto", "shm", "gloo"}));
-  app.add_option("--cpu-bind", a.cpuBind,
+  std::string cpuBinds = "none";
+  app.add_option("--cpu-bind", cpuBinds,
                  "cores: each rank and its threads bound to its share of the CPUs, as cohortrun --cpu-bind cores "
-                 "(the one-process run is rank 0's); none: wherever the kernel puts them")
-      ->check(CLI::IsMember({"cores", "none"}));
+                 "(the one-process run is rank 0's); none (default): wherever the kernel puts them; cores,none: each "
+                 "schedule both ways, one after the other");
   app.add_option("--layers", a.layers)->check(CLI::PositiveNumber);
   app.add_option("--embd", a.embd)->check(CLI::PositiveNumber);
   app.add_option("--heads", a.heads)->check(CLI::PositiveNumber);
@@ -319,6 +325,17 @@ int main(int argc, char** argv) {
   app.add_option("--batch", a.batch)->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   blas::setNumThreads(1);
+  std::vector<std::string> binds;
+  {
+    std::stringstream in(cpuBinds);
+    for (std::string b; std::getline(in, b, ',');) {
+      if (b != "cores" && b != "none") {
+        fmt::print(stderr, "pipeline bench: --cpu-bind '{}': each entry is cores or none\n", b);
+        return 2;
+      }
+      binds.push_back(b);
+    }
+  }
   std::stringstream list(schedules);
   std::vector<std::string> names;
   for (std::string name; std::getline(list, name, ',');) {
@@ -331,158 +348,163 @@ int main(int argc, char** argv) {
     names.push_back(name);
   }
   for (const std::string& name : names) {
-    char tmpl[] = "/tmp/cohort_bench_pipeline_XXXXXX";
-    if (!mkdtemp(tmpl)) return 1;
-    const std::string dir = tmpl;
-    testing::RankOptions o;
-    o.limit = std::chrono::seconds(600);
-    o.reportDir = dir;
-    o.stopOnFailure = true;
-    auto results = testing::runRanks(
-        2, [&](int r, std::ostream& rep) { return runRank(a, name, dir, r, rep); }, o);
-    std::filesystem::remove_all(dir);
-    for (const auto& r : results)
-      if (!r.ok()) {
-        fmt::print(stderr, "pipeline bench: schedule {} failed: {} {}\n", name, r.describe(), r.report);
-        return 1;
-      }
-    // Gather what the ranks measured.
-    double step = 0, train = 0, busy = 0, oneWay = 0, singleStep = 0, sendSum = 0;
-    int64_t sendCount = 0;
-    std::vector<double> peakMib, actMib(8, 0.0);
-    pipeline::ActionCosts costs;
-    const Variant variant = parseVariant(name);
-    const int S = 2 * variant.chunks();
-    costs.forward.assign(S, 0.0);
-    costs.backward.assign(S, 0.0);
-    costs.backwardInput.assign(S, 0.0);
-    costs.backwardWeight.assign(S, 0.0);
-    std::vector<double> actBytes(S, 0.0);
-    std::string transportName;
-    pipeline::Simulation measured;  // the last step as it ran, drawn as a simulation is
-    measured.timeline.resize(2);
-    for (size_t rank = 0; rank < results.size(); ++rank) {
-      std::istringstream in(results[rank].report);
-      for (std::string key; in >> key;) {
-        if (key == "ran") {
-          int kind, stage, mbi;
-          double t0, t1;
-          in >> kind >> stage >> mbi >> t0 >> t1;
-          measured.timeline[rank].push_back({{static_cast<pipeline::ActionKind>(kind), stage, mbi}, t0, t1});
-          measured.makespan = std::max(measured.makespan, t1);
-          continue;
+    for (const std::string& bind : binds) {
+      a.cpuBind = bind;
+      char tmpl[] = "/tmp/cohort_bench_pipeline_XXXXXX";
+      if (!mkdtemp(tmpl)) return 1;
+      const std::string dir = tmpl;
+      testing::RankOptions o;
+      o.limit = std::chrono::seconds(600);
+      o.reportDir = dir;
+      o.stopOnFailure = true;
+      auto results = testing::runRanks(
+          2, [&](int r, std::ostream& rep) { return runRank(a, name, dir, r, rep); }, o);
+      std::filesystem::remove_all(dir);
+      for (const auto& r : results)
+        if (!r.ok()) {
+          fmt::print(stderr, "pipeline bench: schedule {} failed: {} {}\n", name, r.describe(), r.report);
+          return 1;
         }
-        if (key == "step") {
-          double v;
-          in >> v;
-          step = std::max(step, v);
-        } else if (key == "train") {
-          double v;
-          in >> v;
-          train = std::max(train, v);
-        } else if (key == "busy") {
-          double v;
-          in >> v;
-          busy += v;
-        } else if (key == "peak") {
-          double v;
-          in >> v;
-          peakMib.push_back(mib(static_cast<int64_t>(v)));
-        } else if (key == "single") {
-          in >> singleStep;
-        } else if (key == "sendcost") {
-          double v;
-          int64_t n;
-          in >> v >> n;
-          sendSum += v;
-          sendCount += n;
-        } else if (key == "recvcost") {
-          double v;
-          in >> v;
-          costs.recv = costs.recv > 0 ? std::min(costs.recv, v) : v;
-        } else if (key == "oneway") {
-          double v;
-          in >> v;
-          oneWay = std::max(oneWay, v);
-        } else if (key == "cost") {
-          int kind, stage;
-          double v;
-          in >> kind >> stage >> v;
-          auto k = static_cast<pipeline::ActionKind>(kind);
-          auto& vec = k == pipeline::ActionKind::Forward         ? costs.forward
-                      : k == pipeline::ActionKind::Backward      ? costs.backward
-                      : k == pipeline::ActionKind::BackwardInput ? costs.backwardInput
-                                                                 : costs.backwardWeight;
-          vec[static_cast<size_t>(stage)] = v;
-        } else if (key == "actbytes") {
-          int stage;
-          double v;
-          in >> stage >> v;
-          actBytes[static_cast<size_t>(stage)] = v;
-        } else if (key == "transport") {
-          std::getline(in, transportName);
-          transportName.erase(0, transportName.find_first_not_of(' '));
+      // Gather what the ranks measured.
+      double step = 0, train = 0, busy = 0, oneWay = 0, singleStep = 0, sendSum = 0;
+      int64_t sendCount = 0;
+      std::vector<double> peakMib, actMib(8, 0.0);
+      pipeline::ActionCosts costs;
+      const Variant variant = parseVariant(name);
+      const int S = 2 * variant.chunks();
+      costs.forward.assign(S, 0.0);
+      costs.backward.assign(S, 0.0);
+      costs.backwardInput.assign(S, 0.0);
+      costs.backwardWeight.assign(S, 0.0);
+      std::vector<double> actBytes(S, 0.0);
+      std::string transportName;
+      pipeline::Simulation measured;  // the last step as it ran, drawn as a simulation is
+      measured.timeline.resize(2);
+      for (size_t rank = 0; rank < results.size(); ++rank) {
+        std::istringstream in(results[rank].report);
+        for (std::string key; in >> key;) {
+          if (key == "ran") {
+            int kind, stage, mbi;
+            double t0, t1;
+            in >> kind >> stage >> mbi >> t0 >> t1;
+            measured.timeline[rank].push_back({{static_cast<pipeline::ActionKind>(kind), stage, mbi}, t0, t1});
+            measured.makespan = std::max(measured.makespan, t1);
+            continue;
+          }
+          if (key == "step") {
+            double v;
+            in >> v;
+            step = std::max(step, v);
+          } else if (key == "train") {
+            double v;
+            in >> v;
+            train = std::max(train, v);
+          } else if (key == "busy") {
+            double v;
+            in >> v;
+            busy += v;
+          } else if (key == "peak") {
+            double v;
+            in >> v;
+            peakMib.push_back(mib(static_cast<int64_t>(v)));
+          } else if (key == "single") {
+            in >> singleStep;
+          } else if (key == "sendcost") {
+            double v;
+            int64_t n;
+            in >> v >> n;
+            sendSum += v;
+            sendCount += n;
+          } else if (key == "recvcost") {
+            double v;
+            in >> v;
+            costs.recv = costs.recv > 0 ? std::min(costs.recv, v) : v;
+          } else if (key == "oneway") {
+            double v;
+            in >> v;
+            oneWay = std::max(oneWay, v);
+          } else if (key == "cost") {
+            int kind, stage;
+            double v;
+            in >> kind >> stage >> v;
+            auto k = static_cast<pipeline::ActionKind>(kind);
+            auto& vec = k == pipeline::ActionKind::Forward         ? costs.forward
+                        : k == pipeline::ActionKind::Backward      ? costs.backward
+                        : k == pipeline::ActionKind::BackwardInput ? costs.backwardInput
+                                                                   : costs.backwardWeight;
+            vec[static_cast<size_t>(stage)] = v;
+          } else if (key == "actbytes") {
+            int stage;
+            double v;
+            in >> stage >> v;
+            actBytes[static_cast<size_t>(stage)] = v;
+          } else if (key == "transport") {
+            std::getline(in, transportName);
+            transportName.erase(0, transportName.find_first_not_of(' '));
+          }
         }
       }
-    }
-    costs.latency = oneWay;
-    costs.send = sendCount > 0 ? sendSum / static_cast<double>(sendCount) : 0.0;
-    if (a.batch % a.microbatches != 0)  // unequal micro-batches: each one's rows over the mean
-      for (int64_t rows : pipeline::microbatchSizes(a.batch, a.microbatches))
-        costs.microbatchScale.push_back(static_cast<double>(rows) * a.microbatches / static_cast<double>(a.batch));
-    pipeline::Schedule sched = variant.schedule(2, a.microbatches);
-    pipeline::Simulation sim = pipeline::simulate(sched, costs);
-    // Simulated peak bytes per rank: live micro-batches of each stage x that stage's bytes.
-    std::vector<double> simPeak(2, 0.0);
-    for (int r = 0; r < 2; ++r) {
-      double liveBytes = 0, best = 0;
-      for (const auto& t : sim.timeline[static_cast<size_t>(r)]) {
-        const double b = actBytes[static_cast<size_t>(t.action.stage)];
-        if (t.action.kind == pipeline::ActionKind::Forward) liveBytes += b;
-        if (t.action.kind == pipeline::ActionKind::Backward || t.action.kind == pipeline::ActionKind::BackwardWeight)
-          liveBytes -= b;
-        best = std::max(best, liveBytes);
-      }
-      simPeak[static_cast<size_t>(r)] = mib(static_cast<int64_t>(best));
-    }
-    const double samples = static_cast<double>(a.batch) / train;  // with the optimizer, as single's
-    const double singleSamples = static_cast<double>(a.batch) / singleStep;
-    if (showTimeline) {
-      const double unit = sim.makespan / 120;
-      auto ms = [](std::vector<double> v) {
-        for (double& x : v) x *= 1e3;
-        return v;
-      };
-      fmt::print(stderr,
-                 "{} ms per action by stage: F [{:.2f}] B [{:.2f}] I [{:.2f}] W [{:.2f}]; one-way {:.3f}, send {:.3f}, "
-                 "receive {:.3f}\n",
-                 name, fmt::join(ms(costs.forward), ", "), fmt::join(ms(costs.backward), ", "),
-                 fmt::join(ms(costs.backwardInput), ", "), fmt::join(ms(costs.backwardWeight), ", "), oneWay * 1e3,
-                 costs.send * 1e3, costs.recv * 1e3);
-      for (size_t r = 0; r < measured.timeline.size(); ++r) {  // where each rank's last step went
-        std::map<std::string, double> by;
-        double covered = 0;
-        for (const auto& t : measured.timeline[r]) {
-          by[pipeline::shortName(t.action.kind)] += (t.end - t.start) * 1e3;
-          covered += t.end - t.start;
+      costs.latency = oneWay;
+      costs.send = sendCount > 0 ? sendSum / static_cast<double>(sendCount) : 0.0;
+      if (a.batch % a.microbatches != 0)  // unequal micro-batches: each one's rows over the mean
+        for (int64_t rows : pipeline::microbatchSizes(a.batch, a.microbatches))
+          costs.microbatchScale.push_back(static_cast<double>(rows) * a.microbatches / static_cast<double>(a.batch));
+      pipeline::Schedule sched = variant.schedule(2, a.microbatches);
+      pipeline::Simulation sim = pipeline::simulate(sched, costs);
+      // Simulated peak bytes per rank: live micro-batches of each stage x that stage's bytes.
+      std::vector<double> simPeak(2, 0.0);
+      for (int r = 0; r < 2; ++r) {
+        double liveBytes = 0, best = 0;
+        for (const auto& t : sim.timeline[static_cast<size_t>(r)]) {
+          const double b = actBytes[static_cast<size_t>(t.action.stage)];
+          if (t.action.kind == pipeline::ActionKind::Forward) liveBytes += b;
+          if (t.action.kind == pipeline::ActionKind::Backward || t.action.kind == pipeline::ActionKind::BackwardWeight)
+            liveBytes -= b;
+          best = std::max(best, liveBytes);
         }
-        std::string kinds;
-        for (const auto& [k, ms] : by) kinds += fmt::format("{} {:.1f}, ", k, ms);
-        fmt::print(stderr, "{} rank {} ms by action kind: {}not in an action {:.2f}\n", name, r, kinds,
-                   (measured.makespan - covered) * 1e3);
+        simPeak[static_cast<size_t>(r)] = mib(static_cast<int64_t>(best));
       }
-      fmt::print(stderr, "{} measured (last step):\n{}{} simulated:\n{}", name,
-                 pipeline::formatTimeline(measured, unit), name, pipeline::formatTimeline(sim, unit));
+      const double samples = static_cast<double>(a.batch) / train;  // with the optimizer, as single's
+      const double singleSamples = static_cast<double>(a.batch) / singleStep;
+      if (showTimeline) {
+        const double unit = sim.makespan / 120;
+        auto ms = [](std::vector<double> v) {
+          for (double& x : v) x *= 1e3;
+          return v;
+        };
+        fmt::print(
+            stderr,
+            "{} ms per action by stage: F [{:.2f}] B [{:.2f}] I [{:.2f}] W [{:.2f}]; one-way {:.3f}, send {:.3f}, "
+            "receive {:.3f}\n",
+            name, fmt::join(ms(costs.forward), ", "), fmt::join(ms(costs.backward), ", "),
+            fmt::join(ms(costs.backwardInput), ", "), fmt::join(ms(costs.backwardWeight), ", "), oneWay * 1e3,
+            costs.send * 1e3, costs.recv * 1e3);
+        for (size_t r = 0; r < measured.timeline.size(); ++r) {  // where each rank's last step went
+          std::map<std::string, double> by;
+          double covered = 0;
+          for (const auto& t : measured.timeline[r]) {
+            by[pipeline::shortName(t.action.kind)] += (t.end - t.start) * 1e3;
+            covered += t.end - t.start;
+          }
+          std::string kinds;
+          for (const auto& [k, ms] : by) kinds += fmt::format("{} {:.1f}, ", k, ms);
+          fmt::print(stderr, "{} rank {} ms by action kind: {}not in an action {:.2f}\n", name, r, kinds,
+                     (measured.makespan - covered) * 1e3);
+        }
+        fmt::print(stderr, "{} measured (last step):\n{}{} simulated:\n{}", name,
+                   pipeline::formatTimeline(measured, unit), name, pipeline::formatTimeline(sim, unit));
+      }
+      fmt::print(
+          "{{\"schedule\": \"{}\", \"samples_s\": {:.2f}, \"single_samples_s\": {:.2f}, \"speedup\": {:.3f}, "
+          "\"bubble_measured\": {:.4f}, \"bubble_simulated\": {:.4f}, \"step_ms\": {:.2f}, \"step_ms_predicted\": "
+          "{:.2f}, "
+          "\"peak_activation_mib\": [{:.2f}], \"peak_activation_mib_simulated\": [{:.2f}], \"microbatches\": {}, "
+          "\"stages\": {}, \"lookahead\": {}, \"split\": {}, \"transport\": \"{}\", \"cpu_bind\": \"{}\"}}\n",
+          name, samples, singleSamples, samples / singleSamples, 1.0 - busy / (2.0 * step), sim.bubble, step * 1e3,
+          sim.makespan * 1e3, fmt::join(peakMib, ", "), fmt::join(simPeak, ", "), a.microbatches, S, variant.lookahead,
+          variant.split, transportName, a.cpuBind);
+      std::fflush(stdout);
     }
-    fmt::print("{{\"schedule\": \"{}\", \"samples_s\": {:.2f}, \"single_samples_s\": {:.2f}, \"speedup\": {:.3f}, "
-               "\"bubble_measured\": {:.4f}, \"bubble_simulated\": {:.4f}, \"step_ms\": {:.2f}, \"step_ms_predicted\": "
-               "{:.2f}, "
-               "\"peak_activation_mib\": [{:.2f}], \"peak_activation_mib_simulated\": [{:.2f}], \"microbatches\": {}, "
-               "\"stages\": {}, \"lookahead\": {}, \"split\": {}, \"transport\": \"{}\", \"cpu_bind\": \"{}\"}}\n",
-               name, samples, singleSamples, samples / singleSamples, 1.0 - busy / (2.0 * step), sim.bubble, step * 1e3,
-               sim.makespan * 1e3, fmt::join(peakMib, ", "), fmt::join(simPeak, ", "), a.microbatches, S,
-               variant.lookahead, variant.split, transportName, a.cpuBind);
-    std::fflush(stdout);
   }
   return 0;
 }

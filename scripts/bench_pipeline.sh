@@ -11,6 +11,7 @@
 #   BUILD_DIR=build-bench ./scripts/bench_pipeline.sh    another build (benchmarks on)
 #   ARGS="--steps 10 --microbatches 4" ./scripts/bench_pipeline.sh   arguments both programs take
 #   COHORT_ARGS="--transport rpc" TORCH_ARGS="--checkpoint except_last" ./scripts/bench_pipeline.sh
+#   COHORT_ARGS="--cpu-bind cores,none" ./scripts/bench_pipeline.sh   bound and unbound ranks, side by side
 #   NO_TORCH=1 ./scripts/bench_pipeline.sh        cohort alone
 set -euo pipefail
 
@@ -42,8 +43,8 @@ import json, statistics, sys
 
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 def key(r):
-    if r.get("impl", "cohort") == "cohort":
-        return ("cohort", r["schedule"])
+    if r.get("impl", "cohort") == "cohort":  # bound ranks (--cpu-bind cores) get a row of their own
+        return ("cohort", r["schedule"] + (", bound" if r.get("cpu_bind") == "cores" else ""))
     return (r["impl"], f'{r["schedule"]}, {r.get("workers", "")} workers')
 configs = list(dict.fromkeys(key(r) for r in rows))
 def med(k, field):
