@@ -1,6 +1,7 @@
 // oneDNN's matmul primitive and what runs on it: half-width GEMM (blas::hgemm, oneDNN's matmul or
 // A and B widened to float32, chosen once per type; blas.h says how) and float32 GEMM with a bias
 // (blas::sgemmBias).
+#include <cpuid.h>
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -323,16 +324,21 @@ std::shared_ptr<MatmulPrim> cachedMatmul(const DnnlMatmul& api, const MatmulKey&
 }
 
 // Whether hgemm runs `t` on oneDNN: decided once per type, from the kernel oneDNN's matmul would
-// run, never from timing. oneDNN must have a non-reference matmul for it, and with
-// COHORT_HGEMM=auto it must be an AMX kernel (its implementation name says "amx"): AMX tiles
-// multiply bf16 several times faster than the float32 FMA units. Otherwise hgemm widens to
-// float32 (the float32 GEMM plus an O(n^2) conversion): Intel's AVX512-BF16 without AMX issues the
-// bf16 dot product at the FMA rate, where widening is faster (117.7 against 79.1 GFLOP/s at 1024^3
-// on one core, see docs/benchmarks.md). Zen 4 issues it at twice that rate, so oneDNN would be
-// about 2x faster there; such users can pin it until that is measured and made a default (its
-// run-to-run differences with ranks as threads came from the shared scratchpad, see MatmulPrim).
-// The two paths sum in different orders, so a choice made by timing, which load can flip from run
-// to run, would make two runs of one job round differently.
+// run and the CPU's vendor, never from timing. oneDNN must have a non-reference matmul for it, and
+// with COHORT_HGEMM=auto it must be either an AMX kernel (its implementation name says "amx"):
+// AMX tiles multiply bf16 several times faster than the float32 FMA units; or, for bfloat16, its
+// AVX512-BF16 kernel on an AMD CPU: Zen 4 issues the bf16 dot product at twice its float32 FMA
+// rate (465 against 216 GFLOP/s widened at 1024^3 on one core, docs/benchmarks.md). Otherwise
+// hgemm widens to float32 (the float32 GEMM plus an O(n^2) conversion): Intel's AVX512-BF16
+// without AMX issues the bf16 dot product at the FMA rate, where widening is faster (117.7 against
+// 79.1 GFLOP/s at 1024^3 on one core). The two paths sum in different orders, so a choice made by
+// timing, which load can flip from run to run, would make two runs of one job round differently.
+bool amdCpu() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(0, &a, &b, &c, &d) == 0) return false;
+  return b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;  // "Auth" "enti" "cAMD"
+}
+
 struct NativeProbe {
   bool ok = false;
   std::string why;   // why not, when !ok
@@ -368,24 +374,12 @@ const NativeProbe& nativeProbe(HalfType t) {
     if (!prim) return;
     p->impl = prim->impl;
     l.api->primDestroy(prim->prim);
-    // oneDNN's reference implementations are correct but far slower than widening to float32.
-    if (prim->impl.find("ref") != std::string::npos) {
-      p->why =
-          fmt::format("oneDNN's only {} matmul here is its reference implementation ({})", halfName(t), prim->impl);
-      return;
-    }
-    if (mode == "onednn") {
+    if (mode == "onednn" && prim->impl.find("ref") == std::string::npos) {
       p->ok = true;
       p->how = "COHORT_HGEMM=onednn";
       return;
     }
-    if (prim->impl.find("amx") != std::string::npos) {
-      p->ok = true;
-      p->how = fmt::format("oneDNN's AMX kernel ({})", prim->impl);
-    } else {
-      p->why = fmt::format("oneDNN's {} matmul here ({}) is not an AMX kernel (COHORT_HGEMM=onednn would use it)",
-                           halfName(t), prim->impl);
-    }
+    p->ok = detail::autoUsesOneDnn(t, prim->impl, amdCpu(), &p->how, &p->why);
     COHORT_LOG(Debug, "hgemm {}: {}", halfName(t), p->ok ? "oneDNN matmul, " + p->how : p->why);
   });
   return *probes[i];
@@ -498,6 +492,29 @@ void hgemmChecked(bool native, HalfType t, bool cFloat32, Trans ta, Trans tb, in
 }  // namespace
 
 namespace detail {
+
+bool autoUsesOneDnn(HalfType t, const std::string& impl, bool amd, std::string* how, std::string* why) {
+  auto set = [](std::string* out, std::string text) {
+    if (out) *out = std::move(text);
+  };
+  // oneDNN's reference implementations are correct but far slower than widening to float32.
+  if (impl.find("ref") != std::string::npos) {
+    set(why, fmt::format("oneDNN's only {} matmul here is its reference implementation ({})", halfName(t), impl));
+    return false;
+  }
+  if (impl.find("amx") != std::string::npos) {
+    set(how, fmt::format("oneDNN's AMX kernel ({})", impl));
+    return true;
+  }
+  if (t == HalfType::BFloat16 && amd && impl.find("avx512_core_bf16") != std::string::npos) {
+    set(how, fmt::format("oneDNN's AVX512-BF16 kernel ({}) on an AMD CPU", impl));
+    return true;
+  }
+  set(why, fmt::format("oneDNN's {} matmul here ({}) is neither an AMX kernel nor AVX512-BF16 on an AMD CPU "
+                       "(COHORT_HGEMM=onednn would use it)",
+                       halfName(t), impl));
+  return false;
+}
 
 std::string halfDescription(HalfType t) {
   std::string why;

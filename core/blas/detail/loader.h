@@ -57,4 +57,10 @@ void scaleC(T beta, T* c, int64_t m, int64_t n, int64_t ldc) {
 // describe()'s words for a half type: "oneDNN matmul (...)" or "widened to float32 (why)".
 std::string halfDescription(HalfType t);
 
+// COHORT_HGEMM=auto's rule, given the implementation name of the matmul oneDNN would run for `t`
+// and whether the CPU is AMD's: oneDNN for an AMX kernel, and for bfloat16 on an AMD CPU's
+// AVX512-BF16 kernel; widening otherwise (reference kernels included). `how` (when set and the
+// answer is true) says which case, `why` (when false) why not. Internal to core/blas and its tests.
+bool autoUsesOneDnn(HalfType t, const std::string& impl, bool amd, std::string* how, std::string* why);
+
 }  // namespace cohort::blas::detail

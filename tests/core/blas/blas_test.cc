@@ -23,6 +23,7 @@
 
 #include <cohort/cohort.h>
 #include <cohort/core/blas/blas.h>
+#include <cohort/core/blas/detail/loader.h>
 
 #include "core/test_util.h"
 
@@ -637,6 +638,27 @@ TEST(Hgemm, DescribeSaysHowHalfTypesRun) {
   bool native = blas::hgemmNative(HalfType::BFloat16, &why);
   if (native) EXPECT_TRUE(contains(d, "bfloat16: oneDNN matmul")) << d;
   else EXPECT_TRUE(contains(d, "bfloat16: widened to float32 (" + why)) << d;
+}
+
+// COHORT_HGEMM=auto's rule, from the kernel name oneDNN reports and the CPU's vendor (never from
+// timing): AMX kernels; bfloat16's AVX512-BF16 kernel only on AMD (Zen 4 issues it at twice the
+// float32 FMA rate, Intel without AMX at the same rate); never a reference kernel, never float16
+// without AMX.
+TEST(Hgemm, TheAutomaticChoiceFollowsTheKernelAndTheVendor) {
+  using blas::detail::autoUsesOneDnn;
+  std::string how, why;
+  EXPECT_TRUE(autoUsesOneDnn(HalfType::BFloat16, "brg:avx512_core_amx", false, &how, &why));
+  EXPECT_TRUE(contains(how, "AMX kernel (brg:avx512_core_amx)")) << how;
+  EXPECT_TRUE(autoUsesOneDnn(HalfType::Float16, "brg:avx512_core_amx_fp16", true, &how, &why));
+  EXPECT_TRUE(autoUsesOneDnn(HalfType::BFloat16, "brg:avx512_core_bf16", true, &how, &why));
+  EXPECT_TRUE(contains(how, "AVX512-BF16 kernel (brg:avx512_core_bf16) on an AMD CPU")) << how;
+  EXPECT_FALSE(autoUsesOneDnn(HalfType::BFloat16, "brg:avx512_core_bf16", false, &how, &why));
+  EXPECT_TRUE(contains(why, "neither an AMX kernel nor AVX512-BF16 on an AMD CPU")) << why;
+  EXPECT_FALSE(autoUsesOneDnn(HalfType::Float16, "brg:avx512_core_bf16", true, &how, &why));
+  EXPECT_FALSE(autoUsesOneDnn(HalfType::BFloat16, "brg:avx512_core", true, &how, &why));
+  EXPECT_FALSE(autoUsesOneDnn(HalfType::BFloat16, "ref:any", true, &how, &why));
+  EXPECT_TRUE(contains(why, "reference implementation (ref:any)")) << why;
+  EXPECT_FALSE(autoUsesOneDnn(HalfType::BFloat16, "ref:any", true, nullptr, nullptr));  // outputs optional
 }
 
 TEST(Hgemm, BadArgumentsAreValueErrors) {
