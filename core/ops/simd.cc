@@ -1,6 +1,7 @@
 #include <cohort/core/ops/detail/simd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cctype>
 #include <string>
@@ -65,6 +66,39 @@ bool applies(const Tensor& t) {
   return t.defined() && t.dtype() == DType::Float32 && t.device().isCpu() && t.isContiguous();
 }
 
+// A contiguous bfloat16 or float16 CPU tensor, which the kernels take through halfBlocks.
+bool appliesHalf(const Tensor& t) {
+  return t.defined() && (t.dtype() == DType::BFloat16 || t.dtype() == DType::Float16) && t.device().isCpu() &&
+         t.isContiguous();
+}
+
+// bfloat16 / float16: the N inputs (of out's dtype and size) widened a block at a time into
+// buffers that stay in L1, computed by a float32 kernel, compute(res, in, n), and the result
+// rounded back into `out` once (what the portable kernels do element by element).
+template <size_t N, typename F>
+void halfBlocks(Tensor& out, const std::array<const Tensor*, N>& ins, F&& compute) {
+  const bool bf16 = out.dtype() == DType::BFloat16;
+  auto* o = static_cast<uint16_t*>(out.dataPtr());
+  std::array<const uint16_t*, N> x;
+  for (size_t j = 0; j < N; ++j) x[j] = static_cast<const uint16_t*>(ins[j]->dataPtr());
+  parallelFor(out.numel(), kComputeBoundGrain, [&](int64_t b, int64_t e) {
+    constexpr int64_t kBlock = 1024;
+    alignas(64) float in[N][kBlock], res[kBlock];
+    float* inPtr[N];
+    for (size_t j = 0; j < N; ++j) inPtr[j] = in[j];
+    for (int64_t i = b; i < e; i += kBlock) {
+      const int64_t n = std::min(kBlock, e - i);
+      for (size_t j = 0; j < N; ++j) {
+        if (bf16) bfloat16ToFloatN(reinterpret_cast<const BFloat16*>(x[j] + i), in[j], n);
+        else halfToFloatN(reinterpret_cast<const Half*>(x[j] + i), in[j], n);
+      }
+      compute(res, inPtr, n);
+      if (bf16) floatToBFloat16N(res, reinterpret_cast<BFloat16*>(o + i), n);
+      else floatToHalfN(res, reinterpret_cast<Half*>(o + i), n);
+    }
+  });
+}
+
 }  // namespace
 
 bool enabled() { return !gSwitchedOff.load(std::memory_order_relaxed) && allowed(); }
@@ -72,9 +106,7 @@ void setEnabled(bool on) { gSwitchedOff.store(!on, std::memory_order_relaxed); }
 const char* describe() { return enabled() ? "avx512" : "avx2"; }
 
 Tensor unary(const Tensor& a, Unary k) {
-  const bool half = a.defined() && (a.dtype() == DType::BFloat16 || a.dtype() == DType::Float16) &&
-                    a.device().isCpu() && a.isContiguous();
-  if ((!applies(a) && !half) || !enabled()) return Tensor();
+  if ((!applies(a) && !appliesHalf(a)) || !enabled()) return Tensor();
   void (*kernel)(float*, const float*, int64_t) = nullptr;
   switch (k) {
     case Unary::Exp: kernel = avx512::exp; break;
@@ -92,32 +124,23 @@ Tensor unary(const Tensor& a, Unary k) {
     parallelFor(a.numel(), kComputeBoundGrain, [&](int64_t b, int64_t e) { kernel(o + b, x + b, e - b); });
     return out;
   }
-  // bfloat16 / float16: widened a block at a time into a buffer that stays in L1, computed by the
-  // float32 kernel, rounded back once (what the portable kernel does element by element).
-  const bool bf16 = a.dtype() == DType::BFloat16;
-  auto* o = static_cast<uint16_t*>(out.dataPtr());
-  const auto* x = static_cast<const uint16_t*>(a.dataPtr());
-  parallelFor(a.numel(), kComputeBoundGrain, [&](int64_t b, int64_t e) {
-    constexpr int64_t kBlock = 1024;
-    alignas(64) float in[kBlock], res[kBlock];
-    for (int64_t i = b; i < e; i += kBlock) {
-      const int64_t n = std::min(kBlock, e - i);
-      if (bf16) bfloat16ToFloatN(reinterpret_cast<const BFloat16*>(x + i), in, n);
-      else halfToFloatN(reinterpret_cast<const Half*>(x + i), in, n);
-      kernel(res, in, n);
-      if (bf16) floatToBFloat16N(res, reinterpret_cast<BFloat16*>(o + i), n);
-      else floatToHalfN(res, reinterpret_cast<Half*>(o + i), n);
-    }
-  });
+  halfBlocks<1>(out, {&a}, [kernel](float* res, float* const* in, int64_t n) { kernel(res, in[0], n); });
   return out;
 }
 
 namespace {
 // An elementwise kernel of two float32 operands of one shape, both contiguous, split across the
-// intra-op threads; undefined when it does not apply.
+// intra-op threads; with `halves`, also two bfloat16 (or two float16) operands, through
+// halfBlocks. Undefined when it does not apply.
 using BinaryKernel = void (*)(float*, const float*, const float*, int64_t);
-Tensor binary(const Tensor& a, const Tensor& b, BinaryKernel kernel) {
-  if (!applies(a) || !applies(b) || a.sizes() != b.sizes() || !enabled()) return Tensor();
+Tensor binary(const Tensor& a, const Tensor& b, BinaryKernel kernel, bool halves = false) {
+  if (!enabled() || !a.defined() || !b.defined() || a.sizes() != b.sizes()) return Tensor();
+  if (halves && appliesHalf(a) && appliesHalf(b) && a.dtype() == b.dtype()) {
+    Tensor out = empty(a.sizes(), {.dtype = a.dtype(), .device = a.device()});
+    halfBlocks<2>(out, {&a, &b}, [kernel](float* res, float* const* in, int64_t n) { kernel(res, in[0], in[1], n); });
+    return out;
+  }
+  if (!applies(a) || !applies(b)) return Tensor();
   Tensor out = empty(a.sizes(), {.dtype = DType::Float32, .device = a.device()});
   float* o = out.data<float>();
   const float* x = a.data<float>();
@@ -129,9 +152,9 @@ Tensor binary(const Tensor& a, const Tensor& b, BinaryKernel kernel) {
 
 Tensor unaryGrad(const Tensor& g, const Tensor& x, UnaryGrad k) {
   switch (k) {
-    case UnaryGrad::GeluErf: return binary(g, x, avx512::geluErfGrad);
-    case UnaryGrad::GeluTanh: return binary(g, x, avx512::geluTanhGrad);
-    case UnaryGrad::Silu: return binary(g, x, avx512::siluGrad);
+    case UnaryGrad::GeluErf: return binary(g, x, avx512::geluErfGrad, true);
+    case UnaryGrad::GeluTanh: return binary(g, x, avx512::geluTanhGrad, true);
+    case UnaryGrad::Silu: return binary(g, x, avx512::siluGrad, true);
   }
   return Tensor();
 }

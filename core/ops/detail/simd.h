@@ -48,7 +48,8 @@ const char* describe();
 // float16 tensors: blocks of them are widened into an L1-resident float32 buffer, computed by the
 // float32 kernel and rounded once, as the portable kernel rounds each element.
 Tensor unary(const Tensor& a, Unary k);
-// g * f'(x) for the activation k: g and x of one shape, both float32 and contiguous; else undefined.
+// g * f'(x) for the activation k: g and x of one shape, contiguous, both float32, or both bfloat16
+// (or both float16) through the same blocks as unary; else undefined.
 Tensor unaryGrad(const Tensor& g, const Tensor& x, UnaryGrad k);
 Tensor powScalar(const Tensor& a, const vecmath::PowExponent& e);
 // a and b of the same shape, both float32 and contiguous; else undefined.

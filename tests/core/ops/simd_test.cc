@@ -177,8 +177,8 @@ TEST_F(SimdKernels, ActivationBackwardsGiveThePortableBits) {
 }
 
 TEST_F(SimdKernels, HalfTypesGoThroughTheFloat32KernelsWithThePortableBits) {
-  // bfloat16 and float16 tensors are widened a block at a time and run the same float32 kernels:
-  // every result must be the portable kernel's, which widens and rounds element by element. The
+  // bfloat16 and float16 tensors are widened a block at a time and run the same float32 kernels,
+  // forward and backward: every result must be the portable kernel's, which widens and rounds element by element. The
   // length is not a multiple of the block, and the inputs include the special values.
   for (DType dt : {DType::BFloat16, DType::Float16}) {
     Tensor x = inputs(1, false).to(dt), pos = inputs(2, true).to(dt);
@@ -193,6 +193,25 @@ TEST_F(SimdKernels, HalfTypesGoThroughTheFloat32KernelsWithThePortableBits) {
         {"gelu erf", [&] { return gelu(x, false); }},
         {"gelu tanh", [&] { return gelu(x, true); }},
     };
+    // The backwards too: the upstream gradient and the saved input both of the half type (as under
+    // autocast), so the gradient kernel takes the same blocks.
+    Tensor up = inputs(3, false).to(dt).slice(0, 0, x.size(0));
+    if (detail::simd::enabled()) {  // the kernels take them (else the comparison below is vacuous)
+      EXPECT_TRUE(detail::simd::unaryGrad(up, x, detail::simd::UnaryGrad::GeluErf).defined());
+      // Mixed types (float32 gradient, half input) stay on the portable path.
+      EXPECT_FALSE(detail::simd::unaryGrad(up.to(DType::Float32), x, detail::simd::UnaryGrad::GeluErf).defined());
+    }
+    for (auto [name, act] : std::vector<std::pair<const char*, std::function<Tensor(const Tensor&)>>>{
+             {"gelu erf backward", [](const Tensor& t) { return gelu(t, false); }},
+             {"gelu tanh backward", [](const Tensor& t) { return gelu(t, true); }},
+             {"silu backward", [](const Tensor& t) { return silu(t); }}}) {
+      cases.push_back({name, [&, act] {
+                         Tensor leaf = x.detach().clone();
+                         leaf.setRequiresGrad(true);
+                         act(leaf).backward(up);
+                         return leaf.grad();
+                       }});
+    }
     for (const auto& [name, op] : cases) {
       auto [fast, portable] = both(op);
       EXPECT_EQ(fast.dtype(), dt) << name;
