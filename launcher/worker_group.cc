@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -162,12 +161,7 @@ void WorkerGroup::start(const std::vector<WorkerSpec>& specs) {
       for (auto& e : spec.env) envp.push_back(const_cast<char*>(e.c_str()));
       envp.push_back(nullptr);
       const std::string execError = fmt::format("cohortrun: cannot execute {}\n", programPath_);
-      cpu_set_t cpus;
-      CPU_ZERO(&cpus);
-      for (int c : spec.cpus) {
-        if (c < 0 || c >= CPU_SETSIZE) throw ValueError(fmt::format("cohortrun: CPU {} is out of range", c));
-        CPU_SET(c, &cpus);
-      }
+      const cpu_set_t cpus = spec.cpus.empty() ? cpu_set_t{} : util::cpuSet(spec.cpus);
       const std::string bindError = fmt::format("cohortrun: cannot bind rank {} to CPUs {} (--cpu-bind cores)\n",
                                                 spec.globalRank, util::cpuListString(spec.cpus));
 

@@ -681,9 +681,12 @@ Tensor deviceFusedAttention(const Tensor& q, const Tensor& k, const Tensor& v, c
   return result;
 }
 
-// The formula with matmul and softmax ([..., Tq, Tk] materialised): scaledDotProductAttentionMath,
-// and the path of devices without the fused kernel.
-Tensor unfusedAttention(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& opts) {
+}  // namespace
+
+// The formula with matmul and softmax ([..., Tq, Tk] materialised), also the path of devices
+// without the fused kernel. No autocast entry of its own: under autocast the ops inside are
+// dispatched one by one, each by its policy.
+Tensor scaledDotProductAttentionMath(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& opts) {
   const Dims d = checkArgs(q, k, v, opts);
   const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(d.e)));
   const DropoutKeys drop =
@@ -712,25 +715,18 @@ Tensor unfusedAttention(const Tensor& q, const Tensor& k, const Tensor& v, const
   return matmul(att, v);
 }
 
-}  // namespace
-
 Tensor scaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& opts) {
   COHORT_RECORD_OP("scaledDotProductAttention", q, k, v, opts);
   COHORT_AUTOCAST("scaledDotProductAttention", scaledDotProductAttention, q, k, v, opts);
   const Dims d = checkArgs(q, k, v, opts);
   if (!q.device().isCpu()) {
     if (Tensor out = deviceFusedAttention(q, k, v, opts, d); out.defined()) return out;
-    return unfusedAttention(q, k, v, opts);
+    return scaledDotProductAttentionMath(q, k, v, opts);
   }
   const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(d.e)));
   const DropoutKeys drop =
       opts.dropout > 0.0 ? DropoutKeys(opts.dropout, drawDropoutKey(opts.generator), d.tq) : DropoutKeys();
   return fusedAttention(q, k, v, opts.mask, d, scale, opts.causal, drop);
-}
-
-Tensor scaledDotProductAttentionMath(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& opts) {
-  // No autocast entry of its own: the ops inside are dispatched one by one, each by its policy.
-  return unfusedAttention(q, k, v, opts);
 }
 
 Tensor scaledDotProductAttentionDropoutMask(const Shape& attnShape, double p, Generator* gen) {

@@ -1,7 +1,5 @@
 #include <cohort/core/util/cpu_affinity.h>
 
-#include <sched.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -37,15 +35,19 @@ std::vector<int> cpuSlice(const std::vector<int>& cpus, int localRank, int local
   return {cpus.begin() + begin, cpus.begin() + begin + count};
 }
 
-void bindToCpus(const std::vector<int>& cpus) {
-  if (cpus.empty()) throw ValueError("bindToCpus: no CPUs given");
+cpu_set_t cpuSet(const std::vector<int>& cpus) {
+  if (cpus.empty()) throw ValueError("cpuSet: no CPUs given");
   cpu_set_t set;
   CPU_ZERO(&set);
   for (int c : cpus) {
-    if (c < 0 || c >= CPU_SETSIZE)
-      throw ValueError(fmt::format("bindToCpus: CPU {} is outside [0, {})", c, CPU_SETSIZE));
+    if (c < 0 || c >= CPU_SETSIZE) throw ValueError(fmt::format("cpuSet: CPU {} is outside [0, {})", c, CPU_SETSIZE));
     CPU_SET(c, &set);
   }
+  return set;
+}
+
+void bindToCpus(const std::vector<int>& cpus) {
+  const cpu_set_t set = cpuSet(cpus);
   if (::sched_setaffinity(0, sizeof(set), &set) != 0)
     throw Error(fmt::format("bindToCpus: the kernel refused CPUs {}: {}", cpuListString(cpus), std::strerror(errno)));
 }

@@ -9,6 +9,8 @@
  */
 #pragma once
 
+#include <sched.h>
+
 #include <string>
 #include <vector>
 
@@ -24,10 +26,14 @@ std::vector<int> allowedCpus();
 // [0, localSize), or cpus is empty.
 std::vector<int> cpuSlice(const std::vector<int>& cpus, int localRank, int localSize);
 
-// Binds the calling thread to `cpus`; threads it starts afterwards inherit the binding (call it
+// `cpus` as the kernel's CPU set (for sched_setaffinity where only async-signal-safe calls may
+// run, between fork and exec). ValueError when cpus is empty or holds a negative number or one
+// past the kernel's set size.
+cpu_set_t cpuSet(const std::vector<int>& cpus);
+
+// Binds the calling thread to `cpus` (cpuSet's checks); threads it starts afterwards inherit the binding (call it
 // before starting any, to bind the whole process). Error naming the CPUs and the kernel's reason
-// when refused (a CPU outside this process's cpuset, or offline); ValueError when cpus is empty
-// or holds a negative number or one past the kernel's set size.
+// when refused (a CPU outside this process's cpuset, or offline).
 void bindToCpus(const std::vector<int>& cpus);
 
 // "0-3,8,10-11": the list in the kernel's cpulist format (taskset -c, /sys, Slurm).

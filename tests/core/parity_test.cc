@@ -8,9 +8,8 @@
 // reference GPT of bench/train_step (6 layers, width 384, 256 tokens, batch 8, its learning rate
 // 3e-4: minutes) instead of a small one, learning the next character of the shipped King James
 // text (the small one learns a fixed map of each token, whose loss falls towards 0 within the 50
-// steps). The
-// PyTorch side is tests/parity/torch_reference.py, run with Debian's python3-torch through
-// /usr/bin/python3 (installed by scripts/setup.sh).
+// steps). The PyTorch side is tests/parity/torch_reference.py, run with Debian's python3-torch
+// through /usr/bin/python3 (installed by scripts/setup.sh).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -237,17 +236,15 @@ void runParity(Setup s, const std::string& name, Tolerance tol = {}) {
   auto refLosses = ref["losses"].get<std::vector<double>>();
   auto refNorms = ref["grad_norms"].get<std::vector<double>>();
   ASSERT_EQ(refLosses.size(), losses.size());
-  double worst = 0;
   for (size_t i = 0; i < losses.size(); ++i) {
     double rel = std::abs(losses[i] - refLosses[i]) / std::abs(refLosses[i]);
-    worst = std::max(worst, rel);
     EXPECT_LE(rel, tol.lossRel) << name << " step " << i << ": cohort " << losses[i] << " vs torch " << refLosses[i];
     if (tol.normRel >= 0) {
       EXPECT_LE(std::abs(norms[i] - refNorms[i]), tol.normRel * std::abs(refNorms[i]) + 1e-6)
           << name << " step " << i << " grad norm: cohort " << norms[i] << " vs torch " << refNorms[i];
     }
   }
-  double finalRel = std::abs(losses.back() - refLosses.back()) / std::abs(refLosses.back());
+  const auto [worst, finalRel] = lossDifference(losses, refLosses);
   EXPECT_LE(finalRel, tol.finalLossRel) << name << " final loss: cohort " << losses.back() << " vs torch "
                                         << refLosses.back();
   // The figures for the record (the AMP tests' closing numbers).

@@ -8,13 +8,13 @@
  * dependency chains of one 8-lane vector leave a core idle, 16 lanes per instruction keep twice as
  * many elements in flight. So simd_avx512.cc holds just those loops, compiled with
  * -march=x86-64-v4, and the ops call them when the CPU has AVX-512 (F, VL, DQ, BW) and the operands
- * are contiguous float32; otherwise, and for every other dtype and layout, the portable kernels
- * run. Both compile the same
- * vecmath functions, so results are bit-identical, a NaN's sign aside — except pow, which on
- * AVX-512 is a table-driven kernel in double lanes (simd_avx512.cc): faster, and within 0.5001 ulp
- * of the exact result where the portable one is within 1.2, so the two may differ in the last
- * bit; IEEE's special cases are identical. tests/core/ops/simd_test.cc checks all of this over random
- * and special inputs.
+ * are contiguous float32 (or, for the activations and their backwards, contiguous bfloat16/float16,
+ * widened a block at a time); otherwise, and for every other dtype and layout, the portable
+ * kernels run. Both compile the same vecmath functions, so results are bit-identical, a NaN's sign
+ * aside — except pow, which on AVX-512 is a table-driven kernel in double lanes (simd_avx512.cc):
+ * faster, and within 0.5001 ulp of the exact result where the portable one is within 1.2, so the
+ * two may differ in the last bit; IEEE's special cases are identical. tests/core/ops/simd_test.cc
+ * checks all of this over random and special inputs.
  *
  * COHORT_SIMD=avx2 turns the AVX-512 kernels off (benchmarks compare the two); setEnabled is the
  * same switch for tests.

@@ -51,6 +51,10 @@ TEST(CpuAffinity, BadArgumentsAreValueErrors) {
   expectError<ValueError>([] { util::bindToCpus({}); }, {"no CPUs given"});
   expectError<ValueError>([] { util::bindToCpus({-1}); }, {"CPU -1 is outside"});
   expectError<ValueError>([] { util::bindToCpus({1 << 20}); }, {"CPU 1048576 is outside"});
+  expectError<ValueError>([] { util::cpuSet({}); }, {"cpuSet", "no CPUs given"});
+  const cpu_set_t set = util::cpuSet({1, 3, 3});
+  EXPECT_EQ(CPU_COUNT(&set), 2);
+  EXPECT_TRUE(CPU_ISSET(1, &set) && CPU_ISSET(3, &set));
 }
 
 TEST(CpuAffinity, ListStringIsTheKernelsFormat) {
