@@ -74,6 +74,14 @@ void sgemmBias(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, const float*
 enum class HalfType { BFloat16, Float16 };
 void hgemm(HalfType type, bool cFloat32, Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha,
            const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float beta, void* c, int64_t ldc);
+// Half-width GEMM with a bias: C[m,n] (the half type) = op(A) op(B) + bias[n] on every row, the
+// product and the bias summed in float32 and rounded once: a linear layer in bfloat16/float16.
+// Where hgemm runs on oneDNN the bias is an input of its matmul, added as each tile of C is stored
+// (C is written once, never read); elsewhere C is filled with the bias, rounded to the half type,
+// and hgemm adds the product (beta = 1). The two give the same bits when the bias is a half value
+// widened to float32, as autocast's is. Same argument rules as sgemmBias.
+void hgemmBias(HalfType type, Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda,
+               const uint16_t* b, int64_t ldb, const float* bias, uint16_t* c, int64_t ldc);
 // Whether hgemm runs natively (on oneDNN) for `type` here; when not, `why` says why.
 bool hgemmNative(HalfType type, std::string* why = nullptr);
 // hgemm through the float32 fallback whatever oneDNN offers (tests and benchmarks compare the two).

@@ -548,6 +548,27 @@ void hgemmFallback(HalfType type, bool cFloat32, Trans ta, Trans tb, int64_t m, 
   hgemmChecked(false, type, cFloat32, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+void hgemmBias(HalfType type, Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda,
+               const uint16_t* b, int64_t ldb, const float* bias, uint16_t* c, int64_t ldc) {
+  checkArgs("hgemmBias", ta, tb, m, n, k, lda, ldb, ldc);
+  COHORT_CHECK_T(ValueError, (a != nullptr || m * k == 0) && (b != nullptr || k * n == 0) && c != nullptr,
+                 "hgemmBias: a null matrix pointer (m={} n={} k={})", m, n, k);
+  COHORT_CHECK_T(ValueError, bias != nullptr || n == 0, "hgemmBias: a null bias (n={})", n);
+  if (m == 0 || n == 0) return;
+#if COHORT_BLAS_HAVE_DNNL_API
+  if (k > 0 && nativeHalf(type, nullptr)) {
+    MatmulKey key{type, false, ta, tb, m, n, k, lda, ldb, ldc, 1.f, 0.f};
+    key.bias = true;
+    std::string why;
+    if (runMatmul(*dnnlMatmulLoad().api, key, a, b, bias, c, &why)) return;
+  }
+#endif
+  std::vector<uint16_t> row(static_cast<size_t>(n));
+  narrow(type, bias, 1, n, row.data(), n);
+  for (int64_t i = 0; i < m; ++i) std::copy(row.begin(), row.end(), c + i * ldc);
+  hgemm(type, false, ta, tb, m, n, k, 1.f, a, lda, b, ldb, 1.f, c, ldc);
+}
+
 void sgemmBias(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
                int64_t ldb, const float* bias, float* c, int64_t ldc) {
   checkArgs("sgemmBias", ta, tb, m, n, k, lda, ldb, ldc);

@@ -237,6 +237,16 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
       Tensor b = bias.contiguous();
       blas::sgemmBias(X.trans, W.trans, rows, out, x2.size(1), static_cast<const float*>(X.ptr), X.ld,
                       static_cast<const float*>(W.ptr), W.ld, b.data<float>(), y.data<float>(), out);
+    } else if (bias.defined() && rows > 0 && out > 0 && x2.size(1) > 0 && y.device().isCpu() &&
+               (y.dtype() == DType::BFloat16 || y.dtype() == DType::Float16)) {
+      // Likewise in half precision (blas::hgemmBias): the bias, widened to float32, is added to
+      // the float32 product before the one rounding.
+      MatArg X = matArg(x2), W = matArg(weight.t());
+      Tensor b = bias.to(DType::Float32).contiguous();
+      blas::hgemmBias(y.dtype() == DType::BFloat16 ? blas::HalfType::BFloat16 : blas::HalfType::Float16, X.trans,
+                      W.trans, rows, out, x2.size(1), static_cast<const uint16_t*>(X.ptr), X.ld,
+                      static_cast<const uint16_t*>(W.ptr), W.ld, b.data<float>(), static_cast<uint16_t*>(y.dataPtr()),
+                      out);
     } else {
       double beta = 0.0;
       if (bias.defined() && rows > 0) {
