@@ -123,6 +123,7 @@ struct DnnlMatmul {
   decltype(&dnnl_primitive_execute) execute = nullptr;
   decltype(&dnnl_memory_create) memCreate = nullptr;
   decltype(&dnnl_memory_destroy) memDestroy = nullptr;
+  decltype(&dnnl_memory_set_data_handle) memSetHandle = nullptr;
   const Dnnl* lib = nullptr;
   dnnl_engine_t engine = nullptr;
 };
@@ -173,6 +174,7 @@ const DnnlMatmulLoad& dnnlMatmulLoad() {
     get(api->execute, "dnnl_primitive_execute");
     get(api->memCreate, "dnnl_memory_create");
     get(api->memDestroy, "dnnl_memory_destroy");
+    get(api->memSetHandle, "dnnl_memory_set_data_handle");
     if (ok) {
       dnnl_status_t st = api->engineCreate(&api->engine, dnnl_cpu, 0);
       if (st != dnnl_success) {
@@ -385,46 +387,82 @@ const NativeProbe& nativeProbe(HalfType t) {
   return *probes[i];
 }
 
+// A primitive as one thread runs it: its memory objects are made once and pointed at each call's
+// matrices (dnnl_memory_set_data_handle), so a call allocates nothing. For the small tiles of fused
+// attention, creating and destroying four memory objects per call cost as much as the product.
+struct ThreadMatmul {
+  std::shared_ptr<MatmulPrim> prim;
+  dnnl_memory_t a = nullptr, b = nullptr, c = nullptr, bias = nullptr, scratch = nullptr;
+};
+
+// The calling thread's primitives by key, in front of the shared cache (no lock on a hit). Holding
+// a primitive here keeps it alive after the shared cache lets it go; past kThreadMatmuls entries the
+// thread starts over.
+constexpr size_t kThreadMatmuls = 256;
+struct ThreadMatmuls {
+  const DnnlMatmul* api = nullptr;
+  std::unordered_map<MatmulKey, ThreadMatmul, MatmulKeyHash> map;
+  void clear() {
+    for (auto& [key, t] : map)
+      for (dnnl_memory_t m : {t.a, t.b, t.c, t.bias, t.scratch})
+        if (m) api->memDestroy(m);
+    map.clear();
+  }
+  ~ThreadMatmuls() { clear(); }
+};
+
 // Runs `key`'s primitive on the calling thread's stream; false (nothing written) when oneDNN has no
 // primitive for it, and then `why` says why. A failed execution is an Error.
 bool runMatmul(const DnnlMatmul& api, MatmulKey key, const void* a, const void* b, const float* bias, void* c,
                std::string* why) {
   applyOmpThreads(*api.lib);  // the count the primitive is built for and run with
   key.threads = numThreads();
-  std::shared_ptr<MatmulPrim> p = cachedMatmul(api, key, why);
-  if (!p) return false;
+  thread_local ThreadMatmuls mine;
+  mine.api = &api;
+  auto it = mine.map.find(key);
+  if (it == mine.map.end()) {
+    std::shared_ptr<MatmulPrim> p = cachedMatmul(api, key, why);
+    if (!p) return false;
+    if (mine.map.size() >= kThreadMatmuls) mine.clear();
+    ThreadMatmul t;
+    t.prim = std::move(p);
+    api.memCreate(&t.a, &t.prim->a, api.engine, DNNL_MEMORY_NONE);
+    api.memCreate(&t.b, &t.prim->b, api.engine, DNNL_MEMORY_NONE);
+    api.memCreate(&t.c, &t.prim->c, api.engine, DNNL_MEMORY_NONE);
+    if (key.bias) api.memCreate(&t.bias, &t.prim->bias, api.engine, DNNL_MEMORY_NONE);
+    if (t.prim->scratchBytes > 0) api.memCreate(&t.scratch, &t.prim->scratch, api.engine, DNNL_MEMORY_NONE);
+    it = mine.map.emplace(key, t).first;
+  }
+  ThreadMatmul& t = it->second;
   thread_local dnnl_stream_t stream = [&] {
     dnnl_stream_t s = nullptr;
     dnnl_status_t st = api.streamCreate(&s, api.engine, dnnl_stream_default_flags);
     if (st != dnnl_success) throw Error(fmt::format("oneDNN could not create a stream (status {})", statusName(st)));
     return s;
   }();
-  dnnl_memory_t ma = nullptr, mb = nullptr, mc = nullptr, mbias = nullptr, mscratch = nullptr;
-  api.memCreate(&ma, &p->a, api.engine, const_cast<void*>(a));
-  api.memCreate(&mb, &p->b, api.engine, const_cast<void*>(b));
-  api.memCreate(&mc, &p->c, api.engine, c);
-  dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
+  api.memSetHandle(t.a, const_cast<void*>(a));
+  api.memSetHandle(t.b, const_cast<void*>(b));
+  api.memSetHandle(t.c, c);
+  dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, t.a}, {DNNL_ARG_WEIGHTS, t.b}, {DNNL_ARG_DST, t.c}};
   int nargs = 3;
   if (key.bias) {
-    api.memCreate(&mbias, &p->bias, api.engine, const_cast<float*>(bias));
-    args[nargs++] = {DNNL_ARG_BIAS, mbias};
+    api.memSetHandle(t.bias, const_cast<float*>(bias));
+    args[nargs++] = {DNNL_ARG_BIAS, t.bias};
   }
-  if (p->scratchBytes > 0) {
+  if (t.scratch) {
     // This thread's scratch, grown as needed and kept (64-byte aligned).
     thread_local std::vector<std::max_align_t> scratch;
     thread_local void* aligned = nullptr;
-    const size_t need = p->scratchBytes + 64;
+    const size_t need = t.prim->scratchBytes + 64;
     if (scratch.size() * sizeof(std::max_align_t) < need) {
       scratch.assign((need + sizeof(std::max_align_t) - 1) / sizeof(std::max_align_t), std::max_align_t{});
       aligned = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t{63});
     }
-    api.memCreate(&mscratch, &p->scratch, api.engine, aligned);
-    args[nargs++] = {DNNL_ARG_SCRATCHPAD, mscratch};
+    api.memSetHandle(t.scratch, aligned);
+    args[nargs++] = {DNNL_ARG_SCRATCHPAD, t.scratch};
   }
-  dnnl_status_t st = api.execute(p->prim, stream, nargs, args);
+  dnnl_status_t st = api.execute(t.prim->prim, stream, nargs, args);
   if (st == dnnl_success) st = api.streamWait(stream);
-  for (dnnl_memory_t m : {ma, mb, mc, mbias, mscratch})
-    if (m) api.memDestroy(m);
   if (st != dnnl_success)
     throw Error(fmt::format("oneDNN's {} matmul failed with status {} for m={} n={} k={}",
                             key.f32 ? "float32" : halfName(key.type), statusName(st), key.m, key.n, key.k));

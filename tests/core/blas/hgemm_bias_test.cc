@@ -88,6 +88,14 @@ TEST(HgemmBias, EqualsTheBiasFilledInAndTheReference) {
   }
 }
 
+// A thread keeps the primitives it ran (and their memory objects) in front of the shared cache and
+// starts over past a few hundred shapes: products stay right across that, and for shapes run again.
+TEST(HgemmBias, ManyShapesOnOneThread) {
+  unsigned seed = 900;
+  for (int64_t n = 1; n <= 300; ++n) checkHgemmBias(HalfType::BFloat16, {Trans::No, Trans::Yes, 3, n, 5, 0}, seed++);
+  for (int64_t n = 1; n <= 20; ++n) checkHgemmBias(HalfType::BFloat16, {Trans::No, Trans::Yes, 3, n, 5, 0}, seed++);
+}
+
 // nn.Linear's forward on half tensors (what autocast runs) adds the bias before the one rounding.
 TEST(HgemmBias, HalfLinearEqualsTheFloat64ProductPlusBiasWithinOneRounding) {
   for (DType dt : {DType::BFloat16, DType::Float16}) {
