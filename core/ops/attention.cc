@@ -23,7 +23,12 @@
 //
 // The GEMMs are cohort::blas on tiles (inputs are read in place when their last dim is
 // contiguous: the transposed head views of a fused qkv projection need no copy). float32 and
-// float64 compute natively; float16/bfloat16 inputs are converted to float32 and the result back.
+// float64 compute natively. bfloat16 inputs, where blas::hgemm runs natively (oneDNN), are multiplied
+// in bfloat16 with float32 accumulation: q, k, v and the output gradient are read in place, and the
+// weights P and score gradients dS are rounded to bfloat16 before the products that take them (as
+// FlashAttention kernels do), while scores, the softmax, the log-sum-exp and the gradients dq, dk,
+// dv are float32. float16 (and bfloat16 where hgemm widens) is converted to float32 and computed
+// there. The result is rounded back to the input's type.
 // Other devices run their registered fused kernels (on CUDA: core/cuda/attention.cu, 16-bit inputs
 // without mask or dropout) or else the unfused formula with the same mask and dropout (scaledDotProductAttentionMath).
 #include <algorithm>
@@ -64,11 +69,29 @@ constexpr int64_t kBwdBlockK = 64;
 template <typename C>
 constexpr C kNegInf = -std::numeric_limits<C>::infinity();
 
-template <typename C>
-void gemm(blas::Trans ta, blas::Trans tb, int64_t m, int64_t n, int64_t k, C alpha, const C* a, int64_t lda, const C* b,
+// C = alpha op(A) op(B) + beta C on a tile: A and B hold the storage type S (C itself, or bfloat16
+// multiplied by blas::hgemm with float32 accumulation into C).
+template <typename C, typename S>
+void gemm(blas::Trans ta, blas::Trans tb, int64_t m, int64_t n, int64_t k, C alpha, const S* a, int64_t lda, const S* b,
           int64_t ldb, C beta, C* c, int64_t ldc) {
-  if constexpr (std::is_same_v<C, float>) blas::sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if constexpr (std::is_same_v<S, BFloat16>)
+    blas::hgemm(blas::HalfType::BFloat16, /*cFloat32=*/true, ta, tb, m, n, k, alpha,
+                reinterpret_cast<const uint16_t*>(a), lda, reinterpret_cast<const uint16_t*>(b), ldb, beta, c, ldc);
+  else if constexpr (std::is_same_v<C, float>) blas::sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   else blas::dgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// The tile src [rows, cols] (row stride ld) as the storage type S: src itself when S is C, else
+// rounded row by row into buf (same stride), which is returned.
+template <typename C, typename S>
+const S* asStorage(const C* src, S* buf, int64_t rows, int64_t cols, int64_t ld) {
+  if constexpr (std::is_same_v<S, C>) {
+    (void)buf, (void)rows, (void)cols, (void)ld;
+    return src;
+  } else {
+    for (int64_t i = 0; i < rows; ++i) floatToBFloat16N(src + i * ld, buf + i * ld, cols);
+    return buf;
+  }
 }
 
 template <typename C>
@@ -281,12 +304,14 @@ MaskView<C> makeMask(const Tensor& mask, const Dims& d) {
   return mv;
 }
 
-template <typename C>
+// C: the type scores, softmax and gradients are computed in (float or double). S: the type q, k, v
+// and the output gradient are multiplied in (C, or bfloat16 where blas::hgemm runs natively).
+template <typename C, typename S = C>
 struct Problem {
   Dims d;
   C scale = 1;
   bool causal = false;
-  Operand<C> q, k, v;
+  Operand<S> q, k, v;
   MaskView<C> mask;
   DropoutKeys drop;
 };
@@ -295,8 +320,9 @@ struct Problem {
 
 // Adds the mask and the causal triangle to the score tile s [rows, cols] (row stride lds) whose
 // top-left element is (query q0, key k0) of batch entry b.
-template <typename C>
-void maskTile(const Problem<C>& P, C* s, int64_t lds, int64_t b, int64_t q0, int64_t rows, int64_t k0, int64_t cols) {
+template <typename C, typename S>
+void maskTile(const Problem<C, S>& P, C* s, int64_t lds, int64_t b, int64_t q0, int64_t rows, int64_t k0,
+              int64_t cols) {
   const MaskView<C>& mv = P.mask;
   if (mv.on) {
     const int64_t base = mv.off[static_cast<size_t>(b)] + q0 * mv.sq + k0 * mv.sk;
@@ -384,10 +410,11 @@ void dropRow(C* dst, const C* src, int64_t n, uint64_t rk, int64_t k0, uint32_t 
 
 // ---- forward --------------------------------------------------------------------------------------------
 
-template <typename C>
+template <typename C, typename S>
 struct FwdScratch {
-  Tensor hold;
+  Tensor hold, holdS;
   C *s, *acc, *m, *l;
+  S* ps = nullptr;  // the weights tile as S, when S is not C
   explicit FwdScratch(int64_t ev) {
     const int64_t n = kFwdBlockQ * kFwdBlockK + kFwdBlockQ * std::max<int64_t>(ev, 1) + 2 * kFwdBlockQ;
     hold = empty({n}, {.dtype = DTypeOf<C>::value});
@@ -395,24 +422,28 @@ struct FwdScratch {
     acc = s + kFwdBlockQ * kFwdBlockK;
     m = acc + kFwdBlockQ * std::max<int64_t>(ev, 1);
     l = m + kFwdBlockQ;
+    if constexpr (!std::is_same_v<S, C>) {
+      holdS = empty({kFwdBlockQ * kFwdBlockK}, {.dtype = DTypeOf<S>::value});
+      ps = holdS.template data<S>();
+    }
   }
 };
 
 // One block of query rows [q0, q0 + kFwdBlockQ) of batch entry b: out rows and their log-sum-exp.
-template <typename C>
-void forwardBlock(const Problem<C>& P, FwdScratch<C>& w, int64_t b, int64_t q0, C* out, C* lse) {
+template <typename C, typename S>
+void forwardBlock(const Problem<C, S>& P, FwdScratch<C, S>& w, int64_t b, int64_t q0, C* out, C* lse) {
   const Dims& d = P.d;
   const int64_t rows = std::min(kFwdBlockQ, d.tq - q0);
   const int64_t lds = kFwdBlockK;
-  const C* Q = P.q.at(b) + q0 * P.q.ld;
+  const S* Q = P.q.at(b) + q0 * P.q.ld;
   const int64_t kEnd = P.causal ? std::min(d.tk, q0 + rows) : d.tk;
   std::fill(w.m, w.m + rows, kNegInf<C>);
   std::fill(w.l, w.l + rows, C(0));
   const C dropScale = static_cast<C>(P.drop.scale);
   for (int64_t k0 = 0; k0 < kEnd; k0 += kFwdBlockK) {
     const int64_t cols = std::min(kFwdBlockK, kEnd - k0);
-    gemm<C>(blas::Trans::No, blas::Trans::Yes, rows, cols, d.e, P.scale, Q, P.q.ld, P.k.at(b) + k0 * P.k.ld, P.k.ld,
-            C(0), w.s, lds);
+    gemm<C, S>(blas::Trans::No, blas::Trans::Yes, rows, cols, d.e, P.scale, Q, P.q.ld, P.k.at(b) + k0 * P.k.ld, P.k.ld,
+               C(0), w.s, lds);
     maskTile(P, w.s, lds, b, q0, rows, k0, cols);
     const bool first = k0 == 0;
     for (int64_t i = 0; i < rows; ++i) {
@@ -429,8 +460,8 @@ void forwardBlock(const Problem<C>& P, FwdScratch<C>& w, int64_t b, int64_t q0, 
       }
       if (P.drop.on) dropRow(r, r, cols, P.drop.row(b, q0 + i), k0, P.drop.threshold, dropScale);
     }
-    gemm<C>(blas::Trans::No, blas::Trans::No, rows, d.ev, cols, C(1), w.s, lds, P.v.at(b) + k0 * P.v.ld, P.v.ld,
-            first ? C(0) : C(1), w.acc, std::max<int64_t>(d.ev, 1));
+    gemm<C, S>(blas::Trans::No, blas::Trans::No, rows, d.ev, cols, C(1), asStorage(w.s, w.ps, rows, cols, lds), lds,
+               P.v.at(b) + k0 * P.v.ld, P.v.ld, first ? C(0) : C(1), w.acc, std::max<int64_t>(d.ev, 1));
   }
   for (int64_t i = 0; i < rows; ++i) {
     C* o = out + ((b * d.tq) + q0 + i) * d.ev;
@@ -450,12 +481,12 @@ void forwardBlock(const Problem<C>& P, FwdScratch<C>& w, int64_t b, int64_t q0, 
   }
 }
 
-template <typename C>
-void runForward(const Problem<C>& P, C* out, C* lse) {
+template <typename C, typename S>
+void runForward(const Problem<C, S>& P, C* out, C* lse) {
   const Dims& d = P.d;
   const int64_t blocks = (d.tq + kFwdBlockQ - 1) / kFwdBlockQ;
   parallelFor(d.nb * blocks, 1, [&](int64_t lo, int64_t hi) {
-    FwdScratch<C> w(d.ev);
+    FwdScratch<C, S> w(d.ev);
     for (int64_t item = lo; item < hi; ++item)
       forwardBlock(P, w, item / blocks, (item % blocks) * kFwdBlockQ, out, lse);
   });
@@ -463,10 +494,11 @@ void runForward(const Problem<C>& P, C* out, C* lse) {
 
 // ---- backward -------------------------------------------------------------------------------------------
 
-template <typename C>
+template <typename C, typename S>
 struct BwdScratch {
-  Tensor hold;
+  Tensor hold, holdS;
   C *s, *pd, *dp, *dsum;
+  S *ps = nullptr, *dss = nullptr;  // the weights and score-gradient tiles as S, when S is not C
   explicit BwdScratch(int64_t tq) {
     const int64_t tile = kBwdBlockQ * kBwdBlockK;
     hold = empty({3 * tile + std::max<int64_t>(tq, 1)}, {.dtype = DTypeOf<C>::value});
@@ -474,39 +506,44 @@ struct BwdScratch {
     pd = s + tile;
     dp = pd + tile;
     dsum = dp + tile;
+    if constexpr (!std::is_same_v<S, C>) {
+      holdS = empty({2 * tile}, {.dtype = DTypeOf<S>::value});
+      ps = holdS.template data<S>();
+      dss = ps + tile;
+    }
   }
 };
 
 // Gradients of batch entry b. go, out: [Tq, Ev] contiguous; lse [Tq]; dq [Tq, E], dk [Tk, E],
 // dv [Tk, Ev] contiguous and zeroed.
-template <typename C>
-void backwardEntry(const Problem<C>& P, BwdScratch<C>& w, int64_t b, const C* go, const C* out, const C* lse, C* dq,
-                   C* dk, C* dv) {
+template <typename C, typename S>
+void backwardEntry(const Problem<C, S>& P, BwdScratch<C, S>& w, int64_t b, const S* go, const C* out, const C* lse,
+                   C* dq, C* dk, C* dv) {
   const Dims& d = P.d;
   const int64_t lds = kBwdBlockK;
   const int64_t ldo = std::max<int64_t>(d.ev, 1), lde = std::max<int64_t>(d.e, 1);
   for (int64_t i = 0; i < d.tq; ++i) {
-    const C* g = go + i * d.ev;
+    const S* g = go + i * d.ev;
     const C* o = out + i * d.ev;
     C acc = 0;
-    for (int64_t e = 0; e < d.ev; ++e) acc += g[e] * o[e];
+    for (int64_t e = 0; e < d.ev; ++e) acc += static_cast<C>(g[e]) * o[e];
     w.dsum[i] = acc;
   }
-  const C* Qb = P.q.at(b);
+  const S* Qb = P.q.at(b);
   const C dropScale = static_cast<C>(P.drop.scale);
   for (int64_t k0 = 0; k0 < d.tk; k0 += kBwdBlockK) {
     const int64_t cols = std::min(kBwdBlockK, d.tk - k0);
-    const C* K = P.k.at(b) + k0 * P.k.ld;
-    const C* V = P.v.at(b) + k0 * P.v.ld;
+    const S* K = P.k.at(b) + k0 * P.k.ld;
+    const S* V = P.v.at(b) + k0 * P.v.ld;
     C* dK = dk + k0 * d.e;
     C* dV = dv + k0 * d.ev;
     // Rows above the first key of this block see none of it under a causal mask.
     const int64_t qStart = P.causal ? (k0 / kBwdBlockQ) * kBwdBlockQ : 0;
     for (int64_t q0 = qStart; q0 < d.tq; q0 += kBwdBlockQ) {
       const int64_t rows = std::min(kBwdBlockQ, d.tq - q0);
-      const C* Q = Qb + q0 * P.q.ld;
-      const C* dO = go + q0 * d.ev;
-      gemm<C>(blas::Trans::No, blas::Trans::Yes, rows, cols, d.e, P.scale, Q, P.q.ld, K, P.k.ld, C(0), w.s, lds);
+      const S* Q = Qb + q0 * P.q.ld;
+      const S* dO = go + q0 * d.ev;
+      gemm<C, S>(blas::Trans::No, blas::Trans::Yes, rows, cols, d.e, P.scale, Q, P.q.ld, K, P.k.ld, C(0), w.s, lds);
       maskTile(P, w.s, lds, b, q0, rows, k0, cols);
       for (int64_t i = 0; i < rows; ++i) {
         C* r = w.s + i * lds;
@@ -514,9 +551,9 @@ void backwardEntry(const Problem<C>& P, BwdScratch<C>& w, int64_t b, const C* go
         for (int64_t j = 0; j < cols; ++j) r[j] = expC<C>(r[j] - shift);  // P (NaN for a fully masked row)
         if (P.drop.on) dropRow(w.pd + i * lds, r, cols, P.drop.row(b, q0 + i), k0, P.drop.threshold, dropScale);
       }
-      const C* pd = P.drop.on ? w.pd : w.s;
-      gemm<C>(blas::Trans::Yes, blas::Trans::No, cols, d.ev, rows, C(1), pd, lds, dO, ldo, C(1), dV, ldo);
-      gemm<C>(blas::Trans::No, blas::Trans::Yes, rows, cols, d.ev, C(1), dO, ldo, V, P.v.ld, C(0), w.dp, lds);
+      const S* pd = asStorage(P.drop.on ? w.pd : w.s, w.ps, rows, cols, lds);
+      gemm<C, S>(blas::Trans::Yes, blas::Trans::No, cols, d.ev, rows, C(1), pd, lds, dO, ldo, C(1), dV, ldo);
+      gemm<C, S>(blas::Trans::No, blas::Trans::Yes, rows, cols, d.ev, C(1), dO, ldo, V, P.v.ld, C(0), w.dp, lds);
       for (int64_t i = 0; i < rows; ++i) {
         const C* p = w.s + i * lds;
         C* g = w.dp + i * lds;
@@ -532,34 +569,35 @@ void backwardEntry(const Problem<C>& P, BwdScratch<C>& w, int64_t b, const C* go
           for (int64_t j = 0; j < cols; ++j) g[j] = p[j] * (g[j] - di);
         }
       }
-      gemm<C>(blas::Trans::No, blas::Trans::No, rows, d.e, cols, P.scale, w.dp, lds, K, P.k.ld, C(1), dq + q0 * d.e,
-              lde);
-      gemm<C>(blas::Trans::Yes, blas::Trans::No, cols, d.e, rows, P.scale, w.dp, lds, Q, P.q.ld, C(1), dK, lde);
+      const S* ds = asStorage(w.dp, w.dss, rows, cols, lds);
+      gemm<C, S>(blas::Trans::No, blas::Trans::No, rows, d.e, cols, P.scale, ds, lds, K, P.k.ld, C(1), dq + q0 * d.e,
+                 lde);
+      gemm<C, S>(blas::Trans::Yes, blas::Trans::No, cols, d.e, rows, P.scale, ds, lds, Q, P.q.ld, C(1), dK, lde);
     }
   }
 }
 
-template <typename C>
-void runBackward(const Problem<C>& P, const C* go, const C* out, const C* lse, C* dq, C* dk, C* dv) {
+template <typename C, typename S>
+void runBackward(const Problem<C, S>& P, const S* go, const C* out, const C* lse, C* dq, C* dk, C* dv) {
   const Dims& d = P.d;
   parallelFor(d.nb, 1, [&](int64_t lo, int64_t hi) {
-    BwdScratch<C> w(d.tq);
+    BwdScratch<C, S> w(d.tq);
     for (int64_t b = lo; b < hi; ++b)
       backwardEntry(P, w, b, go + b * d.tq * d.ev, out + b * d.tq * d.ev, lse + b * d.tq, dq + b * d.tq * d.e,
                     dk + b * d.tk * d.e, dv + b * d.tk * d.ev);
   });
 }
 
-template <typename C>
-Problem<C> makeProblem(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, const Dims& d,
-                       double scale, bool causal, const DropoutKeys& drop) {
-  Problem<C> P;
+template <typename C, typename S = C>
+Problem<C, S> makeProblem(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, const Dims& d,
+                          double scale, bool causal, const DropoutKeys& drop) {
+  Problem<C, S> P;
   P.d = d;
   P.scale = static_cast<C>(scale);
   P.causal = causal;
-  P.q = makeOperand<C>(q, d, d.tq, d.e);
-  P.k = makeOperand<C>(k, d, d.tk, d.e);
-  P.v = makeOperand<C>(v, d, d.tk, d.ev);
+  P.q = makeOperand<S>(q, d, d.tq, d.e);
+  P.k = makeOperand<S>(k, d, d.tk, d.e);
+  P.v = makeOperand<S>(v, d, d.tk, d.ev);
   P.mask = makeMask<C>(mask, d);
   P.drop = drop;
   return P;
@@ -576,6 +614,7 @@ Shape withDims(const Shape& batch, int64_t a, int64_t b) {
 Tensor fusedAttention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, const Dims& d,
                       double scale, bool causal, const DropoutKeys& drop) {
   const DType ct = q.dtype() == DType::Float64 ? DType::Float64 : DType::Float32;
+  const bool bf16 = q.dtype() == DType::BFloat16 && blas::hgemmNative(blas::HalfType::BFloat16);
   Tensor outC = empty(withDims(d.batch, d.tq, d.ev), {.dtype = ct});
   Shape lseShape = d.batch;
   lseShape.push_back(d.tq);
@@ -583,7 +622,10 @@ Tensor fusedAttention(const Tensor& q, const Tensor& k, const Tensor& v, const T
   {
     autograd::NoGradGuard ng;
     if (outC.numel() > 0 || lse.numel() > 0) {
-      if (ct == DType::Float32) {
+      if (bf16) {
+        Problem<float, BFloat16> P = makeProblem<float, BFloat16>(q, k, v, mask, d, scale, causal, drop);
+        runForward(P, outC.data<float>(), lse.data<float>());
+      } else if (ct == DType::Float32) {
         Problem<float> P = makeProblem<float>(q, k, v, mask, d, scale, causal, drop);
         runForward(P, outC.data<float>(), lse.data<float>());
       } else {
@@ -595,19 +637,24 @@ Tensor fusedAttention(const Tensor& q, const Tensor& k, const Tensor& v, const T
   Tensor out = outC.to(q.dtype());
   const bool hasMask = mask.defined();
   autograd::record(kOp, {q, k, v, mask}, {out}, {q, k, v, mask, outC, lse},
-                   [d, scale, causal, drop, ct, hasMask](Ctx& ctx, const GradList& g) -> GradList {
+                   [d, scale, causal, drop, ct, bf16, hasMask](Ctx& ctx, const GradList& g) -> GradList {
                      GradList r(4);
                      const bool want[3] = {ctx.needsInputGrad(0), ctx.needsInputGrad(1), ctx.needsInputGrad(2)};
                      if (!want[0] && !want[1] && !want[2]) return r;
                      Tensor qs = ctx.saved(0), ks = ctx.saved(1), vs = ctx.saved(2);
                      Tensor ms = hasMask ? ctx.saved(3) : Tensor();
                      Tensor outS = ctx.saved(4), lseS = ctx.saved(5);
-                     Tensor go = g[0].to(ct).contiguous();
+                     Tensor go = g[0].to(bf16 ? DType::BFloat16 : ct).contiguous();
                      Tensor dq = zeros(withDims(d.batch, d.tq, d.e), {.dtype = ct});
                      Tensor dk = zeros(withDims(d.batch, d.tk, d.e), {.dtype = ct});
                      Tensor dv = zeros(withDims(d.batch, d.tk, d.ev), {.dtype = ct});
                      if (go.numel() > 0 && d.tk > 0) {
-                       if (ct == DType::Float32) {
+                       if (bf16) {
+                         Problem<float, BFloat16> P =
+                             makeProblem<float, BFloat16>(qs, ks, vs, ms, d, scale, causal, drop);
+                         runBackward(P, go.data<BFloat16>(), outS.data<float>(), lseS.data<float>(), dq.data<float>(),
+                                     dk.data<float>(), dv.data<float>());
+                       } else if (ct == DType::Float32) {
                          Problem<float> P = makeProblem<float>(qs, ks, vs, ms, d, scale, causal, drop);
                          runBackward(P, go.data<float>(), outS.data<float>(), lseS.data<float>(), dq.data<float>(),
                                      dk.data<float>(), dv.data<float>());
