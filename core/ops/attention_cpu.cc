@@ -72,16 +72,16 @@ void gemm(blas::Trans ta, blas::Trans tb, int64_t m, int64_t n, int64_t k, C alp
   else blas::dgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-// The tile src [rows, cols] (row stride ld) as the storage type S: src itself when S is C, else
-// rounded row by row into buf (same stride), which is returned.
+// A tile as the storage type S: the C tile itself, or its copy rounded to S (which the caller fills
+// row by row, while each row is in cache).
 template <typename C, typename S>
-const S* asStorage(const C* src, S* buf, int64_t rows, int64_t cols, int64_t ld) {
+const S* tileAs(const C* c, const S* rounded) {
   if constexpr (std::is_same_v<S, C>) {
-    (void)buf, (void)rows, (void)cols, (void)ld;
-    return src;
+    (void)rounded;
+    return c;
   } else {
-    for (int64_t i = 0; i < rows; ++i) floatToBFloat16N(src + i * ld, buf + i * ld, cols);
-    return buf;
+    (void)c;
+    return rounded;
   }
 }
 
@@ -212,8 +212,9 @@ struct Problem {
 
 // ---- tile helpers -------------------------------------------------------------------------------------
 
-// Adds the mask and the causal triangle to the score tile s [rows, cols] (row stride lds) whose
-// top-left element is (query q0, key k0) of batch entry b.
+// Adds the mask to the score tile s [rows, cols] (row stride lds) whose top-left element is (query
+// q0, key k0) of batch entry b. The causal mask is not applied here: keptCols gives each row's
+// length, and the weights past it are set to zero without computing them.
 template <typename C, typename S>
 void maskTile(const Problem<C, S>& P, C* s, int64_t lds, int64_t b, int64_t q0, int64_t rows, int64_t k0,
               int64_t cols) {
@@ -239,13 +240,13 @@ void maskTile(const Problem<C, S>& P, C* s, int64_t lds, int64_t b, int64_t q0, 
       }
     }
   }
-  if (P.causal && k0 + cols - 1 > q0) {
-    for (int64_t i = 0; i < rows; ++i) {
-      const int64_t first = std::max<int64_t>(q0 + i + 1 - k0, 0);  // first key column after row q0+i
-      C* r = s + i * lds;
-      for (int64_t j = first; j < cols; ++j) r[j] = kNegInf<C>;
-    }
-  }
+}
+
+// How many of the key columns k0, k0 + 1, ... k0 + cols - 1 query row q sees: all without a causal
+// mask, else those up to the diagonal (aligned at the top left: row q sees keys 0..q).
+template <typename C, typename S>
+int64_t keptCols(const Problem<C, S>& P, int64_t q, int64_t k0, int64_t cols) {
+  return P.causal ? std::clamp<int64_t>(q + 1 - k0, 0, cols) : cols;
 }
 
 // Eight floats in one AVX register (GCC/Clang vector extension; plain code on other targets). No
@@ -342,10 +343,12 @@ void forwardBlock(const Problem<C, S>& P, FwdScratch<C, S>& w, int64_t b, int64_
     const bool first = k0 == 0;
     for (int64_t i = 0; i < rows; ++i) {
       C* r = w.s + i * lds;
-      const C mNew = std::max(w.m[i], rowMax(r, cols));
+      const int64_t kept = keptCols(P, q0 + i, k0, cols);
+      const C mNew = std::max(w.m[i], rowMax(r, kept));
       const C shift = mNew == kNegInf<C> ? C(0) : mNew;  // a row masked so far stays at 0 weight
       const C corr = expC<C>(w.m[i] - shift);
-      const C sum = expRow(r, cols, shift);
+      const C sum = expRow(r, kept, shift);
+      std::fill(r + kept, r + cols, C(0));
       w.l[i] = w.l[i] * corr + sum;
       w.m[i] = mNew;
       if (!first && corr != C(1)) {
@@ -353,8 +356,9 @@ void forwardBlock(const Problem<C, S>& P, FwdScratch<C, S>& w, int64_t b, int64_
         for (int64_t e = 0; e < d.ev; ++e) a[e] *= corr;
       }
       if (P.drop.on) dropRow(r, r, cols, P.drop.row(b, q0 + i), k0, P.drop.threshold, dropScale);
+      if constexpr (!std::is_same_v<S, C>) storeRow(r, w.ps + i * lds, cols);
     }
-    gemm<C, S>(blas::Trans::No, blas::Trans::No, rows, d.ev, cols, C(1), asStorage(w.s, w.ps, rows, cols, lds), lds,
+    gemm<C, S>(blas::Trans::No, blas::Trans::No, rows, d.ev, cols, C(1), tileAs(w.s, w.ps), lds,
                P.v.at(b) + k0 * P.v.ld, P.v.ld, first ? C(0) : C(1), w.acc, std::max<int64_t>(d.ev, 1));
   }
   for (int64_t i = 0; i < rows; ++i) {
@@ -447,10 +451,13 @@ void backwardEntry(const Problem<C, S>& P, BwdScratch<C, S>& w, int64_t b, const
       for (int64_t i = 0; i < rows; ++i) {
         C* r = w.s + i * lds;
         const C shift = lse[q0 + i];
-        for (int64_t j = 0; j < cols; ++j) r[j] = expC<C>(r[j] - shift);  // P (NaN for a fully masked row)
+        const int64_t kept = keptCols(P, q0 + i, k0, cols);
+        for (int64_t j = 0; j < kept; ++j) r[j] = expC<C>(r[j] - shift);  // P (NaN for a fully masked row)
+        std::fill(r + kept, r + cols, C(0));
         if (P.drop.on) dropRow(w.pd + i * lds, r, cols, P.drop.row(b, q0 + i), k0, P.drop.threshold, dropScale);
+        if constexpr (!std::is_same_v<S, C>) storeRow(P.drop.on ? w.pd + i * lds : r, w.ps + i * lds, cols);
       }
-      const S* pd = asStorage(P.drop.on ? w.pd : w.s, w.ps, rows, cols, lds);
+      const S* pd = tileAs(P.drop.on ? w.pd : w.s, w.ps);
       gemm<C, S>(blas::Trans::Yes, blas::Trans::No, cols, d.ev, rows, C(1), pd, lds, dO, ldo, C(1), dV,
                  std::max<int64_t>(d.ev, 1));
       gemm<C, S>(blas::Trans::No, blas::Trans::Yes, rows, cols, d.ev, C(1), dO, ldo, V, P.v.ld, C(0), w.dp, lds);
@@ -468,8 +475,9 @@ void backwardEntry(const Problem<C, S>& P, BwdScratch<C, S>& w, int64_t b, const
         } else {
           for (int64_t j = 0; j < cols; ++j) g[j] = p[j] * (g[j] - di);
         }
+        if constexpr (!std::is_same_v<S, C>) storeRow(g, w.dss + i * lds, cols);
       }
-      const S* ds = asStorage(w.dp, w.dss, rows, cols, lds);
+      const S* ds = tileAs(w.dp, w.dss);
       gemm<C, S>(blas::Trans::No, blas::Trans::No, rows, d.e, cols, P.scale, ds, lds, K, P.k.ld, C(1), dq + q0 * d.e,
                  lde);
       gemm<C, S>(blas::Trans::Yes, blas::Trans::No, cols, d.e, rows, P.scale, ds, lds, Q, P.q.ld, C(1), dK, lde);
