@@ -213,9 +213,45 @@ void powTensor(float* out, const float* a, const float* b, int64_t n) {
   if (i < n) block(i, static_cast<__mmask16>((1u << (n - i)) - 1));
 }
 
+// bfloat16 <-> float32 for halfBlocks, bit-identical to bfloat16ToFloatN / floatToBFloat16N
+// (core/tensor/half.h): widening shifts the 16 bits up; narrowing rounds to nearest even by
+// integer arithmetic (the AVX512-BF16 instruction would flush subnormal inputs to zero) and turns
+// a NaN into the quiet NaN of its sign and top bits, 16 lanes at a time with one vpmovdw.
+void bf16ToFloat(float* out, const uint16_t* in, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i));
+    _mm512_storeu_ps(out + i, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+  }
+  if (i < n) {
+    const __mmask16 k = static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m256i h = _mm256_maskz_loadu_epi16(k, in + i);
+    _mm512_mask_storeu_ps(out + i, k, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+  }
+}
+
+void floatToBf16(uint16_t* out, const float* in, int64_t n) {
+  const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff), quiet = _mm512_set1_epi32(0x40);
+  const __m512i absMask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+  auto block = [&](int64_t i, __mmask16 k) {
+    const __m512i u = _mm512_castps_si512(_mm512_maskz_loadu_ps(k, in + i));
+    const __m512i hi = _mm512_srli_epi32(u, 16);
+    const __m512i rounded =
+        _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, bias), _mm512_and_si512(hi, one)), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, absMask), inf);
+    const __m512i r = _mm512_mask_blend_epi32(nan, rounded, _mm512_or_si512(hi, quiet));
+    _mm256_mask_storeu_epi16(out + i, k, _mm512_cvtepi32_epi16(r));
+  };
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) block(i, 0xffff);
+  if (i < n) block(i, static_cast<__mmask16>((1u << (n - i)) - 1));
+}
+
 #else
 
 bool built() { return false; }
+void bf16ToFloat(float*, const uint16_t*, int64_t) {}
+void floatToBf16(uint16_t*, const float*, int64_t) {}
 void exp(float*, const float*, int64_t) {}
 void log(float*, const float*, int64_t) {}
 void tanh(float*, const float*, int64_t) {}
