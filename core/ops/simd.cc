@@ -174,4 +174,16 @@ Tensor powScalar(const Tensor& a, const vecmath::PowExponent& p) {
 
 Tensor powTensor(const Tensor& a, const Tensor& b) { return binary(a, b, avx512::powTensor); }
 
+bool widenBFloat16(const BFloat16* src, float* dst, int64_t n) {
+  if (!enabled()) return false;
+  avx512::bf16ToFloat(dst, reinterpret_cast<const uint16_t*>(src), n);
+  return true;
+}
+
+bool roundToBFloat16(const float* src, BFloat16* dst, int64_t n) {
+  if (!enabled()) return false;
+  avx512::floatToBf16(reinterpret_cast<uint16_t*>(dst), src, n);
+  return true;
+}
+
 }  // namespace cohort::detail::simd

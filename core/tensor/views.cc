@@ -5,6 +5,7 @@
 #include <cohort/core/amp/autocast.h>
 #include <cohort/core/autograd/function.h>
 #include <cohort/core/ops/detail/elementwise_dispatch.h>
+#include <cohort/core/ops/detail/simd.h>
 #include <cohort/core/ops/ops.h>
 #include <cohort/core/profiler/record.h>
 #include <cohort/core/tensor/iter.h>
@@ -383,9 +384,11 @@ Tensor& Tensor::copy_(const Tensor& src) {
     } else if (flat && from.dtype() == DType::Float16 && dtype() == DType::Float32) {
       halfToFloatN(from.data<Half>(), data<float>(), numel());
     } else if (flat && from.dtype() == DType::Float32 && dtype() == DType::BFloat16) {
-      floatToBFloat16N(from.data<float>(), data<BFloat16>(), numel());
+      if (!detail::simd::roundToBFloat16(from.data<float>(), data<BFloat16>(), numel()))
+        floatToBFloat16N(from.data<float>(), data<BFloat16>(), numel());
     } else if (flat && from.dtype() == DType::BFloat16 && dtype() == DType::Float32) {
-      bfloat16ToFloatN(from.data<BFloat16>(), data<float>(), numel());
+      if (!detail::simd::widenBFloat16(from.data<BFloat16>(), data<float>(), numel()))
+        bfloat16ToFloatN(from.data<BFloat16>(), data<float>(), numel());
     } else {
       COHORT_DISPATCH(dtype(), "copy_", [&]<typename D>() {
         COHORT_DISPATCH(from.dtype(), "copy_", [&]<typename S>() {

@@ -52,6 +52,11 @@ Tensor unary(const Tensor& a, Unary k);
 // (or both float16) through the same blocks as unary; else undefined.
 Tensor unaryGrad(const Tensor& g, const Tensor& x, UnaryGrad k);
 Tensor powScalar(const Tensor& a, const vecmath::PowExponent& e);
+// n contiguous bfloat16 values widened to float32, or float32 values rounded to bfloat16, by the
+// AVX-512 loops (bit-identical to bfloat16ToFloatN / floatToBFloat16N); false, with nothing
+// written, when they are not enabled.
+bool widenBFloat16(const BFloat16* src, float* dst, int64_t n);
+bool roundToBFloat16(const float* src, BFloat16* dst, int64_t n);
 // a and b of the same shape, both float32 and contiguous; else undefined.
 Tensor powTensor(const Tensor& a, const Tensor& b);
 
