@@ -389,6 +389,12 @@ Tensor& Tensor::copy_(const Tensor& src) {
     } else if (flat && from.dtype() == DType::BFloat16 && dtype() == DType::Float32) {
       if (!detail::simd::widenBFloat16(from.data<BFloat16>(), data<float>(), numel()))
         bfloat16ToFloatN(from.data<BFloat16>(), data<float>(), numel());
+    } else if (from.dtype() == dtype() && (elementSize() == 2 || elementSize() == 4)) {
+      // Same dtype, strided: the elements' bits move as they are (a bfloat16 is not widened to
+      // float and rounded back, which also keeps every NaN's payload, as memcpy does).
+      auto bits = [](auto v) { return v; };
+      if (elementSize() == 2) detail::mapKernel<uint16_t, uint16_t, 1>(*this, {from}, bits);
+      else detail::mapKernel<uint32_t, uint32_t, 1>(*this, {from}, bits);
     } else {
       COHORT_DISPATCH(dtype(), "copy_", [&]<typename D>() {
         COHORT_DISPATCH(from.dtype(), "copy_", [&]<typename S>() {

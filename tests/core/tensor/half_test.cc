@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <iterator>
 #include <limits>
@@ -370,4 +371,23 @@ TEST(BFloat16, BulkConversionsMatchTheScalarOnesBitForBit) {
   for (size_t i = 0; i < in.size(); ++i) ASSERT_EQ(tp[i].bits, out[i].bits) << std::hex << floatBits(in[i]);
   std::vector<float> tb = t.to(DType::Float32).toVector<float>();
   for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(floatBits(tb[i]), floatBits(back[i])) << i;
+}
+
+// A strided copy within one dtype moves each element's bits unchanged: bfloat16 and float16 are not
+// widened and rounded back (which would quiet a signalling NaN), as the contiguous memcpy path.
+TEST(HalfTensors, StridedCopiesKeepEveryBitPattern) {
+  for (DType dt : {DType::BFloat16, DType::Float16}) {
+    std::vector<uint16_t> bits(3 * 70);
+    for (size_t i = 0; i < bits.size(); ++i) bits[i] = static_cast<uint16_t>(i * 2654435761u >> 7);
+    bits[1] = dt == DType::BFloat16 ? 0x7f81 : 0x7c01;  // signalling NaNs
+    bits[2] = dt == DType::BFloat16 ? 0xff81 : 0xfc01;
+    Tensor t = empty({3, 70}, {.dtype = dt});
+    std::memcpy(t.dataPtr(), bits.data(), bits.size() * 2);
+    Tensor tt = t.transpose(0, 1).contiguous();  // [70, 3], a strided read
+    ASSERT_EQ(tt.sizes(), (Shape{70, 3}));
+    const auto* p = static_cast<const uint16_t*>(tt.dataPtr());
+    for (int64_t i = 0; i < 3; ++i)
+      for (int64_t j = 0; j < 70; ++j)
+        ASSERT_EQ(p[j * 3 + i], bits[i * 70 + j]) << dtypeName(dt) << " " << i << "," << j;
+  }
 }
