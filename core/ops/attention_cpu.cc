@@ -38,6 +38,7 @@
 #include <cohort/core/autograd/grad_mode.h>
 #include <cohort/core/blas/blas.h>
 #include <cohort/core/ops/detail/attention.h>
+#include <cohort/core/ops/detail/simd.h>
 #include <cohort/core/ops/detail/vec_math.h>
 #include <cohort/core/util/parallel.h>
 
@@ -277,6 +278,10 @@ C rowMax(const C* x, int64_t n) {
 // x[j] = exp(x[j] - shift) for j < n; returns the sum.
 template <typename C>
 C expRow(C* x, int64_t n, C shift) {
+  if constexpr (std::is_same_v<C, float>) {
+    float sum = 0.0f;
+    if (simd::expShifted(x, n, shift, &sum)) return sum;  // 16 lanes where the CPU has AVX-512
+  }
   for (int64_t j = 0; j < n; ++j) x[j] = expC<C>(x[j] - shift);
   int64_t j = 0;
   C total = 0;
@@ -452,7 +457,11 @@ void backwardEntry(const Problem<C, S>& P, BwdScratch<C, S>& w, int64_t b, const
         C* r = w.s + i * lds;
         const C shift = lse[q0 + i];
         const int64_t kept = keptCols(P, q0 + i, k0, cols);
-        for (int64_t j = 0; j < kept; ++j) r[j] = expC<C>(r[j] - shift);  // P (NaN for a fully masked row)
+        // P (NaN for a fully masked row)
+        bool done = false;
+        if constexpr (std::is_same_v<C, float>) done = simd::expShifted(r, kept, shift, nullptr);
+        if (!done)
+          for (int64_t j = 0; j < kept; ++j) r[j] = expC<C>(r[j] - shift);
         std::fill(r + kept, r + cols, C(0));
         if (P.drop.on) dropRow(w.pd + i * lds, r, cols, P.drop.row(b, q0 + i), k0, P.drop.threshold, dropScale);
         if constexpr (!std::is_same_v<S, C>) storeRow(P.drop.on ? w.pd + i * lds : r, w.ps + i * lds, cols);

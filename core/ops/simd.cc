@@ -32,6 +32,7 @@ void powTensor(float*, const float*, const float*, int64_t);
 void geluErfGrad(float*, const float*, const float*, int64_t);
 void geluTanhGrad(float*, const float*, const float*, int64_t);
 void siluGrad(float*, const float*, const float*, int64_t);
+void expShift(float*, int64_t, float, float*);
 void bf16ToFloat(float*, const uint16_t*, int64_t);
 void floatToBf16(uint16_t*, const float*, int64_t);
 }  // namespace avx512
@@ -173,6 +174,12 @@ Tensor powScalar(const Tensor& a, const vecmath::PowExponent& p) {
 }
 
 Tensor powTensor(const Tensor& a, const Tensor& b) { return binary(a, b, avx512::powTensor); }
+
+bool expShifted(float* x, int64_t n, float shift, float* sum) {
+  if (!enabled()) return false;
+  avx512::expShift(x, n, shift, sum);
+  return true;
+}
 
 bool widenBFloat16(const BFloat16* src, float* dst, int64_t n) {
   if (!enabled()) return false;

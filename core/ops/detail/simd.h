@@ -52,6 +52,10 @@ Tensor unary(const Tensor& a, Unary k);
 // (or both float16) through the same blocks as unary; else undefined.
 Tensor unaryGrad(const Tensor& g, const Tensor& x, UnaryGrad k);
 Tensor powScalar(const Tensor& a, const vecmath::PowExponent& e);
+// x[j] = exp(x[j] - shift) for j < n (vecmath::exp), and with sum the total of the results, summed as
+// the fused attention's portable row loop sums them (two 8-lane partial sums over blocks of 16,
+// then the tail): the same bits either way. false, with nothing done, when not enabled.
+bool expShifted(float* x, int64_t n, float shift, float* sum);
 // n contiguous bfloat16 values widened to float32, or float32 values rounded to bfloat16, by the
 // AVX-512 loops (bit-identical to bfloat16ToFloatN / floatToBFloat16N); false, with nothing
 // written, when they are not enabled.

@@ -13,6 +13,7 @@
 
 #include <cohort/cohort.h>
 #include <cohort/core/blas/blas.h>
+#include <cohort/core/ops/detail/simd.h>
 #include <cohort/core/tensor/allocator.h>
 
 #include "core/gradcheck.h"
@@ -505,6 +506,29 @@ TEST(Attention, ThreadCountDoesNotChangeResults) {
   Grads two = run(fused, q, k, v, w);
   blas::setNumThreads(before);
   expectClose(one, two, 1e-13, "1 vs 2 threads");
+}
+
+// The softmax rows' exp runs 16 lanes at a time where the CPU has AVX-512, else the portable loop;
+// float32 and bfloat16 results are the same bits either way (forward and backward, causal and
+// masked rows of odd lengths).
+TEST(Attention, AvxWidthDoesNotChangeResults) {
+  if (!detail::simd::enabled()) GTEST_SKIP() << "no AVX-512 here: only the portable loop runs";
+  Generator g(5);
+  Tensor q = randn({2, 3, 77, 16}, {}, &g), k = randn({2, 3, 77, 16}, {}, &g), v = randn({2, 3, 77, 16}, {}, &g);
+  Tensor w = randn({2, 3, 77, 16}, {.dtype = DType::Float64}, &g);
+  Tensor mask = rand({77, 77}, {}, &g).gt(full({}, 0.3));
+  mask.slice(1, 0, 1).fill_(true);
+  for (DType dt : {DType::Float32, DType::BFloat16})
+    for (bool causal : {true, false}) {
+      auto fused = [&](const Tensor& a, const Tensor& b, const Tensor& d) {
+        return scaledDotProductAttention(a, b, d, {.mask = causal ? Tensor() : mask, .causal = causal});
+      };
+      Grads wide = run(fused, q.to(dt), k.to(dt), v.to(dt), w);
+      detail::simd::setEnabled(false);
+      Grads portable = run(fused, q.to(dt), k.to(dt), v.to(dt), w);
+      detail::simd::setEnabled(true);
+      expectClose(wide, portable, 0.0, std::string(dtypeName(dt)) + (causal ? " causal" : " masked"));
+    }
 }
 
 // ---- errors ------------------------------------------------------------------------------------
