@@ -167,6 +167,15 @@ Operand<C> makeOperand(const Tensor& t, const SdpaDims& d, int64_t rows, int64_t
   return op;
 }
 
+// The output [batch..., rows, cols], written in place: row stride ld, batch entries at off.
+template <typename S>
+struct OutRows {
+  S* base = nullptr;
+  std::vector<int64_t> off;
+  int64_t ld = 1;
+  S* at(int64_t b) const { return base + off[static_cast<size_t>(b)]; }
+};
+
 // The mask, broadcast to [batch..., Tq, Tk] by strides (never materialised at that shape).
 template <typename C>
 struct MaskView {
@@ -331,7 +340,7 @@ struct FwdScratch {
 
 // One block of query rows [q0, q0 + kFwdBlockQ) of batch entry b: out rows and their log-sum-exp.
 template <typename C, typename S>
-void forwardBlock(const Problem<C, S>& P, FwdScratch<C, S>& w, int64_t b, int64_t q0, S* out, C* lse) {
+void forwardBlock(const Problem<C, S>& P, FwdScratch<C, S>& w, int64_t b, int64_t q0, const OutRows<S>& out, C* lse) {
   const SdpaDims& d = P.d;
   const int64_t rows = std::min(kFwdBlockQ, d.tq - q0);
   const int64_t lds = kFwdBlockK;
@@ -380,12 +389,12 @@ void forwardBlock(const Problem<C, S>& P, FwdScratch<C, S>& w, int64_t b, int64_
       for (int64_t e = 0; e < d.ev; ++e) a[e] *= inv;
       ls = w.m[i] + std::log(w.l[i]);
     }
-    storeRow(a, out + ((b * d.tq) + q0 + i) * d.ev, d.ev);
+    storeRow(a, out.at(b) + (q0 + i) * out.ld, d.ev);
   }
 }
 
 template <typename C, typename S>
-void runForward(const Problem<C, S>& P, S* out, C* lse) {
+void runForward(const Problem<C, S>& P, const OutRows<S>& out, C* lse) {
   const SdpaDims& d = P.d;
   const int64_t blocks = (d.tq + kFwdBlockQ - 1) / kFwdBlockQ;
   parallelFor(d.nb * blocks, 1, [&](int64_t lo, int64_t hi) {
@@ -535,7 +544,11 @@ bool bf16Products(DType dt) { return dt == DType::BFloat16 && blas::hgemmNative(
 template <typename C, typename S>
 void forwardAs(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaCpuArgs& a, Tensor& out, Tensor& lse) {
   Problem<C, S> P = makeProblem<C, S>(q, k, v, a.mask, a.d, a.scale, a.causal, a.drop);
-  runForward(P, out.data<S>(), lse.data<C>());
+  OutRows<S> rows;
+  rows.base = out.numel() > 0 ? out.data<S>() : nullptr;
+  rows.off = batchOffsets(out, a.d.batch.size(), a.d.nb);
+  rows.ld = a.d.tq > 1 ? out.stride(-2) : std::max<int64_t>(a.d.ev, 1);
+  runForward(P, rows, lse.data<C>());
 }
 
 template <typename C, typename S>
@@ -553,7 +566,12 @@ void sdpaCpuForward(const Tensor& q, const Tensor& k, const Tensor& v, const Sdp
   const SdpaDims& d = a.d;
   const DType ct = q.dtype() == DType::Float64 ? DType::Float64 : DType::Float32;
   const bool bf16 = bf16Products(q.dtype());
-  Tensor o = empty(withDims(d.batch, d.tq, d.ev), {.dtype = bf16 ? DType::BFloat16 : ct});
+  // With two batch dims, [B, H, Tq, Ev] (heads), the output is laid out [B, Tq, H, Ev] and returned
+  // as that permuted: the heads side by side again (out.transpose(1, 2) and a view to [B, Tq,
+  // H * Ev], what a multi-head layer does next) is then free, not a copy.
+  const TensorOptions to{.dtype = bf16 ? DType::BFloat16 : ct};
+  Tensor o = d.batch.size() == 2 ? empty({d.batch[0], d.tq, d.batch[1], d.ev}, to).permute({0, 2, 1, 3})
+                                 : empty(withDims(d.batch, d.tq, d.ev), to);
   Shape lseShape = d.batch;
   lseShape.push_back(d.tq);
   lse = empty(lseShape, {.dtype = ct});

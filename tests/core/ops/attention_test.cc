@@ -531,6 +531,24 @@ TEST(Attention, AvxWidthDoesNotChangeResults) {
     }
 }
 
+// With [B, H, T, E] inputs the output is laid out [B, T, H, E] (returned permuted), so putting the
+// heads side by side again, transpose(1, 2) then a view, copies nothing; values are unaffected.
+TEST(Attention, OutputLaysTheHeadsSideBySide) {
+  Generator g(9);
+  for (DType dt : {DType::Float32, DType::BFloat16, DType::Float64}) {
+    Tensor q = randn({2, 3, 9, 4}, {}, &g).to(dt), k = randn({2, 3, 9, 4}, {}, &g).to(dt),
+           v = randn({2, 3, 9, 4}, {}, &g).to(dt);
+    Tensor y = scaledDotProductAttention(q, k, v, {.causal = true});
+    EXPECT_EQ(y.sizes(), (Shape{2, 3, 9, 4}));
+    EXPECT_TRUE(y.transpose(1, 2).isContiguous()) << dtypeName(dt);
+    Tensor side = y.transpose(1, 2).view({2, 9, 12});
+    EXPECT_EQ(maxAbsDiff(side, y.transpose(1, 2).contiguous().reshape({2, 9, 12})), 0.0);
+    // One batch dim, or three: contiguous as before.
+    EXPECT_TRUE(
+        scaledDotProductAttention(q.select(0, 0), k.select(0, 0), v.select(0, 0), {.causal = true}).isContiguous());
+  }
+}
+
 // ---- errors ------------------------------------------------------------------------------------
 
 TEST(Attention, ArgumentErrors) {
