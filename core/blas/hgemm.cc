@@ -586,13 +586,23 @@ void hgemmFallback(HalfType type, bool cFloat32, Trans ta, Trans tb, int64_t m, 
   hgemmChecked(false, type, cFloat32, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+namespace {
+
+// sgemmBias's and hgemmBias's argument checks (ValueError naming `op`); whether there is a C to write.
+bool checkBiasArgs(const char* op, Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
+                   int64_t ldc, const void* a, const void* b, const float* bias, const void* c) {
+  checkArgs(op, ta, tb, m, n, k, lda, ldb, ldc);
+  COHORT_CHECK_T(ValueError, (a != nullptr || m * k == 0) && (b != nullptr || k * n == 0) && c != nullptr,
+                 "{}: a null matrix pointer (m={} n={} k={})", op, m, n, k);
+  COHORT_CHECK_T(ValueError, bias != nullptr || n == 0, "{}: a null bias (n={})", op, n);
+  return m > 0 && n > 0;
+}
+
+}  // namespace
+
 void hgemmBias(HalfType type, Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda,
                const uint16_t* b, int64_t ldb, const float* bias, uint16_t* c, int64_t ldc) {
-  checkArgs("hgemmBias", ta, tb, m, n, k, lda, ldb, ldc);
-  COHORT_CHECK_T(ValueError, (a != nullptr || m * k == 0) && (b != nullptr || k * n == 0) && c != nullptr,
-                 "hgemmBias: a null matrix pointer (m={} n={} k={})", m, n, k);
-  COHORT_CHECK_T(ValueError, bias != nullptr || n == 0, "hgemmBias: a null bias (n={})", n);
-  if (m == 0 || n == 0) return;
+  if (!checkBiasArgs("hgemmBias", ta, tb, m, n, k, lda, ldb, ldc, a, b, bias, c)) return;
 #if COHORT_BLAS_HAVE_DNNL_API
   if (k > 0 && nativeHalf(type, nullptr)) {
     MatmulKey key{type, false, ta, tb, m, n, k, lda, ldb, ldc, 1.f, 0.f};
@@ -609,11 +619,7 @@ void hgemmBias(HalfType type, Trans ta, Trans tb, int64_t m, int64_t n, int64_t 
 
 void sgemmBias(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
                int64_t ldb, const float* bias, float* c, int64_t ldc) {
-  checkArgs("sgemmBias", ta, tb, m, n, k, lda, ldb, ldc);
-  COHORT_CHECK_T(ValueError, (a != nullptr || m * k == 0) && (b != nullptr || k * n == 0) && c != nullptr,
-                 "sgemmBias: a null matrix pointer (m={} n={} k={})", m, n, k);
-  COHORT_CHECK_T(ValueError, bias != nullptr || n == 0, "sgemmBias: a null bias (n={})", n);
-  if (m == 0 || n == 0) return;
+  if (!checkBiasArgs("sgemmBias", ta, tb, m, n, k, lda, ldb, ldc, a, b, bias, c)) return;
 #if COHORT_BLAS_HAVE_DNNL_API
   // One BLAS thread only: with more, oneDNN's matmul starts an OpenMP team even for a small
   // product (dnnl_sgemm keeps those on the calling thread), and a process forked after that

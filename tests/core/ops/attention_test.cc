@@ -128,6 +128,27 @@ Tensor makeMask(const Case& c, uint64_t seed) {
   }
 }
 
+// A case's float64 q, k, v, an output weighting w (all standard normal) and its mask, from seeds
+// seed + 1, seed + 2, ... (seed is advanced past them).
+struct CaseInputs {
+  Tensor q, k, v, w, mask;
+};
+CaseInputs caseInputs(const Case& c, uint64_t& seed) {
+  auto shape = [&](int64_t t, int64_t e) {
+    Shape s = c.batch;
+    s.push_back(t);
+    s.push_back(e);
+    return s;
+  };
+  CaseInputs in;
+  in.q = randn64(shape(c.tq, c.e), ++seed);
+  in.k = randn64(shape(c.tk, c.e), ++seed);
+  in.v = randn64(shape(c.tk, c.ev), ++seed);
+  in.w = randn64(shape(c.tq, c.ev), ++seed);
+  in.mask = makeMask(c, ++seed);
+  return in;
+}
+
 }  // namespace
 
 // ---- against the unfused formula ------------------------------------------------------------------
@@ -153,15 +174,7 @@ TEST(Attention, MatchesUnfusedFormulaFloat64) {
   };
   uint64_t seed = 10;
   for (const Case& c : cases) {
-    auto shape = [&](int64_t t, int64_t e) {
-      Shape s = c.batch;
-      s.push_back(t);
-      s.push_back(e);
-      return s;
-    };
-    Tensor q = randn64(shape(c.tq, c.e), ++seed), k = randn64(shape(c.tk, c.e), ++seed);
-    Tensor v = randn64(shape(c.tk, c.ev), ++seed), w = randn64(shape(c.tq, c.ev), ++seed);
-    Tensor mask = makeMask(c, ++seed);
+    const auto [q, k, v, w, mask] = caseInputs(c, seed);
     Grads fused =
         run([&](const Tensor& a, const Tensor& b,
                 const Tensor& d) { return scaledDotProductAttention(a, b, d, {.mask = mask, .causal = c.causal}); },
@@ -350,15 +363,7 @@ TEST(Attention, HalfTypes) {
   };
   uint64_t seed = 70;
   for (const auto& [c, p] : cases) {
-    auto shape = [&](int64_t t, int64_t e) {
-      Shape s = c.batch;
-      s.push_back(t);
-      s.push_back(e);
-      return s;
-    };
-    Tensor q = randn64(shape(c.tq, c.e), ++seed), k = randn64(shape(c.tk, c.e), ++seed);
-    Tensor v = randn64(shape(c.tk, c.ev), ++seed), w = randn64(shape(c.tq, c.ev), ++seed);
-    Tensor mask = makeMask(c, ++seed);
+    const auto [q, k, v, w, mask] = caseInputs(c, seed);
     const uint64_t dropSeed = ++seed;
     auto fused = [&](const Tensor& a, const Tensor& b, const Tensor& d) {
       Generator g(dropSeed);
