@@ -174,7 +174,8 @@ TEST(Attention, MatchesUnfusedFormulaFloat64) {
   };
   uint64_t seed = 10;
   for (const Case& c : cases) {
-    const auto [q, k, v, w, mask] = caseInputs(c, seed);
+    const CaseInputs in = caseInputs(c, seed);
+    const Tensor &q = in.q, &k = in.k, &v = in.v, &w = in.w, &mask = in.mask;
     Grads fused =
         run([&](const Tensor& a, const Tensor& b,
                 const Tensor& d) { return scaledDotProductAttention(a, b, d, {.mask = mask, .causal = c.causal}); },
@@ -362,8 +363,11 @@ TEST(Attention, HalfTypes) {
       {{{2, 2}, 130, 65, 64, 32, false, 3}, 0.0}, {{{2, 2}, 70, 90, 16, 8, true}, 0.3},
   };
   uint64_t seed = 70;
-  for (const auto& [c, p] : cases) {
-    const auto [q, k, v, w, mask] = caseInputs(c, seed);
+  for (const HalfCase& hc : cases) {
+    const Case& c = hc.c;
+    const double p = hc.dropout;
+    const CaseInputs in = caseInputs(c, seed);
+    const Tensor &q = in.q, &k = in.k, &v = in.v, &w = in.w, &mask = in.mask;
     const uint64_t dropSeed = ++seed;
     auto fused = [&](const Tensor& a, const Tensor& b, const Tensor& d) {
       Generator g(dropSeed);
