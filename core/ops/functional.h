@@ -2,7 +2,7 @@
  * Neural-network functions: the building blocks of nn modules and losses. Differentiable;
  * float16/bfloat16 inputs compute in float32 inside the kernels.
  *   core/ops/nn_ops.cc: softmax .. embedding, dropout;  core/ops/conv.cc: conv2d and pooling;
- *   core/ops/attention.cc: fused scaled-dot-product attention.
+ *   core/ops/attention.cc: scaled-dot-product attention (its CPU kernel: core/ops/attention_cpu.cc).
  */
 #pragma once
 
@@ -73,9 +73,13 @@ struct SdpaOptions {
 };
 // softmax(q k^T * scale + mask) v, with dropout on the attention weights: PyTorch 2's
 // F.scaled_dot_product_attention. q [..., Tq, E], k [..., Tk, E], v [..., Tk, Ev] (batch dims
-// broadcast, e.g. [B, H]) -> [..., Tq, Ev] in q's dtype. Float16/bfloat16 compute in float32.
+// broadcast, e.g. [B, H]) -> [..., Tq, Ev] in q's dtype. Float16 computes in float32; bfloat16
+// multiplies in bfloat16 with float32 accumulation where the CPU has bf16 GEMM (scores and softmax
+// in float32, the weights rounded to bfloat16 for their product with v), else in float32.
 // On the CPU the op is fused: it never holds a [Tq, Tk] matrix, keeps only the output and one
-// log-sum-exp per query row for backward, and recomputes the weights there tile by tile.
+// log-sum-exp per query row for backward, and recomputes the weights there tile by tile. With
+// two batch dims [B, H] the output is laid out [B, Tq, H, Ev] and returned permuted to
+// [B, H, Tq, Ev], so out.transpose(1, 2) is contiguous (the heads side by side again, free).
 // A query row whose every key is masked out gives NaN (as PyTorch), and so do the gradients it
 // reaches. With Tk == 0 the output is zeros. Other devices compute the same formula with
 // matmul and softmax (and the same dropout mask).
@@ -87,8 +91,8 @@ Tensor scaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor&
 // opts.generator), matmul with v. It holds the [..., Tq, Tk] weights, so memory is quadratic in
 // the sequence length and it is slower; use it to reproduce such a model's rounding. Under
 // autocast each of those ops takes its own policy: with bfloat16, the scores and the weights are
-// rounded to bfloat16 (as in PyTorch 1.13 under torch.autocast), where the fused op keeps them in
-// float32. Same arguments, checks and errors as scaledDotProductAttention.
+// rounded to bfloat16 (as in PyTorch 1.13 under torch.autocast), where the fused op keeps the
+// scores and softmax in float32. Same arguments, checks and errors as scaledDotProductAttention.
 Tensor scaledDotProductAttentionMath(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& opts = {});
 // The keep mask (bool, attnShape = [..., Tq, Tk]) that scaledDotProductAttention applies when its
 // attention weights have that shape and it is called with dropout p and `gen` in its present
