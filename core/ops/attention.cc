@@ -31,6 +31,7 @@ using autograd::Ctx;
 using GradList = std::vector<Tensor>;
 using detail::SdpaDims;
 using detail::SdpaDropout;
+using detail::sdpaShape;
 
 namespace {
 
@@ -122,13 +123,6 @@ uint64_t drawDropoutKey(Generator* gen) {
   return static_cast<uint64_t>(w[0]) << 32 | w[1];
 }
 
-Shape withDims(const Shape& batch, int64_t a, int64_t b) {
-  Shape s = batch;
-  s.push_back(a);
-  s.push_back(b);
-  return s;
-}
-
 // The fused op on the CPU.
 Tensor fusedAttention(const Tensor& q, const Tensor& k, const Tensor& v, const detail::SdpaCpuArgs& args) {
   Tensor out, lse;
@@ -193,7 +187,7 @@ Tensor deviceFusedAttention(const Tensor& q, const Tensor& k, const Tensor& v, c
     lse = empty({d.nb, d.tq}, {.dtype = DType::Float32, .device = q.device()});
     forward(out, lse, qc, kc, vc, scale, causal);
   }
-  Tensor result = out.view(withDims(d.batch, d.tq, d.e));
+  Tensor result = out.view(sdpaShape(d.batch, d.tq, d.e));
   autograd::record(kOp, {q, k, v}, {result}, {qc, kc, vc, out, lse},
                    [d, scale, causal, backward](Ctx& ctx, const GradList& g) -> GradList {
                      GradList r(3);
@@ -203,9 +197,9 @@ Tensor deviceFusedAttention(const Tensor& q, const Tensor& k, const Tensor& v, c
                      Tensor dv = empty(vs.sizes(), {.dtype = vs.dtype(), .device = vs.device()});
                      Tensor go = g[0].to(qs.dtype()).contiguous().reshape(qs.sizes());
                      backward(dq, dk, dv, qs, ks, vs, ctx.saved(3), ctx.saved(4), go, scale, causal);
-                     if (ctx.needsInputGrad(0)) r[0] = dq.view(withDims(d.batch, d.tq, d.e));
-                     if (ctx.needsInputGrad(1)) r[1] = dk.view(withDims(d.batch, d.tk, d.e));
-                     if (ctx.needsInputGrad(2)) r[2] = dv.view(withDims(d.batch, d.tk, d.ev));
+                     if (ctx.needsInputGrad(0)) r[0] = dq.view(sdpaShape(d.batch, d.tq, d.e));
+                     if (ctx.needsInputGrad(1)) r[1] = dk.view(sdpaShape(d.batch, d.tk, d.e));
+                     if (ctx.needsInputGrad(2)) r[2] = dv.view(sdpaShape(d.batch, d.tk, d.ev));
                      return r;
                    });
   return result;
@@ -238,7 +232,7 @@ Tensor scaledDotProductAttentionMath(const Tensor& q, const Tensor& k, const Ten
   }
   att = softmax(att, -1);
   if (drop.on) {
-    Tensor keep = keepMask(withDims(d.batch, d.tq, d.tk), drop);
+    Tensor keep = keepMask(sdpaShape(d.batch, d.tq, d.tk), drop);
     Tensor z = where(keep, full({}, drop.scale, {.dtype = DType::Float64}), zeros({}, {.dtype = DType::Float64}));
     att = att * z.to(att.dtype()).to(dev);
   }

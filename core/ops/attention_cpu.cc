@@ -99,6 +99,11 @@ void storeRow(const C* src, S* dst, int64_t n) {
   else floatToBFloat16N(src, dst, n);
 }
 
+// Eight floats in one AVX register (GCC/Clang vector extension; plain code on other targets). No
+// function takes or returns one, so no ABI depends on the target's vector width.
+using Vec8 = float __attribute__((vector_size(32)));
+#define COHORT_LOAD8(v, p) std::memcpy(&(v), (p), sizeof(Vec8))
+
 // sum_j a[j] * b[j] in C, over eight lanes for float (a serial sum would be one dependent add per
 // element).
 template <typename C, typename S>
@@ -106,14 +111,12 @@ C dotRow(const S* a, const S* b, int64_t n) {
   C total = 0;
   int64_t j = 0;
   if constexpr (std::is_same_v<C, float>) {
-    using V8 = float __attribute__((vector_size(32)));
-    V8 acc = V8{};
+    Vec8 acc = Vec8{}, va, vb;
     for (; j + 8 <= n; j += 8) {
       float fa[8], fb[8];
       for (int l = 0; l < 8; ++l) fa[l] = static_cast<float>(a[j + l]), fb[l] = static_cast<float>(b[j + l]);
-      V8 va, vb;
-      std::memcpy(&va, fa, sizeof va);
-      std::memcpy(&vb, fb, sizeof vb);
+      COHORT_LOAD8(va, fa);
+      COHORT_LOAD8(vb, fb);
       acc += va * vb;
     }
     for (int l = 0; l < 8; ++l) total += acc[l];
@@ -124,14 +127,14 @@ C dotRow(const S* a, const S* b, int64_t n) {
 
 // ---- operands ---------------------------------------------------------------------------------------
 
-// Element offsets of each batch entry of `t` (whose leading `batchSdpaDims` dims are the batch).
-std::vector<int64_t> batchOffsets(const Tensor& t, size_t batchSdpaDims, int64_t nb) {
+// Element offsets of each batch entry of `t` (whose leading `batchDims` dims are the batch).
+std::vector<int64_t> batchOffsets(const Tensor& t, size_t batchDims, int64_t nb) {
   std::vector<int64_t> off(static_cast<size_t>(nb));
-  std::vector<int64_t> idx(batchSdpaDims, 0);
+  std::vector<int64_t> idx(batchDims, 0);
   int64_t cur = 0;
   for (int64_t b = 0; b < nb; ++b) {
     off[static_cast<size_t>(b)] = cur;
-    for (size_t d = batchSdpaDims; d-- > 0;) {
+    for (size_t d = batchDims; d-- > 0;) {
       cur += t.stride(static_cast<int64_t>(d));
       if (++idx[d] < t.size(static_cast<int64_t>(d))) break;
       cur -= t.stride(static_cast<int64_t>(d)) * t.size(static_cast<int64_t>(d));
@@ -141,40 +144,39 @@ std::vector<int64_t> batchOffsets(const Tensor& t, size_t batchSdpaDims, int64_t
   return off;
 }
 
-// A [batch..., rows, cols] operand read in place: contiguous columns, row stride ld.
-template <typename C>
-struct Operand {
+// A [batch..., rows, cols] tensor used in place: contiguous columns, row stride ld, batch entry b
+// at base + off[b]. T is const for the operands, which are read, and not for the output.
+template <typename T>
+struct Rows {
   Tensor hold;
-  const C* base = nullptr;
+  T* base = nullptr;
   std::vector<int64_t> off;
   int64_t ld = 1;
-  const C* at(int64_t b) const { return base + off[static_cast<size_t>(b)]; }
+  T* at(int64_t b) const { return base + off[static_cast<size_t>(b)]; }
 };
 
-template <typename C>
-Operand<C> makeOperand(const Tensor& t, const SdpaDims& d, int64_t rows, int64_t cols) {
-  Tensor x = t.to(DTypeOf<C>::value);
-  const bool usable = (cols <= 1 || x.stride(-1) == 1) && (rows <= 1 || x.stride(-2) >= std::max<int64_t>(cols, 1));
-  if (!usable) x = x.contiguous();
+// t (already of T's dtype, columns contiguous and rows apart) broadcast to [batch..., rows, cols].
+template <typename T>
+Rows<T> rowsOf(const Tensor& t, const SdpaDims& d, int64_t rows, int64_t cols) {
   Shape full = d.batch;
   full.push_back(rows);
   full.push_back(cols);
-  Operand<C> op;
-  op.hold = x.expand(full);
-  op.base = op.hold.numel() > 0 ? op.hold.template data<C>() : nullptr;
-  op.off = batchOffsets(op.hold, d.batch.size(), d.nb);
-  op.ld = rows <= 1 ? std::max<int64_t>(cols, 1) : op.hold.stride(-2);
-  return op;
+  Rows<T> r;
+  r.hold = t.expand(full);
+  r.base = r.hold.numel() > 0 ? r.hold.template data<std::remove_const_t<T>>() : nullptr;
+  r.off = batchOffsets(r.hold, d.batch.size(), d.nb);
+  r.ld = rows <= 1 ? std::max<int64_t>(cols, 1) : r.hold.stride(-2);
+  return r;
 }
 
-// The output [batch..., rows, cols], written in place: row stride ld, batch entries at off.
-template <typename S>
-struct OutRows {
-  S* base = nullptr;
-  std::vector<int64_t> off;
-  int64_t ld = 1;
-  S* at(int64_t b) const { return base + off[static_cast<size_t>(b)]; }
-};
+// An operand read in place when its layout allows, else from a contiguous copy (and from a copy
+// converted to C when its dtype is not C).
+template <typename C>
+Rows<const C> makeOperand(const Tensor& t, const SdpaDims& d, int64_t rows, int64_t cols) {
+  Tensor x = t.to(DTypeOf<C>::value);
+  const bool usable = (cols <= 1 || x.stride(-1) == 1) && (rows <= 1 || x.stride(-2) >= std::max<int64_t>(cols, 1));
+  return rowsOf<const C>(usable ? x : x.contiguous(), d, rows, cols);
+}
 
 // The mask, broadcast to [batch..., Tq, Tk] by strides (never materialised at that shape).
 template <typename C>
@@ -214,8 +216,8 @@ struct Problem {
   SdpaDims d;
   C scale = 1;
   bool causal = false;
-  Operand<S> q, k, v;
-  Operand<S> go, out;  // backward only: the output's gradient and the output
+  Rows<const S> q, k, v;
+  Rows<const S> go, out;  // backward only: the output's gradient and the output
   MaskView<C> mask;
   SdpaDropout drop;
 };
@@ -259,11 +261,6 @@ int64_t keptCols(const Problem<C, S>& P, int64_t q, int64_t k0, int64_t cols) {
   return P.causal ? std::clamp<int64_t>(q + 1 - k0, 0, cols) : cols;
 }
 
-// Eight floats in one AVX register (GCC/Clang vector extension; plain code on other targets). No
-// function takes or returns one, so no ABI depends on the target's vector width.
-using Vec8 = float __attribute__((vector_size(32)));
-#define COHORT_LOAD8(v, p) std::memcpy(&(v), (p), sizeof(Vec8))
-
 // Maximum of x[0, n); NaN is skipped (it reaches the output through exp anyway).
 template <typename C>
 C rowMax(const C* x, int64_t n) {
@@ -284,14 +281,18 @@ C rowMax(const C* x, int64_t n) {
   return mx;
 }
 
-// x[j] = exp(x[j] - shift) for j < n; returns the sum.
+// x[j] = exp(x[j] - shift) for j < n.
+template <typename C>
+void expShiftRow(C* x, int64_t n, C shift) {
+  if constexpr (std::is_same_v<C, float>)
+    if (simd::expShifted(x, n, shift)) return;  // 16 lanes where the CPU has AVX-512, the same bits
+  for (int64_t j = 0; j < n; ++j) x[j] = expC<C>(x[j] - shift);
+}
+
+// expShiftRow, then the sum of the row.
 template <typename C>
 C expRow(C* x, int64_t n, C shift) {
-  if constexpr (std::is_same_v<C, float>) {
-    float sum = 0.0f;
-    if (simd::expShifted(x, n, shift, &sum)) return sum;  // 16 lanes where the CPU has AVX-512
-  }
-  for (int64_t j = 0; j < n; ++j) x[j] = expC<C>(x[j] - shift);
+  expShiftRow(x, n, shift);
   int64_t j = 0;
   C total = 0;
   if constexpr (std::is_same_v<C, float>) {
@@ -340,7 +341,7 @@ struct FwdScratch {
 
 // One block of query rows [q0, q0 + kFwdBlockQ) of batch entry b: out rows and their log-sum-exp.
 template <typename C, typename S>
-void forwardBlock(const Problem<C, S>& P, FwdScratch<C, S>& w, int64_t b, int64_t q0, const OutRows<S>& out, C* lse) {
+void forwardBlock(const Problem<C, S>& P, FwdScratch<C, S>& w, int64_t b, int64_t q0, const Rows<S>& out, C* lse) {
   const SdpaDims& d = P.d;
   const int64_t rows = std::min(kFwdBlockQ, d.tq - q0);
   const int64_t lds = kFwdBlockK;
@@ -394,7 +395,7 @@ void forwardBlock(const Problem<C, S>& P, FwdScratch<C, S>& w, int64_t b, int64_
 }
 
 template <typename C, typename S>
-void runForward(const Problem<C, S>& P, const OutRows<S>& out, C* lse) {
+void runForward(const Problem<C, S>& P, const Rows<S>& out, C* lse) {
   const SdpaDims& d = P.d;
   const int64_t blocks = (d.tq + kFwdBlockQ - 1) / kFwdBlockQ;
   parallelFor(d.nb * blocks, 1, [&](int64_t lo, int64_t hi) {
@@ -466,11 +467,7 @@ void backwardEntry(const Problem<C, S>& P, BwdScratch<C, S>& w, int64_t b, const
         C* r = w.s + i * lds;
         const C shift = lse[q0 + i];
         const int64_t kept = keptCols(P, q0 + i, k0, cols);
-        // P (NaN for a fully masked row)
-        bool done = false;
-        if constexpr (std::is_same_v<C, float>) done = simd::expShifted(r, kept, shift, nullptr);
-        if (!done)
-          for (int64_t j = 0; j < kept; ++j) r[j] = expC<C>(r[j] - shift);
+        expShiftRow(r, kept, shift);  // P (NaN for a fully masked row)
         std::fill(r + kept, r + cols, C(0));
         if (P.drop.on) dropRow(w.pd + i * lds, r, cols, P.drop.row(b, q0 + i), k0, P.drop.threshold, dropScale);
         if constexpr (!std::is_same_v<S, C>) storeRow(P.drop.on ? w.pd + i * lds : r, w.ps + i * lds, cols);
@@ -516,26 +513,19 @@ void runBackward(const Problem<C, S>& P, const C* lse, S* dq, S* dk, S* dv) {
   });
 }
 
-template <typename C, typename S = C>
-Problem<C, S> makeProblem(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, const SdpaDims& d,
-                          double scale, bool causal, const SdpaDropout& drop) {
+template <typename C, typename S>
+Problem<C, S> makeProblem(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaCpuArgs& a) {
+  const SdpaDims& d = a.d;
   Problem<C, S> P;
   P.d = d;
-  P.scale = static_cast<C>(scale);
-  P.causal = causal;
+  P.scale = static_cast<C>(a.scale);
+  P.causal = a.causal;
   P.q = makeOperand<S>(q, d, d.tq, d.e);
   P.k = makeOperand<S>(k, d, d.tk, d.e);
   P.v = makeOperand<S>(v, d, d.tk, d.ev);
-  P.mask = makeMask<C>(mask, d);
-  P.drop = drop;
+  P.mask = makeMask<C>(a.mask, d);
+  P.drop = a.drop;
   return P;
-}
-
-Shape withDims(const Shape& batch, int64_t a, int64_t b) {
-  Shape s = batch;
-  s.push_back(a);
-  s.push_back(b);
-  return s;
 }
 
 // bfloat16 inputs are multiplied in bfloat16 where blas::hgemm runs it natively.
@@ -543,18 +533,13 @@ bool bf16Products(DType dt) { return dt == DType::BFloat16 && blas::hgemmNative(
 
 template <typename C, typename S>
 void forwardAs(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaCpuArgs& a, Tensor& out, Tensor& lse) {
-  Problem<C, S> P = makeProblem<C, S>(q, k, v, a.mask, a.d, a.scale, a.causal, a.drop);
-  OutRows<S> rows;
-  rows.base = out.numel() > 0 ? out.data<S>() : nullptr;
-  rows.off = batchOffsets(out, a.d.batch.size(), a.d.nb);
-  rows.ld = a.d.tq > 1 ? out.stride(-2) : std::max<int64_t>(a.d.ev, 1);
-  runForward(P, rows, lse.data<C>());
+  runForward(makeProblem<C, S>(q, k, v, a), rowsOf<S>(out, a.d, a.d.tq, a.d.ev), lse.data<C>());
 }
 
 template <typename C, typename S>
 void backwardAs(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaCpuArgs& a, const Tensor& out,
                 const Tensor& lse, const Tensor& dout, Tensor& dq, Tensor& dk, Tensor& dv) {
-  Problem<C, S> P = makeProblem<C, S>(q, k, v, a.mask, a.d, a.scale, a.causal, a.drop);
+  Problem<C, S> P = makeProblem<C, S>(q, k, v, a);
   P.go = makeOperand<S>(dout, a.d, a.d.tq, a.d.ev);
   P.out = makeOperand<S>(out, a.d, a.d.tq, a.d.ev);
   runBackward(P, lse.data<C>(), dq.data<S>(), dk.data<S>(), dv.data<S>());
@@ -571,7 +556,7 @@ void sdpaCpuForward(const Tensor& q, const Tensor& k, const Tensor& v, const Sdp
   // H * Ev], what a multi-head layer does next) is then free, not a copy.
   const TensorOptions to{.dtype = bf16 ? DType::BFloat16 : ct};
   Tensor o = d.batch.size() == 2 ? empty({d.batch[0], d.tq, d.batch[1], d.ev}, to).permute({0, 2, 1, 3})
-                                 : empty(withDims(d.batch, d.tq, d.ev), to);
+                                 : empty(sdpaShape(d.batch, d.tq, d.ev), to);
   Shape lseShape = d.batch;
   lseShape.push_back(d.tq);
   lse = empty(lseShape, {.dtype = ct});
@@ -590,9 +575,9 @@ void sdpaCpuBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Sd
   const DType ct = q.dtype() == DType::Float64 ? DType::Float64 : DType::Float32;
   const bool bf16 = bf16Products(q.dtype());
   const DType st = bf16 ? DType::BFloat16 : ct;
-  Tensor gq = empty(withDims(d.batch, d.tq, d.e), {.dtype = st});
-  Tensor gk = empty(withDims(d.batch, d.tk, d.e), {.dtype = st});
-  Tensor gv = empty(withDims(d.batch, d.tk, d.ev), {.dtype = st});
+  Tensor gq = empty(sdpaShape(d.batch, d.tq, d.e), {.dtype = st});
+  Tensor gk = empty(sdpaShape(d.batch, d.tk, d.e), {.dtype = st});
+  Tensor gv = empty(sdpaShape(d.batch, d.tk, d.ev), {.dtype = st});
   autograd::NoGradGuard ng;
   if (dout.numel() > 0 && d.tk > 0) {
     if (bf16) backwardAs<float, BFloat16>(q, k, v, a, out, lse, dout, gq, gk, gv);

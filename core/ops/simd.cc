@@ -32,7 +32,7 @@ void powTensor(float*, const float*, const float*, int64_t);
 void geluErfGrad(float*, const float*, const float*, int64_t);
 void geluTanhGrad(float*, const float*, const float*, int64_t);
 void siluGrad(float*, const float*, const float*, int64_t);
-void expShift(float*, int64_t, float, float*);
+void expShift(float*, int64_t, float);
 void bf16ToFloat(float*, const uint16_t*, int64_t);
 void floatToBf16(uint16_t*, const float*, int64_t);
 }  // namespace avx512
@@ -175,22 +175,20 @@ Tensor powScalar(const Tensor& a, const vecmath::PowExponent& p) {
 
 Tensor powTensor(const Tensor& a, const Tensor& b) { return binary(a, b, avx512::powTensor); }
 
-bool expShifted(float* x, int64_t n, float shift, float* sum) {
+bool expShifted(float* x, int64_t n, float shift) {
   if (!enabled()) return false;
-  avx512::expShift(x, n, shift, sum);
+  avx512::expShift(x, n, shift);
   return true;
 }
 
-bool widenBFloat16(const BFloat16* src, float* dst, int64_t n) {
-  if (!enabled()) return false;
-  avx512::bf16ToFloat(dst, reinterpret_cast<const uint16_t*>(src), n);
-  return true;
+void widenBFloat16(const BFloat16* src, float* dst, int64_t n) {
+  if (enabled()) avx512::bf16ToFloat(dst, reinterpret_cast<const uint16_t*>(src), n);
+  else bfloat16ToFloatN(src, dst, n);
 }
 
-bool roundToBFloat16(const float* src, BFloat16* dst, int64_t n) {
-  if (!enabled()) return false;
-  avx512::floatToBf16(reinterpret_cast<uint16_t*>(dst), src, n);
-  return true;
+void roundToBFloat16(const float* src, BFloat16* dst, int64_t n) {
+  if (enabled()) avx512::floatToBf16(reinterpret_cast<uint16_t*>(dst), src, n);
+  else floatToBFloat16N(src, dst, n);
 }
 
 }  // namespace cohort::detail::simd

@@ -213,23 +213,9 @@ void powTensor(float* out, const float* a, const float* b, int64_t n) {
   if (i < n) block(i, static_cast<__mmask16>((1u << (n - i)) - 1));
 }
 
-// x[j] = exp(x[j] - shift) for j < n, 16 lanes at a time (the fused attention's softmax rows). With
-// sum, also the sum of the results in the order of the attention's portable loop: two 8-lane
-// partial sums over blocks of 16 (here the two halves of one 16-lane sum), added lane-wise, their
-// lanes in order, then the tail one by one; so both give the same bits.
-void expShift(float* x, int64_t n, float shift, float* sum) {
+// x[j] = exp(x[j] - shift) for j < n, 16 lanes at a time (the fused attention's softmax rows).
+void expShift(float* x, int64_t n, float shift) {
   for (int64_t i = 0; i < n; ++i) x[i] = vecmath::exp(x[i] - shift);
-  if (sum == nullptr) return;
-  __m512 acc = _mm512_setzero_ps();
-  int64_t j = 0;
-  for (; j + 16 <= n; j += 16) acc = _mm512_add_ps(acc, _mm512_loadu_ps(x + j));
-  const __m256 half = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, half);
-  float total = 0.0f;
-  for (int l = 0; l < 8; ++l) total += lanes[l];
-  for (; j < n; ++j) total += x[j];
-  *sum = total;
 }
 
 // bfloat16 <-> float32 for halfBlocks, bit-identical to bfloat16ToFloatN / floatToBFloat16N
@@ -269,7 +255,7 @@ void floatToBf16(uint16_t* out, const float* in, int64_t n) {
 #else
 
 bool built() { return false; }
-void expShift(float*, int64_t, float, float*) {}
+void expShift(float*, int64_t, float) {}
 void bf16ToFloat(float*, const uint16_t*, int64_t) {}
 void floatToBf16(uint16_t*, const float*, int64_t) {}
 void exp(float*, const float*, int64_t) {}

@@ -384,11 +384,9 @@ Tensor& Tensor::copy_(const Tensor& src) {
     } else if (flat && from.dtype() == DType::Float16 && dtype() == DType::Float32) {
       halfToFloatN(from.data<Half>(), data<float>(), numel());
     } else if (flat && from.dtype() == DType::Float32 && dtype() == DType::BFloat16) {
-      if (!detail::simd::roundToBFloat16(from.data<float>(), data<BFloat16>(), numel()))
-        floatToBFloat16N(from.data<float>(), data<BFloat16>(), numel());
+      detail::simd::roundToBFloat16(from.data<float>(), data<BFloat16>(), numel());
     } else if (flat && from.dtype() == DType::BFloat16 && dtype() == DType::Float32) {
-      if (!detail::simd::widenBFloat16(from.data<BFloat16>(), data<float>(), numel()))
-        bfloat16ToFloatN(from.data<BFloat16>(), data<float>(), numel());
+      detail::simd::widenBFloat16(from.data<BFloat16>(), data<float>(), numel());
     } else if (from.dtype() == dtype() && (elementSize() == 2 || elementSize() == 4)) {
       // Same dtype, strided: the elements' bits move as they are (a bfloat16 is not widened to
       // float and rounded back, which also keeps every NaN's payload, as memcpy does).

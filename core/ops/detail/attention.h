@@ -32,6 +32,14 @@ struct SdpaDims {
   int64_t nb = 1, tq = 0, tk = 0, e = 0, ev = 0;
 };
 
+// [batch..., a, b].
+inline Shape sdpaShape(const Shape& batch, int64_t a, int64_t b) {
+  Shape s = batch;
+  s.push_back(a);
+  s.push_back(b);
+  return s;
+}
+
 // Dropout without a stored mask: one 64-bit key per call; whether weight (b, i, j) is kept is a hash
 // of (key, b, i, j) (splitmix64 per row, a 32-bit finaliser per column), so forward and backward
 // regenerate the same mask, and the same generator state gives the same result.

@@ -52,15 +52,13 @@ Tensor unary(const Tensor& a, Unary k);
 // (or both float16) through the same blocks as unary; else undefined.
 Tensor unaryGrad(const Tensor& g, const Tensor& x, UnaryGrad k);
 Tensor powScalar(const Tensor& a, const vecmath::PowExponent& e);
-// x[j] = exp(x[j] - shift) for j < n (vecmath::exp), and with sum the total of the results, summed as
-// the fused attention's portable row loop sums them (two 8-lane partial sums over blocks of 16,
-// then the tail): the same bits either way. false, with nothing done, when not enabled.
-bool expShifted(float* x, int64_t n, float shift, float* sum);
-// n contiguous bfloat16 values widened to float32, or float32 values rounded to bfloat16, by the
-// AVX-512 loops (bit-identical to bfloat16ToFloatN / floatToBFloat16N); false, with nothing
-// written, when they are not enabled.
-bool widenBFloat16(const BFloat16* src, float* dst, int64_t n);
-bool roundToBFloat16(const float* src, BFloat16* dst, int64_t n);
+// x[j] = exp(x[j] - shift) for j < n (vecmath::exp: the same bits as a portable loop over it);
+// false, with nothing done, when the AVX-512 kernels are not enabled.
+bool expShifted(float* x, int64_t n, float shift);
+// n contiguous bfloat16 values widened to float32, or float32 values rounded to bfloat16: by the
+// AVX-512 loops where enabled, else by bfloat16ToFloatN / floatToBFloat16N, with the same bits.
+void widenBFloat16(const BFloat16* src, float* dst, int64_t n);
+void roundToBFloat16(const float* src, BFloat16* dst, int64_t n);
 // a and b of the same shape, both float32 and contiguous; else undefined.
 Tensor powTensor(const Tensor& a, const Tensor& b);
 
