@@ -15,6 +15,7 @@
  * Polynomial sources: exp, log and tanh use the Cephes single-precision minimax coefficients;
  * erf on |x| < 0.921875 uses Cephes' erff polynomial, and above it erfc(x) = exp(q(x) - x^2)
  * with q a degree-8 Chebyshev fit of log(erfc(x)) + x^2 made for this file (numpy, 4000 nodes).
+ * gelu and its derivative use fits of their own, described where they are defined.
  */
 #pragma once
 
@@ -22,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 namespace cohort::vecmath {
 
@@ -334,6 +336,30 @@ COHORT_VM_INLINE float silu(float x) { return x * sigmoid(x); }
 // x^2 is split in hi + lo so the exponent keeps full precision. Max error 6.8 ulp over normal
 // results (measured on a 1e-5 grid over [-13.1, 16]; tests/core/ops/vec_math_test.cc bounds it at 8).
 // Results below FLT_MIN (x < -13.1) are flushed to -0; +inf -> inf, -inf -> NaN, as torch.
+// e^{-a^2/2 + extra} for 0 <= a <= 13.1 and a small `extra`, as p * 2^n with p = e^r, |r| <= ln2/2:
+// Cody-Waite reduction on the high part of -a^2/2 (a^2 split in hi + lo so the exponent keeps full
+// precision), then the low part and `extra` are added to r. The scale 2^n (n >= -126: one normal
+// float) is left to the caller, which applies it last so no intermediate goes subnormal.
+COHORT_VM_INLINE float expNegHalfSquare(float a, float extra, int32_t& ni) {
+  const float x2h = a * a;
+  const float ah = -0.5f * x2h;
+  const float al = fmaF(-0.5f, fmaF(a, a, -x2h), extra);
+  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float tn = fmaF(ah + al, 1.44269504088896341f, kMagic);
+  const float n = tn - kMagic;
+  ni = static_cast<int32_t>(bitsOf(tn) - bitsOf(kMagic));
+  float r = fmaF(n, -0.693359375f, ah);
+  r = r + al;
+  r = fmaF(n, 2.12194440e-4f, r);
+  // The expCore polynomial by Estrin's scheme.
+  const float r2 = r * r;
+  const float q45 = fmaF(1.6666665459E-1f, r, 5.0000001201E-1f);
+  const float q23 = fmaF(8.3334519073E-3f, r, 4.1665795894E-2f);
+  const float q01 = fmaF(1.9875691500E-4f, r, 1.3981999507E-3f);
+  const float q = fmaF(fmaF(q01, r2, q23), r2, q45);
+  return fmaF(q, r2, r) + 1.0f;
+}
+
 COHORT_VM_INLINE float geluErf(float x) {
   const float ax = std::fabs(x);
   const float a = select(ax > 13.1f, 13.1f, ax);  // NaN passes
@@ -349,28 +375,41 @@ COHORT_VM_INLINE float geluErf(float x) {
   const float p03 = fmaF(p23, u2, p01);
   const float p47 = fmaF(p67, u2, p45);
   const float P = fmaF(p89, u4 * u4, fmaF(p47, u4, p03));
-  // e^{ah + al}, ah + al = -x^2/2 + P: Cody-Waite reduction on the high part, then add the low.
-  const float x2h = a * a;
-  const float ah = -0.5f * x2h;
-  const float al = fmaF(-0.5f, fmaF(a, a, -x2h), P);
-  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float tn = fmaF(ah + al, 1.44269504088896341f, kMagic);
-  const float n = tn - kMagic;
-  const int32_t ni = static_cast<int32_t>(bitsOf(tn) - bitsOf(kMagic));
-  float r = fmaF(n, -0.693359375f, ah);
-  r = r + al;
-  r = fmaF(n, 2.12194440e-4f, r);
-  // The expCore polynomial by Estrin's scheme.
-  const float r2 = r * r;
-  const float q45 = fmaF(1.6666665459E-1f, r, 5.0000001201E-1f);
-  const float q23 = fmaF(8.3334519073E-3f, r, 4.1665795894E-2f);
-  const float q01 = fmaF(1.9875691500E-4f, r, 1.3981999507E-3f);
-  const float q = fmaF(fmaF(q01, r2, q23), r2, q45);
-  const float pe = fmaF(q, r2, r) + 1.0f;
+  int32_t ni;
+  const float pe = expNegHalfSquare(a, P, ni);
   // n >= -126 while |x| <= 13.1, so 2^n is one normal float; beyond, s = 0 flushes the tail.
   const float s = select(ax > 13.1f, 0.0f, floatOf(static_cast<uint32_t>(ni + 127) << 23));
   const float m = t * pe;  // erfc(|x|/sqrt2) / 2 = m s; x is applied before s (no subnormal m)
   return select(x < 0.0f, (x * m) * s, x * (1.0f - m * s));
+}
+// gelu'(x) = Phi(x) + x phi(x), phi(x) = E / sqrt(2 pi) with E = e^{-x^2/2}, from one exponential:
+// erfc(|x|/sqrt2) / 2 = t E R(t), t = 1/(1 + 0.32|x|) as in geluErf, and R a degree-9 polynomial in
+// t - 1/2 (relative least-squares fit of erfcx(|x|/sqrt2) / (2t) on |x| in [0, 13.1], max fit error
+// 1.2e-8, made for this file with numpy/mpmath). Then for x < 0 the derivative is E (tR + x/sqrt(2 pi))
+// and for x >= 0 it is 1 - E (tR - x/sqrt(2 pi)): E is applied last, so the negative tail keeps its
+// relative accuracy down to E's underflow. Beyond |x| = 13.1, E is 0; x = +-inf gives NaN, as torch.
+COHORT_VM_INLINE float geluErfGradFloat(float g, float x) {
+  const float ax = std::fabs(x);
+  const float a = select(ax > 13.1f, 13.1f, ax);  // NaN passes
+  const float t = 1.0f / fmaF(0.32f, a, 1.0f);
+  const float u = t - 0.5f;
+  const float u2 = u * u;
+  const float u4 = u2 * u2;
+  const float r01 = fmaF(3.3597639203e-01f, u, 2.3470516503e-01f);
+  const float r23 = fmaF(1.6339054704e-01f, u, 3.2340753078e-01f);
+  const float r45 = fmaF(-8.1749677658e-02f, u, -2.7317877859e-02f);
+  const float r67 = fmaF(4.4465817511e-02f, u, -6.2194286147e-04f);
+  const float r89 = fmaF(-1.5287384390e-02f, u, -3.7954838481e-03f);
+  const float r03 = fmaF(r23, u2, r01);
+  const float r47 = fmaF(r67, u2, r45);
+  const float R = fmaF(r89, u4 * u4, fmaF(r47, u4, r03));
+  int32_t ni;
+  const float pe = expNegHalfSquare(a, 0.0f, ni);
+  const float s = select(ax > 13.1f, 0.0f, floatOf(static_cast<uint32_t>(ni + 127) << 23));
+  const float e = pe * s;  // E
+  const float k = t * R;   // erfc(|x|/sqrt2) / (2E)
+  const float xphi = x * 0.39894228040143267794f;
+  return g * select(x < 0.0f, (k + xphi) * e, fmaF(-(k - xphi), e, 1.0f));
 }
 // 0.5 x (1 + tanh(u)) = x / (1 + e^{-2u}) exactly: one exp and a division instead of tanh's two
 // branches, and no cancellation in 1 + tanh(u) for negative x. x = -inf gives NaN, as torch.
@@ -403,9 +442,13 @@ COHORT_VM_INLINE double geluTanh(double x) {
 // template's unqualified calls see only what is declared before it).
 template <typename A>
 COHORT_VM_INLINE A geluErfGrad(A g, A x) {
-  const A cdf = A(0.5) * (A(1) + erf(x * A(0.70710678118654752440)));
-  const A pdf = exp(A(-0.5) * x * x) * A(0.39894228040143267794);  // 1/sqrt(2 pi)
-  return g * (cdf + x * pdf);
+  if constexpr (std::is_same_v<A, float>) {
+    return geluErfGradFloat(g, x);
+  } else {
+    const A cdf = A(0.5) * (A(1) + erf(x * A(0.70710678118654752440)));
+    const A pdf = exp(A(-0.5) * x * x) * A(0.39894228040143267794);  // 1/sqrt(2 pi)
+    return g * (cdf + x * pdf);
+  }
 }
 template <typename A>
 COHORT_VM_INLINE A geluTanhGrad(A g, A x) {
