@@ -96,7 +96,15 @@ inline C expC(C x) {
 template <typename C, typename S>
 void storeRow(const C* src, S* dst, int64_t n) {
   if constexpr (std::is_same_v<S, C>) std::copy(src, src + n, dst);
-  else floatToBFloat16N(src, dst, n);
+  else simd::roundToBFloat16(src, dst, n);
+}
+
+// The first `cols` values of `rows` rows (row stride ld, the same for src and dst) stored as S; one
+// call when the rows are back to back.
+template <typename C, typename S>
+void storeRows(const C* src, S* dst, int64_t rows, int64_t cols, int64_t ld) {
+  if (cols == ld) return storeRow(src, dst, rows * cols);
+  for (int64_t i = 0; i < rows; ++i) storeRow(src + i * ld, dst + i * ld, cols);
 }
 
 // Eight floats in one AVX register (GCC/Clang vector extension; plain code on other targets). No
@@ -261,6 +269,13 @@ int64_t keptCols(const Problem<C, S>& P, int64_t q, int64_t k0, int64_t cols) {
   return P.causal ? std::clamp<int64_t>(q + 1 - k0, 0, cols) : cols;
 }
 
+// The tile whose first row is query q0 and first column key k0 keeps clamp(diag + i, 0, cols)
+// columns of its row i (expRows): keptCols of every row.
+template <typename C, typename S>
+int64_t tileDiag(const Problem<C, S>& P, int64_t q0, int64_t k0, int64_t cols) {
+  return P.causal ? q0 + 1 - k0 : cols;
+}
+
 // Maximum of x[0, n); NaN is skipped (it reaches the output through exp anyway).
 template <typename C>
 C rowMax(const C* x, int64_t n) {
@@ -281,18 +296,23 @@ C rowMax(const C* x, int64_t n) {
   return mx;
 }
 
-// x[j] = exp(x[j] - shift) for j < n.
+// For each row i < rows of x (row stride ld): x[i][j] = exp(x[i][j] - shift[i]) for j < kept(i) and 0
+// for kept(i) <= j < cols, with kept(i) = clamp(diag + i, 0, cols) (tileDiag).
 template <typename C>
-void expShiftRow(C* x, int64_t n, C shift) {
-  if constexpr (std::is_same_v<C, float>)
-    if (simd::expShifted(x, n, shift)) return;  // 16 lanes where the CPU has AVX-512, the same bits
-  for (int64_t j = 0; j < n; ++j) x[j] = expC<C>(x[j] - shift);
+void expRows(C* x, int64_t rows, int64_t cols, int64_t ld, const C* shift, int64_t diag) {
+  if constexpr (std::is_same_v<C, float>)  // 16 lanes where the CPU has AVX-512, the same bits
+    if (simd::expShiftedRows(x, rows, cols, ld, shift, diag)) return;
+  for (int64_t i = 0; i < rows; ++i) {
+    C* r = x + i * ld;
+    const int64_t kept = std::clamp<int64_t>(diag + i, 0, cols);
+    for (int64_t j = 0; j < kept; ++j) r[j] = expC<C>(r[j] - shift[i]);
+    std::fill(r + kept, r + cols, C(0));
+  }
 }
 
-// expShiftRow, then the sum of the row.
+// The sum of x[0, n).
 template <typename C>
-C expRow(C* x, int64_t n, C shift) {
-  expShiftRow(x, n, shift);
+C rowSum(const C* x, int64_t n) {
   int64_t j = 0;
   C total = 0;
   if constexpr (std::is_same_v<C, float>) {
@@ -360,10 +380,10 @@ void forwardBlock(const Problem<C, S>& P, FwdScratch<C, S>& w, int64_t b, int64_
       C* r = w.s + i * lds;
       const int64_t kept = keptCols(P, q0 + i, k0, cols);
       const C mNew = std::max(w.m[i], rowMax(r, kept));
-      const C shift = mNew == kNegInf<C> ? C(0) : mNew;  // a row masked so far stays at 0 weight
-      const C corr = expC<C>(w.m[i] - shift);
-      const C sum = expRow(r, kept, shift);
-      std::fill(r + kept, r + cols, C(0));
+      const C shift = mNew == kNegInf<C> ? C(0) : mNew;       // a row masked so far stays at 0 weight
+      const C corr = first ? C(0) : expC<C>(w.m[i] - shift);  // the first block has nothing to rescale
+      expRows(r, 1, cols, lds, &shift, kept);
+      const C sum = rowSum(r, kept);
       w.l[i] = w.l[i] * corr + sum;
       w.m[i] = mNew;
       if (!first && corr != C(1)) {
@@ -463,15 +483,11 @@ void backwardEntry(const Problem<C, S>& P, BwdScratch<C, S>& w, int64_t b, const
       const S* dO = go + q0 * ldo;
       gemm<C, S>(blas::Trans::No, blas::Trans::Yes, rows, cols, d.e, P.scale, Q, P.q.ld, K, P.k.ld, C(0), w.s, lds);
       maskTile(P, w.s, lds, b, q0, rows, k0, cols);
-      for (int64_t i = 0; i < rows; ++i) {
-        C* r = w.s + i * lds;
-        const C shift = lse[q0 + i];
-        const int64_t kept = keptCols(P, q0 + i, k0, cols);
-        expShiftRow(r, kept, shift);  // P (NaN for a fully masked row)
-        std::fill(r + kept, r + cols, C(0));
-        if (P.drop.on) dropRow(w.pd + i * lds, r, cols, P.drop.row(b, q0 + i), k0, P.drop.threshold, dropScale);
-        if constexpr (!std::is_same_v<S, C>) storeRow(P.drop.on ? w.pd + i * lds : r, w.ps + i * lds, cols);
-      }
+      expRows(w.s, rows, cols, lds, lse + q0, tileDiag(P, q0, k0, cols));  // P (NaN for a fully masked row)
+      if (P.drop.on)
+        for (int64_t i = 0; i < rows; ++i)
+          dropRow(w.pd + i * lds, w.s + i * lds, cols, P.drop.row(b, q0 + i), k0, P.drop.threshold, dropScale);
+      if constexpr (!std::is_same_v<S, C>) storeRows(P.drop.on ? w.pd : w.s, w.ps, rows, cols, lds);
       const S* pd = tileAs(P.drop.on ? w.pd : w.s, w.ps);
       gemm<C, S>(blas::Trans::Yes, blas::Trans::No, cols, d.ev, rows, C(1), pd, lds, dO, ldo, C(1), dV,
                  std::max<int64_t>(d.ev, 1));
@@ -490,8 +506,8 @@ void backwardEntry(const Problem<C, S>& P, BwdScratch<C, S>& w, int64_t b, const
         } else {
           for (int64_t j = 0; j < cols; ++j) g[j] = p[j] * (g[j] - di);
         }
-        if constexpr (!std::is_same_v<S, C>) storeRow(g, w.dss + i * lds, cols);
       }
+      if constexpr (!std::is_same_v<S, C>) storeRows(w.dp, w.dss, rows, cols, lds);
       const S* ds = tileAs(w.dp, w.dss);
       gemm<C, S>(blas::Trans::No, blas::Trans::No, rows, d.e, cols, P.scale, ds, lds, K, P.k.ld, C(1), dq + q0 * d.e,
                  lde);

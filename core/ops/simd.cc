@@ -32,7 +32,7 @@ void powTensor(float*, const float*, const float*, int64_t);
 void geluErfGrad(float*, const float*, const float*, int64_t);
 void geluTanhGrad(float*, const float*, const float*, int64_t);
 void siluGrad(float*, const float*, const float*, int64_t);
-void expShift(float*, int64_t, float);
+void expShiftRows(float*, int64_t, int64_t, int64_t, const float*, int64_t);
 void bf16ToFloat(float*, const uint16_t*, int64_t);
 void floatToBf16(uint16_t*, const float*, int64_t);
 }  // namespace avx512
@@ -175,9 +175,9 @@ Tensor powScalar(const Tensor& a, const vecmath::PowExponent& p) {
 
 Tensor powTensor(const Tensor& a, const Tensor& b) { return binary(a, b, avx512::powTensor); }
 
-bool expShifted(float* x, int64_t n, float shift) {
+bool expShiftedRows(float* x, int64_t rows, int64_t cols, int64_t ld, const float* shift, int64_t diag) {
   if (!enabled()) return false;
-  avx512::expShift(x, n, shift);
+  avx512::expShiftRows(x, rows, cols, ld, shift, diag);
   return true;
 }
 

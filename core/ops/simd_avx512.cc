@@ -213,9 +213,16 @@ void powTensor(float* out, const float* a, const float* b, int64_t n) {
   if (i < n) block(i, static_cast<__mmask16>((1u << (n - i)) - 1));
 }
 
-// x[j] = exp(x[j] - shift) for j < n, 16 lanes at a time (the fused attention's softmax rows).
-void expShift(float* x, int64_t n, float shift) {
-  for (int64_t i = 0; i < n; ++i) x[i] = vecmath::exp(x[i] - shift);
+// The fused attention's weight tiles (simd::expShiftedRows), 16 lanes at a time; the rows are walked
+// here, so a tile of short rows costs one call.
+void expShiftRows(float* x, int64_t rows, int64_t cols, int64_t ld, const float* shift, int64_t diag) {
+  for (int64_t i = 0; i < rows; ++i) {
+    float* __restrict r = x + i * ld;
+    const int64_t kept = diag + i < 0 ? 0 : (diag + i > cols ? cols : diag + i);
+    const float sh = shift[i];
+    for (int64_t j = 0; j < kept; ++j) r[j] = vecmath::exp(r[j] - sh);
+    for (int64_t j = kept; j < cols; ++j) r[j] = 0.0f;
+  }
 }
 
 // bfloat16 <-> float32 for halfBlocks, bit-identical to bfloat16ToFloatN / floatToBFloat16N
@@ -255,7 +262,7 @@ void floatToBf16(uint16_t* out, const float* in, int64_t n) {
 #else
 
 bool built() { return false; }
-void expShift(float*, int64_t, float) {}
+void expShiftRows(float*, int64_t, int64_t, int64_t, const float*, int64_t) {}
 void bf16ToFloat(float*, const uint16_t*, int64_t) {}
 void floatToBf16(uint16_t*, const float*, int64_t) {}
 void exp(float*, const float*, int64_t) {}

@@ -52,9 +52,12 @@ Tensor unary(const Tensor& a, Unary k);
 // (or both float16) through the same blocks as unary; else undefined.
 Tensor unaryGrad(const Tensor& g, const Tensor& x, UnaryGrad k);
 Tensor powScalar(const Tensor& a, const vecmath::PowExponent& e);
-// x[j] = exp(x[j] - shift) for j < n (vecmath::exp: the same bits as a portable loop over it);
-// false, with nothing done, when the AVX-512 kernels are not enabled.
-bool expShifted(float* x, int64_t n, float shift);
+// The fused attention's weight tiles: for each row i < rows of x (row stride ld), x[i][j] =
+// exp(x[i][j] - shift[i]) for j < kept(i) and 0 for kept(i) <= j < cols, where kept(i) =
+// clamp(diag + i, 0, cols) (under a causal mask row i sees the keys up to the diagonal; diag >= cols
+// keeps every column). vecmath::exp: the same bits as a portable loop over it. False, with nothing
+// done, when the AVX-512 kernels are not enabled.
+bool expShiftedRows(float* x, int64_t rows, int64_t cols, int64_t ld, const float* shift, int64_t diag);
 // n contiguous bfloat16 values widened to float32, or float32 values rounded to bfloat16: by the
 // AVX-512 loops where enabled, else by bfloat16ToFloatN / floatToBFloat16N, with the same bits.
 void widenBFloat16(const BFloat16* src, float* dst, int64_t n);

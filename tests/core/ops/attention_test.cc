@@ -171,6 +171,10 @@ TEST(Attention, MatchesUnfusedFormulaFloat64) {
       {{2}, 7, 130, 8, 8, false, 3},
       {{}, 65, 65, 8, 8, true},  // no batch dims
       {{2, 2, 2}, 9, 70, 4, 6, false, 3},
+      // More keys than one forward block holds: the online softmax rescales what earlier blocks summed.
+      {{1, 2}, 30, 600, 8, 8},
+      {{1, 1}, 600, 600, 8, 4, true},
+      {{1, 1}, 20, 1100, 8, 4, false, 3},
   };
   uint64_t seed = 10;
   for (const Case& c : cases) {
@@ -361,6 +365,7 @@ TEST(Attention, HalfTypes) {
       {{{2, 2}, 40, 70, 16, 8, true}, 0.0},       {{{1, 3}, 130, 200, 16, 8, true}, 0.0},
       {{{3, 2}, 65, 130, 16, 16, false, 1}, 0.0}, {{{2, 2}, 130, 65, 16, 8, false, 2}, 0.0},
       {{{2, 2}, 130, 65, 64, 32, false, 3}, 0.0}, {{{2, 2}, 70, 90, 16, 8, true}, 0.3},
+      {{{1, 2}, 40, 600, 16, 8, false}, 0.0},     {{{1, 1}, 600, 600, 16, 8, true}, 0.0},
   };
   uint64_t seed = 70;
   for (const HalfCase& hc : cases) {
