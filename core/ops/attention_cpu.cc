@@ -344,14 +344,17 @@ template <typename C, typename S>
 struct FwdScratch {
   Tensor hold, holdS;
   C *s, *acc, *m, *l;
+  C *mNew, *shift;  // per row in the current key block: the running maximum with it, and the exp shift
   S* ps = nullptr;  // the weights tile as S, when S is not C
   explicit FwdScratch(int64_t ev) {
-    const int64_t n = kFwdBlockQ * kFwdBlockK + kFwdBlockQ * std::max<int64_t>(ev, 1) + 2 * kFwdBlockQ;
+    const int64_t n = kFwdBlockQ * kFwdBlockK + kFwdBlockQ * std::max<int64_t>(ev, 1) + 4 * kFwdBlockQ;
     hold = empty({n}, {.dtype = DTypeOf<C>::value});
     s = hold.template data<C>();
     acc = s + kFwdBlockQ * kFwdBlockK;
     m = acc + kFwdBlockQ * std::max<int64_t>(ev, 1);
     l = m + kFwdBlockQ;
+    mNew = l + kFwdBlockQ;
+    shift = mNew + kFwdBlockQ;
     if constexpr (!std::is_same_v<S, C>) {
       holdS = empty({kFwdBlockQ * kFwdBlockK}, {.dtype = DTypeOf<S>::value});
       ps = holdS.template data<S>();
@@ -377,22 +380,22 @@ void forwardBlock(const Problem<C, S>& P, FwdScratch<C, S>& w, int64_t b, int64_
     maskTile(P, w.s, lds, b, q0, rows, k0, cols);
     const bool first = k0 == 0;
     for (int64_t i = 0; i < rows; ++i) {
+      w.mNew[i] = std::max(w.m[i], rowMax(w.s + i * lds, keptCols(P, q0 + i, k0, cols)));
+      w.shift[i] = w.mNew[i] == kNegInf<C> ? C(0) : w.mNew[i];  // a row masked so far stays at 0 weight
+    }
+    expRows(w.s, rows, cols, lds, w.shift, tileDiag(P, q0, k0, cols));
+    for (int64_t i = 0; i < rows; ++i) {
       C* r = w.s + i * lds;
-      const int64_t kept = keptCols(P, q0 + i, k0, cols);
-      const C mNew = std::max(w.m[i], rowMax(r, kept));
-      const C shift = mNew == kNegInf<C> ? C(0) : mNew;       // a row masked so far stays at 0 weight
-      const C corr = first ? C(0) : expC<C>(w.m[i] - shift);  // the first block has nothing to rescale
-      expRows(r, 1, cols, lds, &shift, kept);
-      const C sum = rowSum(r, kept);
-      w.l[i] = w.l[i] * corr + sum;
-      w.m[i] = mNew;
+      const C corr = first ? C(0) : expC<C>(w.m[i] - w.shift[i]);  // the first block has nothing to rescale
+      w.l[i] = w.l[i] * corr + rowSum(r, keptCols(P, q0 + i, k0, cols));
+      w.m[i] = w.mNew[i];
       if (!first && corr != C(1)) {
         C* a = w.acc + i * d.ev;
         for (int64_t e = 0; e < d.ev; ++e) a[e] *= corr;
       }
       if (P.drop.on) dropRow(r, r, cols, P.drop.row(b, q0 + i), k0, P.drop.threshold, dropScale);
-      if constexpr (!std::is_same_v<S, C>) storeRow(r, w.ps + i * lds, cols);
     }
+    if constexpr (!std::is_same_v<S, C>) storeRows(w.s, w.ps, rows, cols, lds);
     gemm<C, S>(blas::Trans::No, blas::Trans::No, rows, d.ev, cols, C(1), tileAs(w.s, w.ps), lds,
                P.v.at(b) + k0 * P.v.ld, P.v.ld, first ? C(0) : C(1), w.acc, std::max<int64_t>(d.ev, 1));
   }
