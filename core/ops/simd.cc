@@ -35,6 +35,7 @@ void siluGrad(float*, const float*, const float*, int64_t);
 void expShiftRows(float*, int64_t, int64_t, int64_t, const float*, int64_t);
 void bf16ToFloat(float*, const uint16_t*, int64_t);
 void floatToBf16(uint16_t*, const float*, int64_t);
+void floatToBf16Cvt(uint16_t*, const float*, int64_t);
 }  // namespace avx512
 
 namespace {
@@ -64,6 +65,21 @@ bool allowed() {
 }
 
 std::atomic<bool> gSwitchedOff{false};
+
+// The AVX-512 float32 -> bfloat16 loop: AVX512-BF16's conversion instruction where the CPU has it
+// (Zen 4, Cooper Lake, Sapphire Rapids), else integer rounding; the same bits either way.
+using RoundBf16 = void (*)(uint16_t*, const float*, int64_t);
+RoundBf16 roundBf16() {
+#if defined(__x86_64__)
+  static const RoundBf16 kFn = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16") ? avx512::floatToBf16Cvt : avx512::floatToBf16;
+  }();
+  return kFn;
+#else
+  return avx512::floatToBf16;
+#endif
+}
 
 bool applies(const Tensor& t) {
   return t.defined() && t.dtype() == DType::Float32 && t.device().isCpu() && t.isContiguous();
@@ -98,7 +114,7 @@ void halfBlocks(Tensor& out, const std::array<const Tensor*, N>& ins, F&& comput
         else halfToFloatN(reinterpret_cast<const Half*>(x[j] + i), in[j], n);
       }
       compute(res, inPtr, n);
-      if (bf16) avx512::floatToBf16(o + i, res, n);
+      if (bf16) roundBf16()(o + i, res, n);
       else floatToHalfN(res, reinterpret_cast<Half*>(o + i), n);
     }
   });
@@ -187,7 +203,7 @@ void widenBFloat16(const BFloat16* src, float* dst, int64_t n) {
 }
 
 void roundToBFloat16(const float* src, BFloat16* dst, int64_t n) {
-  if (enabled()) avx512::floatToBf16(reinterpret_cast<uint16_t*>(dst), src, n);
+  if (enabled()) roundBf16()(reinterpret_cast<uint16_t*>(dst), src, n);
   else floatToBFloat16N(src, dst, n);
 }
 
