@@ -99,12 +99,12 @@ void storeRow(const C* src, S* dst, int64_t n) {
   else simd::roundToBFloat16(src, dst, n);
 }
 
-// The first `cols` values of `rows` rows (row stride ld, the same for src and dst) stored as S; one
-// call when the rows are back to back.
+// The first `cols` values of `rows` rows of src (row stride lds) stored as S in dst (row stride ldd);
+// one call when the rows are back to back in both.
 template <typename C, typename S>
-void storeRows(const C* src, S* dst, int64_t rows, int64_t cols, int64_t ld) {
-  if (cols == ld) return storeRow(src, dst, rows * cols);
-  for (int64_t i = 0; i < rows; ++i) storeRow(src + i * ld, dst + i * ld, cols);
+void storeRows(const C* src, int64_t lds, S* dst, int64_t ldd, int64_t rows, int64_t cols) {
+  if (cols == lds && cols == ldd) return storeRow(src, dst, rows * cols);
+  for (int64_t i = 0; i < rows; ++i) storeRow(src + i * lds, dst + i * ldd, cols);
 }
 
 // Eight floats in one AVX register (GCC/Clang vector extension; plain code on other targets). No
@@ -395,7 +395,7 @@ void forwardBlock(const Problem<C, S>& P, FwdScratch<C, S>& w, int64_t b, int64_
       }
       if (P.drop.on) dropRow(r, r, cols, P.drop.row(b, q0 + i), k0, P.drop.threshold, dropScale);
     }
-    if constexpr (!std::is_same_v<S, C>) storeRows(w.s, w.ps, rows, cols, lds);
+    if constexpr (!std::is_same_v<S, C>) storeRows(w.s, lds, w.ps, lds, rows, cols);
     gemm<C, S>(blas::Trans::No, blas::Trans::No, rows, d.ev, cols, C(1), tileAs(w.s, w.ps), lds,
                P.v.at(b) + k0 * P.v.ld, P.v.ld, first ? C(0) : C(1), w.acc, std::max<int64_t>(d.ev, 1));
   }
@@ -455,11 +455,12 @@ struct BwdScratch {
   }
 };
 
-// Gradients of batch entry b into dq [Tq, E], dk [Tk, E], dv [Tk, Ev] (contiguous, S), from the
+// Gradients of batch entry b into the rows of dqOut [Tq, E], dkOut [Tk, E], dvOut [Tk, Ev], from the
 // output gradient P.go and the output P.out (read in place) and lse [Tq]. They are summed in the
 // scratch's C buffers and stored once.
 template <typename C, typename S>
-void backwardEntry(const Problem<C, S>& P, BwdScratch<C, S>& w, int64_t b, const C* lse, S* dqOut, S* dkOut, S* dvOut) {
+void backwardEntry(const Problem<C, S>& P, BwdScratch<C, S>& w, int64_t b, const C* lse, const Rows<S>& dqOut,
+                   const Rows<S>& dkOut, const Rows<S>& dvOut) {
   const SdpaDims& d = P.d;
   const int64_t lds = kBwdBlockK;
   const int64_t lde = std::max<int64_t>(d.e, 1);
@@ -490,7 +491,7 @@ void backwardEntry(const Problem<C, S>& P, BwdScratch<C, S>& w, int64_t b, const
       if (P.drop.on)
         for (int64_t i = 0; i < rows; ++i)
           dropRow(w.pd + i * lds, w.s + i * lds, cols, P.drop.row(b, q0 + i), k0, P.drop.threshold, dropScale);
-      if constexpr (!std::is_same_v<S, C>) storeRows(P.drop.on ? w.pd : w.s, w.ps, rows, cols, lds);
+      if constexpr (!std::is_same_v<S, C>) storeRows(P.drop.on ? w.pd : w.s, lds, w.ps, lds, rows, cols);
       const S* pd = tileAs(P.drop.on ? w.pd : w.s, w.ps);
       gemm<C, S>(blas::Trans::Yes, blas::Trans::No, cols, d.ev, rows, C(1), pd, lds, dO, ldo, C(1), dV,
                  std::max<int64_t>(d.ev, 1));
@@ -510,25 +511,24 @@ void backwardEntry(const Problem<C, S>& P, BwdScratch<C, S>& w, int64_t b, const
           for (int64_t j = 0; j < cols; ++j) g[j] = p[j] * (g[j] - di);
         }
       }
-      if constexpr (!std::is_same_v<S, C>) storeRows(w.dp, w.dss, rows, cols, lds);
+      if constexpr (!std::is_same_v<S, C>) storeRows(w.dp, lds, w.dss, lds, rows, cols);
       const S* ds = tileAs(w.dp, w.dss);
       gemm<C, S>(blas::Trans::No, blas::Trans::No, rows, d.e, cols, P.scale, ds, lds, K, P.k.ld, C(1), dq + q0 * d.e,
                  lde);
       gemm<C, S>(blas::Trans::Yes, blas::Trans::No, cols, d.e, rows, P.scale, ds, lds, Q, P.q.ld, C(1), dK, lde);
     }
   }
-  storeRow(dq, dqOut, d.tq * d.e);
-  storeRow(dk, dkOut, d.tk * d.e);
-  storeRow(dv, dvOut, d.tk * d.ev);
+  storeRows(dq, d.e, dqOut.at(b), dqOut.ld, d.tq, d.e);
+  storeRows(dk, d.e, dkOut.at(b), dkOut.ld, d.tk, d.e);
+  storeRows(dv, d.ev, dvOut.at(b), dvOut.ld, d.tk, d.ev);
 }
 
 template <typename C, typename S>
-void runBackward(const Problem<C, S>& P, const C* lse, S* dq, S* dk, S* dv) {
+void runBackward(const Problem<C, S>& P, const C* lse, const Rows<S>& dq, const Rows<S>& dk, const Rows<S>& dv) {
   const SdpaDims& d = P.d;
   parallelFor(d.nb, 1, [&](int64_t lo, int64_t hi) {
     BwdScratch<C, S> w(d);
-    for (int64_t b = lo; b < hi; ++b)
-      backwardEntry(P, w, b, lse + b * d.tq, dq + b * d.tq * d.e, dk + b * d.tk * d.e, dv + b * d.tk * d.ev);
+    for (int64_t b = lo; b < hi; ++b) backwardEntry(P, w, b, lse + b * d.tq, dq, dk, dv);
   });
 }
 
@@ -561,7 +561,17 @@ void backwardAs(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaCpu
   Problem<C, S> P = makeProblem<C, S>(q, k, v, a);
   P.go = makeOperand<S>(dout, a.d, a.d.tq, a.d.ev);
   P.out = makeOperand<S>(out, a.d, a.d.tq, a.d.ev);
-  runBackward(P, lse.data<C>(), dq.data<S>(), dk.data<S>(), dv.data<S>());
+  runBackward(P, lse.data<C>(), rowsOf<S>(dq, a.d, a.d.tq, a.d.e), rowsOf<S>(dk, a.d, a.d.tk, a.d.e),
+              rowsOf<S>(dv, a.d, a.d.tk, a.d.ev));
+}
+
+// A new [batch..., rows, cols] result. With two batch dims, [B, H] (heads), it is laid out [B, rows, H,
+// cols] and returned as that permuted: putting the heads side by side again (x.transpose(1, 2) and a
+// view to [B, rows, H * cols], what a multi-head layer does next with the output, and what the
+// backward of its q, k, v views does with their gradients) is then free, not a copy.
+Tensor headsSideBySide(const SdpaDims& d, int64_t rows, int64_t cols, DType dt) {
+  if (d.batch.size() != 2) return empty(sdpaShape(d.batch, rows, cols), {.dtype = dt});
+  return empty({d.batch[0], rows, d.batch[1], cols}, {.dtype = dt}).permute({0, 2, 1, 3});
 }
 
 }  // namespace
@@ -570,12 +580,7 @@ void sdpaCpuForward(const Tensor& q, const Tensor& k, const Tensor& v, const Sdp
   const SdpaDims& d = a.d;
   const DType ct = q.dtype() == DType::Float64 ? DType::Float64 : DType::Float32;
   const bool bf16 = bf16Products(q.dtype());
-  // With two batch dims, [B, H, Tq, Ev] (heads), the output is laid out [B, Tq, H, Ev] and returned
-  // as that permuted: the heads side by side again (out.transpose(1, 2) and a view to [B, Tq,
-  // H * Ev], what a multi-head layer does next) is then free, not a copy.
-  const TensorOptions to{.dtype = bf16 ? DType::BFloat16 : ct};
-  Tensor o = d.batch.size() == 2 ? empty({d.batch[0], d.tq, d.batch[1], d.ev}, to).permute({0, 2, 1, 3})
-                                 : empty(sdpaShape(d.batch, d.tq, d.ev), to);
+  Tensor o = headsSideBySide(d, d.tq, d.ev, bf16 ? DType::BFloat16 : ct);
   Shape lseShape = d.batch;
   lseShape.push_back(d.tq);
   lse = empty(lseShape, {.dtype = ct});
@@ -594,9 +599,9 @@ void sdpaCpuBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Sd
   const DType ct = q.dtype() == DType::Float64 ? DType::Float64 : DType::Float32;
   const bool bf16 = bf16Products(q.dtype());
   const DType st = bf16 ? DType::BFloat16 : ct;
-  Tensor gq = empty(sdpaShape(d.batch, d.tq, d.e), {.dtype = st});
-  Tensor gk = empty(sdpaShape(d.batch, d.tk, d.e), {.dtype = st});
-  Tensor gv = empty(sdpaShape(d.batch, d.tk, d.ev), {.dtype = st});
+  Tensor gq = headsSideBySide(d, d.tq, d.e, st);
+  Tensor gk = headsSideBySide(d, d.tk, d.e, st);
+  Tensor gv = headsSideBySide(d, d.tk, d.ev, st);
   autograd::NoGradGuard ng;
   if (dout.numel() > 0 && d.tk > 0) {
     if (bf16) backwardAs<float, BFloat16>(q, k, v, a, out, lse, dout, gq, gk, gv);

@@ -557,6 +557,24 @@ TEST(Attention, OutputLaysTheHeadsSideBySide) {
     EXPECT_TRUE(y.transpose(1, 2).isContiguous()) << dtypeName(dt);
     Tensor side = y.transpose(1, 2).view({2, 9, 12});
     EXPECT_EQ(maxAbsDiff(side, y.transpose(1, 2).contiguous().reshape({2, 9, 12})), 0.0);
+    // So are the gradients of q, k and v (a multi-head layer's q, k, v are such transposed views of
+    // its projection, whose backward then needs no copy).
+    std::vector<Tensor> seen(3);
+    for (int i = 0; i < 3; ++i) {
+      Tensor& leaf = i == 0 ? q : i == 1 ? k : v;
+      leaf.setRequiresGrad();
+      leaf.registerHook([&seen, i](const Tensor& grad) -> std::optional<Tensor> {
+        seen[static_cast<size_t>(i)] = grad;
+        return std::nullopt;
+      });
+    }
+    Tensor w = randn({2, 3, 9, 4}, {}, &g).to(dt);
+    (scaledDotProductAttention(q, k, v, {.causal = true}) * w).sum().backward();
+    for (const Tensor& grad : seen) {
+      ASSERT_TRUE(grad.defined());
+      EXPECT_EQ(grad.sizes(), (Shape{2, 3, 9, 4}));
+      EXPECT_TRUE(grad.transpose(1, 2).isContiguous()) << dtypeName(dt);
+    }
     // One batch dim, or three: contiguous as before.
     EXPECT_TRUE(
         scaledDotProductAttention(q.select(0, 0), k.select(0, 0), v.select(0, 0), {.causal = true}).isContiguous());
