@@ -147,7 +147,7 @@ TEST(VecMath, GeluErfGradAccuracy) {
   // cancel, so the error is measured against their magnitude: |got - ref| <= 8 * 2^-24 *
   // (|Phi| + |x phi|) over a dense grid of [-13.1, 16] (6.1 measured). Below x = -2 there is no
   // cancellation and the result keeps its relative accuracy: 4 ulp (the 1 + erf form that this
-  // replaced was 100% off from x = -5.5 on, where 1 + erf(x/sqrt2) rounds to 0).
+  // replaced was 0.2% off at x = -5 and 2-3% off from x = -5.5 on, where 1 + erf(x/sqrt2) rounds to 0).
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   const double kRsqrt2 = 0.70710678118654752440, kRsqrt2Pi = 0.39894228040143267794;
   double worstScaled = 0, worstTail = 0;
