@@ -565,13 +565,20 @@ void backwardAs(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaCpu
               rowsOf<S>(dv, a.d, a.d.tk, a.d.ev));
 }
 
-// A new [batch..., rows, cols] result. With two batch dims, [B, H] (heads), it is laid out [B, rows, H,
-// cols] and returned as that permuted: putting the heads side by side again (x.transpose(1, 2) and a
-// view to [B, rows, H * cols], what a multi-head layer does next with the output, and what the
-// backward of its q, k, v views does with their gradients) is then free, not a copy.
-Tensor headsSideBySide(const SdpaDims& d, int64_t rows, int64_t cols, DType dt) {
-  if (d.batch.size() != 2) return empty(sdpaShape(d.batch, rows, cols), {.dtype = dt});
+// A new [batch..., rows, cols] result. With two batch dims, [B, H] (heads), and sideBySide, it is laid
+// out [B, rows, H, cols] and returned as that permuted: putting the heads side by side again
+// (x.transpose(1, 2) and a view to [B, rows, H * cols], what a multi-head layer does next with the
+// output) is then free, not a copy. Otherwise it is contiguous.
+Tensor newResult(const SdpaDims& d, int64_t rows, int64_t cols, DType dt, bool sideBySide) {
+  if (d.batch.size() != 2 || !sideBySide) return empty(sdpaShape(d.batch, rows, cols), {.dtype = dt});
   return empty({d.batch[0], rows, d.batch[1], cols}, {.dtype = dt}).permute({0, 2, 1, 3});
+}
+
+// Whether the [B, H, T, E] input t holds its heads side by side in memory (head stride E, as the
+// transposed head views of a multi-head layer's projection do): its gradient is then laid out the
+// same way, so the backward of those views copies nothing; a contiguous input gets a contiguous one.
+bool headsSideBySide(const Tensor& t) {
+  return t.dim() == 4 && t.size(1) > 1 && t.stride(1) == t.size(3) && t.stride(3) == 1;
 }
 
 }  // namespace
@@ -580,7 +587,7 @@ void sdpaCpuForward(const Tensor& q, const Tensor& k, const Tensor& v, const Sdp
   const SdpaDims& d = a.d;
   const DType ct = q.dtype() == DType::Float64 ? DType::Float64 : DType::Float32;
   const bool bf16 = bf16Products(q.dtype());
-  Tensor o = headsSideBySide(d, d.tq, d.ev, bf16 ? DType::BFloat16 : ct);
+  Tensor o = newResult(d, d.tq, d.ev, bf16 ? DType::BFloat16 : ct, /*sideBySide=*/true);
   Shape lseShape = d.batch;
   lseShape.push_back(d.tq);
   lse = empty(lseShape, {.dtype = ct});
@@ -599,9 +606,9 @@ void sdpaCpuBackward(const Tensor& q, const Tensor& k, const Tensor& v, const Sd
   const DType ct = q.dtype() == DType::Float64 ? DType::Float64 : DType::Float32;
   const bool bf16 = bf16Products(q.dtype());
   const DType st = bf16 ? DType::BFloat16 : ct;
-  Tensor gq = headsSideBySide(d, d.tq, d.e, st);
-  Tensor gk = headsSideBySide(d, d.tk, d.e, st);
-  Tensor gv = headsSideBySide(d, d.tk, d.ev, st);
+  Tensor gq = newResult(d, d.tq, d.e, st, headsSideBySide(q));
+  Tensor gk = newResult(d, d.tk, d.e, st, headsSideBySide(k));
+  Tensor gv = newResult(d, d.tk, d.ev, st, headsSideBySide(v));
   autograd::NoGradGuard ng;
   if (dout.numel() > 0 && d.tk > 0) {
     if (bf16) backwardAs<float, BFloat16>(q, k, v, a, out, lse, dout, gq, gk, gv);

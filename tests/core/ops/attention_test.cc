@@ -557,23 +557,26 @@ TEST(Attention, OutputLaysTheHeadsSideBySide) {
     EXPECT_TRUE(y.transpose(1, 2).isContiguous()) << dtypeName(dt);
     Tensor side = y.transpose(1, 2).view({2, 9, 12});
     EXPECT_EQ(maxAbsDiff(side, y.transpose(1, 2).contiguous().reshape({2, 9, 12})), 0.0);
-    // So are the gradients of q, k and v (a multi-head layer's q, k, v are such transposed views of
-    // its projection, whose backward then needs no copy).
-    std::vector<Tensor> seen(3);
-    for (int i = 0; i < 3; ++i) {
-      Tensor& leaf = i == 0 ? q : i == 1 ? k : v;
-      leaf.setRequiresGrad();
-      leaf.registerHook([&seen, i](const Tensor& grad) -> std::optional<Tensor> {
-        seen[static_cast<size_t>(i)] = grad;
-        return std::nullopt;
-      });
-    }
-    Tensor w = randn({2, 3, 9, 4}, {}, &g).to(dt);
-    (scaledDotProductAttention(q, k, v, {.causal = true}) * w).sum().backward();
-    for (const Tensor& grad : seen) {
-      ASSERT_TRUE(grad.defined());
-      EXPECT_EQ(grad.sizes(), (Shape{2, 3, 9, 4}));
-      EXPECT_TRUE(grad.transpose(1, 2).isContiguous()) << dtypeName(dt);
+    // The gradients of q, k and v are laid out like q, k and v: for a multi-head layer's transposed
+    // head views of [B, T, H, E] data (heads side by side) the gradient reaching that data is
+    // contiguous, no copy made on the way; for contiguous [B, H, T, E] inputs it is contiguous.
+    for (bool views : {true, false}) {
+      std::vector<Tensor> leaves(3), seen(3);
+      for (size_t i = 0; i < 3; ++i) {
+        leaves[i] = (views ? randn({2, 9, 3, 4}, {}, &g) : randn({2, 3, 9, 4}, {}, &g)).to(dt).setRequiresGrad();
+        leaves[i].registerHook([&seen, i](const Tensor& grad) -> std::optional<Tensor> {
+          seen[i] = grad;
+          return std::nullopt;
+        });
+      }
+      auto in = [&](size_t i) { return views ? leaves[i].transpose(1, 2) : leaves[i]; };
+      Tensor w = randn({2, 3, 9, 4}, {}, &g).to(dt);
+      (scaledDotProductAttention(in(0), in(1), in(2), {.causal = true}) * w).sum().backward();
+      for (const Tensor& grad : seen) {
+        ASSERT_TRUE(grad.defined());
+        EXPECT_EQ(grad.sizes(), leaves[0].sizes());
+        EXPECT_TRUE(grad.isContiguous()) << dtypeName(dt) << (views ? " head views" : " contiguous inputs");
+      }
     }
     // One batch dim, or three: contiguous as before.
     EXPECT_TRUE(
