@@ -79,8 +79,9 @@ struct SdpaOptions {
 // On the CPU the op is fused: it never holds a [Tq, Tk] matrix, keeps only the output and one
 // log-sum-exp per query row for backward, and recomputes the weights there tile by tile. With
 // two batch dims [B, H] the output is laid out [B, Tq, H, Ev] and returned permuted to
-// [B, H, Tq, Ev], so out.transpose(1, 2) is contiguous (the heads side by side again, free); the
-// gradients of q, k and v are laid out the same way.
+// [B, H, Tq, Ev], so out.transpose(1, 2) is contiguous (the heads side by side again, free). The
+// gradients of q, k and v are laid out like q, k and v: side by side for the transposed head views
+// of a [B, T, H * E] projection, contiguous for contiguous inputs.
 // A query row whose every key is masked out gives NaN (as PyTorch), and so do the gradients it
 // reaches. With Tk == 0 the output is zeros. Other devices compute the same formula with
 // matmul and softmax (and the same dropout mask).
