@@ -360,23 +360,34 @@ COHORT_VM_INLINE float expNegHalfSquare(float a, float extra, int32_t& ni) {
   return fmaF(q, r2, r) + 1.0f;
 }
 
-COHORT_VM_INLINE float geluErf(float x) {
+// The variable of gelu's fits: |x| clamped to 13.1 (NaN passes), t = 1/(1 + 0.32|x|), u = t - 1/2.
+struct GeluArg {
+  float a, t, u;
+};
+COHORT_VM_INLINE GeluArg geluArg(float x) {
   const float ax = std::fabs(x);
-  const float a = select(ax > 13.1f, 13.1f, ax);  // NaN passes
+  const float a = select(ax > 13.1f, 13.1f, ax);
   const float t = 1.0f / fmaF(0.32f, a, 1.0f);
-  const float u = t - 0.5f;
+  return {a, t, t - 0.5f};
+}
+
+// c[0] + c[1] u + ... + c[9] u^9 by Estrin's scheme (a shorter dependency chain than Horner's).
+COHORT_VM_INLINE float estrin9(float u, const float (&c)[10]) {
   const float u2 = u * u;
   const float u4 = u2 * u2;
-  const float p01 = fmaF(1.431482666e+00f, u, -1.449425177e+00f);
-  const float p23 = fmaF(-2.985539554e-01f, u, 3.533550949e-01f);
-  const float p45 = fmaF(1.634086061e-01f, u, -2.881804856e-01f);
-  const float p67 = fmaF(-1.565846454e-01f, u, 2.626377428e-01f);
-  const float p89 = fmaF(1.819250091e-01f, u, -2.083416692e-01f);
-  const float p03 = fmaF(p23, u2, p01);
-  const float p47 = fmaF(p67, u2, p45);
-  const float P = fmaF(p89, u4 * u4, fmaF(p47, u4, p03));
+  const float p03 = fmaF(fmaF(c[3], u, c[2]), u2, fmaF(c[1], u, c[0]));
+  const float p47 = fmaF(fmaF(c[7], u, c[6]), u2, fmaF(c[5], u, c[4]));
+  return fmaF(fmaF(c[9], u, c[8]), u4 * u4, fmaF(p47, u4, p03));
+}
+
+COHORT_VM_INLINE float geluErf(float x) {
+  const float ax = std::fabs(x);
+  static constexpr float kP[10] = {-1.449425177e+00f, 1.431482666e+00f, 3.533550949e-01f, -2.985539554e-01f,
+                                   -2.881804856e-01f, 1.634086061e-01f, 2.626377428e-01f, -1.565846454e-01f,
+                                   -2.083416692e-01f, 1.819250091e-01f};
+  const auto [a, t, u] = geluArg(x);
   int32_t ni;
-  const float pe = expNegHalfSquare(a, P, ni);
+  const float pe = expNegHalfSquare(a, estrin9(u, kP), ni);
   // n >= -126 while |x| <= 13.1, so 2^n is one normal float; beyond, s = 0 flushes the tail.
   const float s = select(ax > 13.1f, 0.0f, floatOf(static_cast<uint32_t>(ni + 127) << 23));
   const float m = t * pe;  // erfc(|x|/sqrt2) / 2 = m s; x is applied before s (no subnormal m)
@@ -390,19 +401,11 @@ COHORT_VM_INLINE float geluErf(float x) {
 // relative accuracy down to E's underflow. Beyond |x| = 13.1, E is 0; x = +-inf gives NaN, as torch.
 COHORT_VM_INLINE float geluErfGradFloat(float g, float x) {
   const float ax = std::fabs(x);
-  const float a = select(ax > 13.1f, 13.1f, ax);  // NaN passes
-  const float t = 1.0f / fmaF(0.32f, a, 1.0f);
-  const float u = t - 0.5f;
-  const float u2 = u * u;
-  const float u4 = u2 * u2;
-  const float r01 = fmaF(3.3597639203e-01f, u, 2.3470516503e-01f);
-  const float r23 = fmaF(1.6339054704e-01f, u, 3.2340753078e-01f);
-  const float r45 = fmaF(-8.1749677658e-02f, u, -2.7317877859e-02f);
-  const float r67 = fmaF(4.4465817511e-02f, u, -6.2194286147e-04f);
-  const float r89 = fmaF(-1.5287384390e-02f, u, -3.7954838481e-03f);
-  const float r03 = fmaF(r23, u2, r01);
-  const float r47 = fmaF(r67, u2, r45);
-  const float R = fmaF(r89, u4 * u4, fmaF(r47, u4, r03));
+  static constexpr float kR[10] = {2.3470516503e-01f,  3.3597639203e-01f,  3.2340753078e-01f,  1.6339054704e-01f,
+                                   -2.7317877859e-02f, -8.1749677658e-02f, -6.2194286147e-04f, 4.4465817511e-02f,
+                                   -3.7954838481e-03f, -1.5287384390e-02f};
+  const auto [a, t, u] = geluArg(x);
+  const float R = estrin9(u, kR);
   int32_t ni;
   const float pe = expNegHalfSquare(a, 0.0f, ni);
   const float s = select(ax > 13.1f, 0.0f, floatOf(static_cast<uint32_t>(ni + 127) << 23));
