@@ -73,8 +73,7 @@ void gemm(blas::Trans ta, blas::Trans tb, int64_t m, int64_t n, int64_t k, C alp
   else blas::dgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-// A tile as the storage type S: the C tile itself, or its copy rounded to S (which the caller fills
-// row by row, while each row is in cache).
+// A tile as the storage type S: the C tile itself, or its copy rounded to S (storeRows).
 template <typename C, typename S>
 const S* tileAs(const C* c, const S* rounded) {
   if constexpr (std::is_same_v<S, C>) {
@@ -262,18 +261,18 @@ void maskTile(const Problem<C, S>& P, C* s, int64_t lds, int64_t b, int64_t q0, 
   }
 }
 
-// How many of the key columns k0, k0 + 1, ... k0 + cols - 1 query row q sees: all without a causal
-// mask, else those up to the diagonal (aligned at the top left: row q sees keys 0..q).
-template <typename C, typename S>
-int64_t keptCols(const Problem<C, S>& P, int64_t q, int64_t k0, int64_t cols) {
-  return P.causal ? std::clamp<int64_t>(q + 1 - k0, 0, cols) : cols;
-}
-
 // The tile whose first row is query q0 and first column key k0 keeps clamp(diag + i, 0, cols)
-// columns of its row i (expRows): keptCols of every row.
+// columns of its row i (expRows): all without a causal mask, else those up to the diagonal
+// (aligned at the top left: row q sees keys 0..q).
 template <typename C, typename S>
 int64_t tileDiag(const Problem<C, S>& P, int64_t q0, int64_t k0, int64_t cols) {
   return P.causal ? q0 + 1 - k0 : cols;
+}
+
+// How many of the key columns k0, k0 + 1, ... k0 + cols - 1 query row q sees.
+template <typename C, typename S>
+int64_t keptCols(const Problem<C, S>& P, int64_t q, int64_t k0, int64_t cols) {
+  return std::clamp<int64_t>(tileDiag(P, q, k0, cols), 0, cols);
 }
 
 // Maximum of x[0, n); NaN is skipped (it reaches the output through exp anyway).

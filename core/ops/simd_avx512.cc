@@ -227,8 +227,9 @@ void expShiftRows(float* x, int64_t rows, int64_t cols, int64_t ld, const float*
 
 // bfloat16 <-> float32 for halfBlocks, bit-identical to bfloat16ToFloatN / floatToBFloat16N
 // (core/tensor/half.h): widening shifts the 16 bits up; narrowing rounds to nearest even by
-// integer arithmetic (the AVX512-BF16 instruction would flush subnormal inputs to zero) and turns
-// a NaN into the quiet NaN of its sign and top bits, 16 lanes at a time with one vpmovdw.
+// integer arithmetic (AVX512-BF16's instruction flushes subnormal inputs to zero: floatToBf16Cvt
+// below) and turns a NaN into the quiet NaN of its sign and top bits, 16 lanes at a time with one
+// vpmovdw.
 void bf16ToFloat(float* out, const uint16_t* in, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
