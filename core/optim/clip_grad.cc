@@ -1,6 +1,8 @@
 #include <cohort/core/optim/clip_grad.h>
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include <cohort/core/autograd/grad_mode.h>
 #include <cohort/core/autograd/node.h>
@@ -76,14 +78,32 @@ std::vector<Tensor> gradsOf(const std::vector<Tensor>& params, const char* op) {
   return out;
 }
 
+// Host gradients are read in place and accumulate in double. A device's gradients get one norm
+// each from the device's norm kernel (16-bit ones widened to float32 first, so that a norm keeps
+// float32's precision rather than bfloat16's), and those come to the host in one copy per device:
+// one synchronisation per device, not one per tensor.
 double totalNorm(const std::vector<Tensor>& grads, double p, const char* op) {
   if (!(p >= 0.0)) throw ValueError(fmt::format("{}: norm type must be >= 0 or infinity, got {}", op, p));
   std::vector<double> norms;
   norms.reserve(grads.size());
+  std::vector<std::pair<Device, std::vector<Tensor>>> onDevices;
   for (const Tensor& g : grads) {
+    if (!g.device().isCpu()) {
+      const bool half = g.dtype() == DType::BFloat16 || g.dtype() == DType::Float16;
+      const Tensor wide = half ? g.to(DType::Float32) : g;  // norm refuses non-float gradients by name
+      auto it = std::find_if(onDevices.begin(), onDevices.end(), [&](const auto& e) { return e.first == g.device(); });
+      if (it == onDevices.end()) it = onDevices.insert(onDevices.end(), {g.device(), {}});
+      it->second.push_back(wide.norm(p).to(DType::Float64).reshape({1}));
+      continue;
+    }
     Tensor c = g.contiguous();
     COHORT_DISPATCH_FLOAT(c.dtype(), op,
                           [&]<typename T>() { norms.push_back(tensorNorm<T>(c.data<T>(), c.numel(), p)); });
+  }
+  for (const auto& [device, parts] : onDevices) {
+    const Tensor host = cat(parts).to(Device::cpu());
+    const double* v = host.data<double>();
+    norms.insert(norms.end(), v, v + host.numel());
   }
   return combine(norms, p);
 }
@@ -105,6 +125,10 @@ double clipGradNorm(const std::vector<Tensor>& params, double maxNorm, double no
   if (!(coef < 1.0)) return total;  // torch multiplies by clamp(coef, max=1): a no-op here
   autograd::NoGradGuard ng;
   for (Tensor& g : grads) {
+    if (!g.device().isCpu()) {  // the device's kernel: the product in float, rounded once, as below
+      g.mul_(coef);
+      continue;
+    }
     Tensor c = g.isContiguous() ? g : g.contiguous();
     COHORT_DISPATCH_FLOAT(c.dtype(), "clipGradNorm", [&]<typename T>() {
       using A = Acc<T>;

@@ -2,7 +2,10 @@
  * Gradient clipping, torch.nn.utils.clip_grad_norm_'s semantics: the norm is taken over all
  * gradients together (the norm of the per-tensor norms); when it exceeds maxNorm every gradient
  * is scaled in place by maxNorm / (total + 1e-6). Parameters without a gradient are skipped.
- * Norms accumulate in double. normType may be any p > 0, 0 (count of non-zeros) or infinity.
+ * Host gradients' norms accumulate in double; a device's gradients get one norm each from the
+ * device's kernel (float32 sums; 16-bit gradients widened to float32 first, float64 ones in
+ * double), brought to the host in one copy per device, and are scaled on the device. A list may
+ * mix devices. normType may be any p > 0, 0 (count of non-zeros) or infinity.
  */
 #pragma once
 

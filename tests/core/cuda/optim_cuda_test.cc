@@ -2,7 +2,8 @@
 // weight decay, maximize), Adam (coupled weight decay, amsgrad) and AdamW, ten steps on the same
 // parameters and gradients, parameters and state bit-identical after every step, for every float
 // dtype. Both devices run the arithmetic of core/optim/detail/update_math.h with the same
-// roundings. Skips without a GPU, except the CPU check at the end.
+// roundings. Gradient clipping over GPU gradients against the CPU's. Skips without a GPU, except
+// the CPU check at the end.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include <cohort/core/optim/clip_grad.h>
 #include <cohort/core/optim/detail/update_math.h>
 
 #include "core/cuda/cuda_test_util.h"
@@ -19,6 +21,7 @@ namespace cohort {
 namespace {
 
 using testing::expectBitEqual;
+using testing::expectClose;
 
 using testing::kFloatTypes;
 using testing::values;
@@ -123,6 +126,52 @@ TEST(CudaOptim, StateLoadedOnTheCpuMovesToTheParameterDevice) {
       for (const auto& [key, t] : st->tensors) EXPECT_TRUE(t.device().isCuda()) << key << " stayed on the CPU";
     }
   }
+}
+
+// Gradient clipping with the gradients on the GPU: every norm order gives the CPU's total (the
+// device's per-tensor norms are float32 or float64 sums, the host's double: they agree to float32
+// precision), the gradients are scaled by the same factor (within one rounding of their dtype),
+// a list spread over both devices gives the same total, and a NaN total with errorIfNonfinite is
+// a ValueError that scales nothing.
+TEST(CudaOptim, ClipGradNormMatchesTheCpu) {
+  COHORT_REQUIRE_GPU();
+  for (DType dt : kFloatTypes) {
+    const bool half = dt == DType::BFloat16 || dt == DType::Float16;
+    const double rounding = dt == DType::BFloat16 ? 0x1p-8 : dt == DType::Float16 ? 0x1p-11 : 1e-6;
+    for (double p : {2.0, 1.0, 3.0, optim::kInfNorm, 0.0}) {
+      const std::string at = fmt::format("{} p={}", dt, p);
+      std::vector<Tensor> cpu = makeParams(dt, Device::cpu());
+      std::vector<Tensor> gpu = makeParams(dt, Device::cuda());
+      for (size_t i = 0; i < cpu.size(); ++i) {
+        Tensor g = values(cpu[i].sizes(), dt, 40 + i, -3, 3);
+        cpu[i].setGrad(g);
+        gpu[i].setGrad(g.to(Device::cuda()));
+      }
+      const double normCpu = optim::gradNorm(cpu, p);
+      EXPECT_NEAR(optim::gradNorm(gpu, p), normCpu, 2e-6 * normCpu) << at;
+      std::vector<Tensor> mixed = {cpu[0], gpu[1], cpu[2], gpu[3]};
+      EXPECT_NEAR(optim::gradNorm(mixed, p), normCpu, 2e-6 * normCpu) << at << " (CPU and GPU gradients in one list)";
+
+      const double maxNorm = 0.25 * normCpu;  // every order clips
+      const double totalCpu = optim::clipGradNorm(cpu, maxNorm, p);
+      const double totalGpu = optim::clipGradNorm(gpu, maxNorm, p);
+      EXPECT_NEAR(totalGpu, totalCpu, 2e-6 * totalCpu) << at;
+      for (size_t i = 0; i < cpu.size(); ++i) {
+        EXPECT_TRUE(gpu[i].grad().device().isCuda()) << at;
+        expectClose(gpu[i].grad(), cpu[i].grad(), 0, half ? rounding : 1e-5, at + fmt::format(" grad {}", i));
+      }
+      if (p == 2.0) {  // after clipping, the 2-norm is maxNorm
+        EXPECT_NEAR(optim::gradNorm(gpu, p), maxNorm, (half ? 4 * rounding : 1e-5) * maxNorm) << at;
+      }
+    }
+  }
+  std::vector<Tensor> gpu = makeParams(DType::Float32, Device::cuda());
+  Tensor g = values(gpu[0].sizes(), DType::Float32, 9);
+  g.select(0, 3).select(0, 0).fill_(NAN);
+  gpu[0].setGrad(g.to(Device::cuda()));
+  const Tensor before = gpu[0].grad().to(Device::cpu());
+  EXPECT_THROW(optim::clipGradNorm(gpu, 1.0, 2.0, /*errorIfNonfinite=*/true), ValueError);
+  expectBitEqual(gpu[0].grad(), before, "a refused clip scales nothing");
 }
 
 // The shared arithmetic on the CPU, by hand: each product that meets a sum is one FMA.
