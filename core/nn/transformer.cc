@@ -151,7 +151,8 @@ Tensor GPT::generate(const Tensor& idx, int64_t maxNewTokens, double temperature
     const int64_t T = out.size(1);
     Tensor ctx = T > config_.blockSize ? out.slice(1, T - config_.blockSize, T) : out;
     Tensor logits = forward(ctx);
-    Tensor last = logits.select(1, logits.size(1) - 1).to(DType::Float32).contiguous();  // [B, V]
+    // [B, V] on the host, where the sampling runs (one small copy per token from a device).
+    Tensor last = logits.select(1, logits.size(1) - 1).to(DType::Float32).to(Device::cpu()).contiguous();
     const float* l = last.data<float>();
     Tensor u = rand({B}, {.dtype = DType::Float64}, gen);
     const double* ud = u.data<double>();
@@ -193,7 +194,7 @@ Tensor GPT::generate(const Tensor& idx, int64_t maxNewTokens, double temperature
       }
       next[static_cast<size_t>(b)] = pick >= 0 ? pick : lastKept;
     }
-    out = cat({out, fromVector<int64_t>(next, {B, 1})}, 1);
+    out = cat({out, fromVector<int64_t>(next, {B, 1}).to(out.device())}, 1);
   }
   return out;
 }

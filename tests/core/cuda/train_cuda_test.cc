@@ -1,7 +1,8 @@
 // Whole models on a GPU: an MLP and a small GPT train for 50 steps on CUDA and on the CPU from the
 // same initialisation and data; the losses and the final parameters must agree within tolerance
-// (the GPU sums in another order, so the runs drift apart by rounding, not by more). Also
-// Module::to(Device) keeps parameter handles. Skips without a GPU.
+// (the GPU sums in another order, so the runs drift apart by rounding, not by more); the GPT's
+// gradients are clipped on the device, and it samples the CPU's tokens. Also Module::to(Device)
+// keeps parameter handles. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -18,8 +19,9 @@ struct TrainingRun {
   std::map<std::string, Tensor> params;  // on the CPU
 };
 
+// clip > 0: the gradients are clipped to that 2-norm before every step, as training scripts do.
 template <typename MakeModel, typename Batch>
-TrainingRun train(MakeModel&& make, Batch&& batch, Device device, int steps) {
+TrainingRun train(MakeModel&& make, Batch&& batch, Device device, int steps, double clip = 0) {
   std::shared_ptr<nn::Module> model = make();
   model->to(device);
   optim::AdamW opt(model->parameters(), {.lr = 3e-3, .weightDecay = 0.1});
@@ -30,6 +32,7 @@ TrainingRun train(MakeModel&& make, Batch&& batch, Device device, int steps) {
     Tensor loss = nn::functional::crossEntropy(logits.reshape({-1, logits.size(-1)}), y.to(device).reshape({-1}));
     opt.zeroGrad();
     loss.backward();
+    if (clip > 0) optim::clipGradNorm(model->parameters(), clip);
     opt.step();
     run.losses.push_back(loss.item<double>());
   }
@@ -84,9 +87,30 @@ TEST(CudaTraining, GptMatchesCpuFor50Steps) {
     Tensor seq = randint(0, 61, {4, 17}, {.dtype = DType::Int64}, &g);
     return std::pair{seq.slice(1, 0, 16).contiguous(), seq.slice(1, 1, 17).contiguous()};
   };
-  TrainingRun cpu = train(make, batch, Device::cpu(), 50);
-  TrainingRun gpu = train(make, batch, Device::cuda(), 50);
+  // Clipped to a 2-norm of 0.5, under the first steps' gradient norms: the clip acts on the device.
+  TrainingRun cpu = train(make, batch, Device::cpu(), 50, 0.5);
+  TrainingRun gpu = train(make, batch, Device::cuda(), 50, 0.5);
   expectSameTraining(gpu, cpu, 2e-4, 2e-3);
+}
+
+// Sampling from a GPT on the GPU (the last logits come to the host, where the sampling runs, and
+// the tokens go back): greedy decoding and top-k sampling with one seed give the CPU's tokens from
+// the same weights, on the model's device.
+TEST(CudaTraining, GptGeneratesTheCpuTokens) {
+  COHORT_REQUIRE_GPU();
+  nn::GPTConfig cfg{.vocabSize = 61, .blockSize = 16, .nLayer = 2, .nHead = 2, .nEmbd = 32, .dropout = 0.0};
+  Generator ga(11), gb(11);
+  nn::GPT cpu(cfg, &ga), gpu(cfg, &gb);
+  gpu.to(Device::cuda());
+  Generator gp(3);
+  const Tensor prompt = randint(0, 61, {2, 5}, {.dtype = DType::Int64}, &gp);
+  for (double temperature : {0.0, 0.8}) {
+    Generator sa(5), sb(5);
+    const Tensor want = cpu.generate(prompt, 20, temperature, 10, &sa);  // past the block: the context slides
+    const Tensor got = gpu.generate(prompt.to(Device::cuda()), 20, temperature, 10, &sb);
+    EXPECT_TRUE(got.device().isCuda());
+    testing::expectBitEqual(got, want, fmt::format("tokens at temperature {}", temperature));
+  }
 }
 
 TEST(CudaTraining, ModuleToDeviceKeepsParameterHandles) {
