@@ -286,6 +286,9 @@ int trainPipelined(const PipelineRun& run, nn::GPTConfig cfg, const std::string&
     }
   }
   world->barrier()->wait();
+  // The last collective is behind us: the default group goes with this function's references,
+  // while the CUDA runtime is still up (a global released after main would outlive it).
+  dist::destroyProcessGroup();
   if (!talk) return 0;
   fmt::print("parameter checksum {:016x}\n", examples::parameterChecksum(*gpt));
   const double valLoss = evalLoss(*gpt, valLoader, 20, cfg.vocabSize);
@@ -539,6 +542,7 @@ int main(int argc, char** argv) {
         gpt->loadStateDict(full);
       }
     }
+    if (pg) dist::destroyProcessGroup();  // as in trainPipelined: released with pg, in this scope
     if (!talk) return 0;
     nn::GPT& finalModel = *gpt;
     const double valLoss = evalLoss(finalModel, valLoader, 20, cfg.vocabSize);

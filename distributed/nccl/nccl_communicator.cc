@@ -138,9 +138,19 @@ std::shared_ptr<NcclCommunicator> NcclCommunicator::split(NcclCommunicator& pare
 
 NcclCommunicator::~NcclCommunicator() {
   if (aborted() || comm_ == nullptr) return;
+  // A communicator still held when the process exits (by the default process group, a global
+  // destroyed after main returns) can outlive the CUDA runtime. The runtime then answers every
+  // call with cudaErrorCudartUnloading and has released the device's resources: nothing is left to
+  // destroy, and ncclCommDestroy could only fail.
+  int current = 0;
+  const cudaError_t state = cudaGetDevice(&current);
+  if (state == cudaErrorCudartUnloading) return;
   CurrentDevice guard(device_);
   ncclResult_t r = ncclCommDestroy(comm_);
-  if (r != ncclSuccess) COHORT_LOG(Warning, "{}: ncclCommDestroy: {}", describe(), ncclGetErrorString(r));
+  if (r != ncclSuccess) {
+    COHORT_LOG(Warning, "{}: ncclCommDestroy: {} (the CUDA runtime had answered {})", describe(), ncclGetErrorString(r),
+               cudaGetErrorName(state));
+  }
 }
 
 std::string NcclCommunicator::describe() const {

@@ -5,6 +5,7 @@
 // are threads, one per GPU.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -254,6 +255,24 @@ TEST(Nccl, SubgroupSplitsTheParentsCommunicator) {
 }
 
 // Ranks as threads, one per GPU (needs two GPUs or more).
+// Held until the process exits, as the default process group is: a global made before CUDA is
+// initialised, so that its destructor runs after the CUDA runtime has been torn down.
+ProcessGroupPtr gHeldUntilExit;
+
+TEST(Nccl, ACommunicatorStillHeldAtExitLeavesQuietly) {
+  COHORT_REQUIRE_GPU();
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // a fresh process: CUDA does not survive fork
+  EXPECT_EXIT(
+      {
+        gHeldUntilExit = worldOfOne();
+        Tensor g = pattern(DType::Float32, 1000).to(Device::cuda(0));
+        afterWait(gHeldUntilExit->allreduce(g), g);
+        std::fputs("allreduce done\n", stderr);
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(0), "allreduce done\n$");  // nothing after it: no warning at exit
+}
+
 TEST(Nccl, ThreadRanksOnePerGpu) {
   COHORT_REQUIRE_GPU();
   const int n = cuda::deviceCount();
