@@ -43,6 +43,9 @@ for name in cuda_gemm cuda_train_step comm_overhead; do
 done
 if [[ -x $build/examples/train_gpt ]]; then cp "$build/examples/train_gpt" "$stage/bin/"; else echo "not built: $build/examples/train_gpt" >&2; missing=1; fi
 [[ $missing -eq 0 ]] || { echo "gpu_bundle.sh: build the tree with CUDA first (./scripts/test.sh)" >&2; exit 1; }
+# The example datasets, where the library looks for them: ../share/cohort/data beside lib/.
+mkdir -p "$stage/share/cohort"
+cp -rL "$build/share/cohort/data" "$stage/share/cohort/"
 
 # The libraries the programs need, and those cohort's BLAS layer loads with dlopen, with theirs;
 # not the ones the GPU machine must supply itself.
@@ -78,7 +81,7 @@ export COHORT_BUNDLE_LIB="$_g/lib" COHORT_PREV_LD_LIBRARY_PATH="${LD_LIBRARY_PAT
 export LD_LIBRARY_PATH="$_g/lib:$_cuda${LD_LIBRARY_PATH:-}"
 unset _g _cuda
 EOF
-tar -C "$stage" -czf "$out" bin lib env.sh
+tar -C "$stage" -czf "$out" bin lib share env.sh
 programs=("$stage"/bin/*)
 libraries=("$stage"/lib/*)
 echo "gpu_bundle.sh: $out ($(du -h "$out" | cut -f1)): ${#programs[@]} programs, ${#libraries[@]} libraries"
