@@ -4,7 +4,8 @@
 // once (im2col), then out_g[Coutg, Ho*Wo] = W_g[Coutg, Cg*kH*kW] @ col in one GEMM. Backward
 // reuses the same layout: dW_g += dOut_g @ col^T and dCol = W_g^T @ dOut_g, scattered back with
 // col2im. A 1x1 kernel with stride 1 and no padding needs no im2col: the input already is col.
-// float16/bfloat16 compute in float32 and round once when the result is stored.
+// float16/bfloat16 compute in float32 and round once when the result is stored. Tensors on other
+// devices take the same steps built from device-neutral tensor operations (conv_views.cc).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -13,7 +14,7 @@
 #include <cohort/core/amp/autocast.h>
 #include <cohort/core/autograd/function.h>
 #include <cohort/core/blas/blas.h>
-#include <cohort/core/ops/dispatch.h>
+#include <cohort/core/ops/detail/conv_views.h>
 #include <cohort/core/ops/functional.h>
 #include <cohort/core/profiler/record.h>
 
@@ -30,16 +31,8 @@ void gemm(blas::Trans ta, blas::Trans tb, int64_t m, int64_t n, int64_t k, const
   else blas::dgemm(ta, tb, m, n, k, 1.0, a, lda, b, ldb, beta, c, ldc);
 }
 
-struct ConvGeom {
-  int64_t n, cin, h, w, cout, kh, kw, groups;
-  int64_t sh, sw, ph, pw, dh, dw;
-  int64_t ho, wo;
-  int64_t cg() const { return cin / groups; }
-  int64_t coutg() const { return cout / groups; }
-  int64_t kdim() const { return cg() * kh * kw; }  // rows of col
-  int64_t ospatial() const { return ho * wo; }
-  bool direct() const { return kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0; }
-};
+using detail::ConvGeom;
+using detail::PoolGeom;
 
 // The output positions o in [0, outLen) whose input coordinate o*stride - pad + off lies in [0, inLen).
 inline std::pair<int64_t, int64_t> validRange(int64_t inLen, int64_t outLen, int64_t stride, int64_t pad, int64_t off) {
@@ -193,9 +186,71 @@ std::string pairStr(std::pair<int64_t, int64_t> p) { return fmt::format("({}, {}
 
 // ---- pooling -------------------------------------------------------------------------------------
 
-struct PoolGeom {
-  int64_t planes, h, w, kh, kw, sh, sw, ph, pw, ho, wo;
-};
+Shape poolOutShape(const Tensor& x, const PoolGeom& g) {
+  Shape s = x.sizes();
+  s[s.size() - 2] = g.ho;
+  s[s.size() - 1] = g.wo;
+  return s;
+}
+
+}  // namespace
+
+namespace detail {
+
+ConvGeom convGeometry(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dOptions& opts) {
+  if (!input.defined() || !weight.defined()) throw ValueError("conv2d: input and weight must be defined");
+  if (input.dim() != 4 || weight.dim() != 4)
+    throw ValueError(fmt::format("conv2d: expects a 4-D input [N, Cin, H, W] and a 4-D weight [Cout, Cin/groups, kH, "
+                                 "kW], got shapes {} and {}",
+                                 shapeStr(input.sizes()), shapeStr(weight.sizes())));
+  if (!isFloating(input.dtype()) || input.dtype() != weight.dtype() ||
+      (bias.defined() && bias.dtype() != input.dtype()))
+    throw ValueError(fmt::format("conv2d: input, weight and bias must share one floating dtype, got {}, {} and {}",
+                                 input.dtype(), weight.dtype(), bias.defined() ? dtypeName(bias.dtype()) : "none"));
+  ConvGeom g;
+  g.n = input.size(0);
+  g.cin = input.size(1);
+  g.h = input.size(2);
+  g.w = input.size(3);
+  g.cout = weight.size(0);
+  g.kh = weight.size(2);
+  g.kw = weight.size(3);
+  g.groups = opts.groups;
+  std::tie(g.sh, g.sw) = opts.stride;
+  std::tie(g.ph, g.pw) = opts.padding;
+  std::tie(g.dh, g.dw) = opts.dilation;
+  if (g.groups <= 0 || g.sh <= 0 || g.sw <= 0 || g.dh <= 0 || g.dw <= 0 || g.ph < 0 || g.pw < 0)
+    throw ValueError(fmt::format("conv2d: groups {}, stride {} and dilation {} must be positive and padding {} "
+                                 "non-negative (input shape {}, weight shape {})",
+                                 g.groups, pairStr(opts.stride), pairStr(opts.dilation), pairStr(opts.padding),
+                                 shapeStr(input.sizes()), shapeStr(weight.sizes())));
+  if (g.cin % g.groups != 0 || g.cout % g.groups != 0)
+    throw ValueError(fmt::format("conv2d: input channels {} and output channels {} must both be divisible by groups {} "
+                                 "(input shape {}, weight shape {})",
+                                 g.cin, g.cout, g.groups, shapeStr(input.sizes()), shapeStr(weight.sizes())));
+  if (weight.size(1) * g.groups != g.cin)
+    throw ValueError(fmt::format("conv2d: channel mismatch: input of shape {} has {} channels, but weight of shape {} "
+                                 "with groups {} expects {}",
+                                 shapeStr(input.sizes()), g.cin, shapeStr(weight.sizes()), g.groups,
+                                 weight.size(1) * g.groups));
+  if (weight.device() != input.device() || (bias.defined() && bias.device() != input.device()))
+    throw ValueError(fmt::format("conv2d: input, weight and bias must be on one device, got {}, {} and {}",
+                                 input.device(), weight.device(),
+                                 bias.defined() ? fmt::format("{}", bias.device()) : std::string("none")));
+  if (bias.defined() && (bias.dim() != 1 || bias.size(0) != g.cout))
+    throw ValueError(fmt::format("conv2d: bias must have shape [{}], got {} (weight shape {})", g.cout,
+                                 shapeStr(bias.sizes()), shapeStr(weight.sizes())));
+  const int64_t ekh = (g.kh - 1) * g.dh + 1, ekw = (g.kw - 1) * g.dw + 1;
+  if (ekh > g.h + 2 * g.ph || ekw > g.w + 2 * g.pw)
+    throw ValueError(fmt::format("conv2d: kernel of size ({}, {}) (dilated) is larger than the padded input ({}, {}) "
+                                 "(input shape {}, weight shape {}, padding {}, dilation {})",
+                                 ekh, ekw, g.h + 2 * g.ph, g.w + 2 * g.pw, shapeStr(input.sizes()),
+                                 shapeStr(weight.sizes()), pairStr(opts.padding), pairStr(opts.dilation)));
+  g.ho = (g.h + 2 * g.ph - ekh) / g.sh + 1;
+  g.wo = (g.w + 2 * g.pw - ekw) / g.sw + 1;
+
+  return g;
+}
 
 PoolGeom poolGeometry(const Tensor& x, const Pool2dOptions& o, const char* op) {
   if (!x.defined()) throw ValueError(fmt::format("{}: the input tensor is undefined", op));
@@ -231,91 +286,54 @@ PoolGeom poolGeometry(const Tensor& x, const Pool2dOptions& o, const char* op) {
   return g;
 }
 
-Shape poolOutShape(const Tensor& x, const PoolGeom& g) {
-  Shape s = x.sizes();
-  s[s.size() - 2] = g.ho;
-  s[s.size() - 1] = g.wo;
-  return s;
-}
-
-}  // namespace
+}  // namespace detail
 
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dOptions& opts) {
   COHORT_RECORD_OP("conv2d", input, weight, bias, opts);
   COHORT_AUTOCAST("conv2d", conv2d, input, weight, bias, opts);
-  if (!input.defined() || !weight.defined()) throw ValueError("conv2d: input and weight must be defined");
-  if (!input.device().isCpu()) dispatch::throwNoKernel("conv2d", input.device());  // CPU kernels only, so far
-  if (input.dim() != 4 || weight.dim() != 4)
-    throw ValueError(fmt::format("conv2d: expects a 4-D input [N, Cin, H, W] and a 4-D weight [Cout, Cin/groups, kH, "
-                                 "kW], got shapes {} and {}",
-                                 shapeStr(input.sizes()), shapeStr(weight.sizes())));
-  if (!isFloating(input.dtype()) || input.dtype() != weight.dtype() ||
-      (bias.defined() && bias.dtype() != input.dtype()))
-    throw ValueError(fmt::format("conv2d: input, weight and bias must share one floating dtype, got {}, {} and {}",
-                                 input.dtype(), weight.dtype(), bias.defined() ? dtypeName(bias.dtype()) : "none"));
-  ConvGeom g;
-  g.n = input.size(0);
-  g.cin = input.size(1);
-  g.h = input.size(2);
-  g.w = input.size(3);
-  g.cout = weight.size(0);
-  g.kh = weight.size(2);
-  g.kw = weight.size(3);
-  g.groups = opts.groups;
-  std::tie(g.sh, g.sw) = opts.stride;
-  std::tie(g.ph, g.pw) = opts.padding;
-  std::tie(g.dh, g.dw) = opts.dilation;
-  if (g.groups <= 0 || g.sh <= 0 || g.sw <= 0 || g.dh <= 0 || g.dw <= 0 || g.ph < 0 || g.pw < 0)
-    throw ValueError(fmt::format("conv2d: groups {}, stride {} and dilation {} must be positive and padding {} "
-                                 "non-negative (input shape {}, weight shape {})",
-                                 g.groups, pairStr(opts.stride), pairStr(opts.dilation), pairStr(opts.padding),
-                                 shapeStr(input.sizes()), shapeStr(weight.sizes())));
-  if (g.cin % g.groups != 0 || g.cout % g.groups != 0)
-    throw ValueError(fmt::format("conv2d: input channels {} and output channels {} must both be divisible by groups {} "
-                                 "(input shape {}, weight shape {})",
-                                 g.cin, g.cout, g.groups, shapeStr(input.sizes()), shapeStr(weight.sizes())));
-  if (weight.size(1) * g.groups != g.cin)
-    throw ValueError(fmt::format("conv2d: channel mismatch: input of shape {} has {} channels, but weight of shape {} "
-                                 "with groups {} expects {}",
-                                 shapeStr(input.sizes()), g.cin, shapeStr(weight.sizes()), g.groups,
-                                 weight.size(1) * g.groups));
-  if (bias.defined() && (bias.dim() != 1 || bias.size(0) != g.cout))
-    throw ValueError(fmt::format("conv2d: bias must have shape [{}], got {} (weight shape {})", g.cout,
-                                 shapeStr(bias.sizes()), shapeStr(weight.sizes())));
-  const int64_t ekh = (g.kh - 1) * g.dh + 1, ekw = (g.kw - 1) * g.dw + 1;
-  if (ekh > g.h + 2 * g.ph || ekw > g.w + 2 * g.pw)
-    throw ValueError(fmt::format("conv2d: kernel of size ({}, {}) (dilated) is larger than the padded input ({}, {}) "
-                                 "(input shape {}, weight shape {}, padding {}, dilation {})",
-                                 ekh, ekw, g.h + 2 * g.ph, g.w + 2 * g.pw, shapeStr(input.sizes()),
-                                 shapeStr(weight.sizes()), pairStr(opts.padding), pairStr(opts.dilation)));
-  g.ho = (g.h + 2 * g.ph - ekh) / g.sh + 1;
-  g.wo = (g.w + 2 * g.pw - ekw) / g.sw + 1;
-
+  const ConvGeom g = detail::convGeometry(input, weight, bias, opts);
   const DType dt = input.dtype(), ct = computeType(dt);
+  const bool onCpu = input.device().isCpu();
   Tensor out;
   {
     autograd::NoGradGuard ng;
     Tensor x = input.to(ct).contiguous(), w = weight.to(ct).contiguous();
     Tensor b = bias.defined() ? bias.to(ct).contiguous() : Tensor();
-    out = ct == DType::Float64 ? convForward<double>(x, w, b, g) : convForward<float>(x, w, b, g);
+    if (!onCpu) out = detail::convForwardByViews(x, w, b, g);
+    else out = ct == DType::Float64 ? convForward<double>(x, w, b, g) : convForward<float>(x, w, b, g);
     out = out.to(dt);
   }
   autograd::record("conv2d", {input, weight, bias}, {out}, {input, weight},
-                   [g, ct](Ctx& ctx, const GradList& grads) -> GradList {
+                   [g, ct, onCpu](Ctx& ctx, const GradList& grads) -> GradList {
                      Tensor x = ctx.saved(0).to(ct).contiguous(), w = ctx.saved(1).to(ct).contiguous();
                      Tensor go = grads[0].to(ct).contiguous();
                      bool nx = ctx.needsInputGrad(0), nw = ctx.needsInputGrad(1), nb = ctx.needsInputGrad(2);
-                     return ct == DType::Float64 ? convBackward<double>(x, w, go, g, nx, nw, nb)
-                                                 : convBackward<float>(x, w, go, g, nx, nw, nb);
+                     GradList r = !onCpu                 ? detail::convBackwardByViews(x, w, go, g, nx, nw, nb)
+                                  : ct == DType::Float64 ? convBackward<double>(x, w, go, g, nx, nw, nb)
+                                                         : convBackward<float>(x, w, go, g, nx, nw, nb);
+                     for (Tensor& t : r)
+                       if (t.defined()) t = t.to(ctx.saved(0).dtype());
+                     return r;
                    });
   return out;
 }
 
 Tensor maxPool2d(const Tensor& input, const Pool2dOptions& opts) {
   COHORT_RECORD_OP("maxPool2d", input, opts);
-  PoolGeom g = poolGeometry(input, opts, "maxPool2d");
-  if (!input.device().isCpu()) dispatch::throwNoKernel("maxPool2d", input.device());
+  PoolGeom g = detail::poolGeometry(input, opts, "maxPool2d");
   const DType dt = input.dtype();
+  const Shape inShape = input.sizes();
+  if (!input.device().isCpu()) {
+    // Maxima are exact in any float type; the gradient accumulates in the compute type.
+    auto [out, windowArgmax] = detail::maxPoolByViews(input.detach().reshape({g.planes, g.h, g.w}), g);
+    out = out.view(poolOutShape(input, g));
+    autograd::record("maxPool2d", {input}, {out}, {windowArgmax},
+                     [g, inShape, dt](Ctx& ctx, const GradList& grads) -> GradList {
+                       Tensor go = grads[0].to(computeType(dt)).reshape({g.planes, g.ho, g.wo});
+                       return {detail::maxPoolBackwardByViews(go, ctx.saved(0), g).view(inShape).to(dt)};
+                     });
+    return out;
+  }
   Tensor out = empty(poolOutShape(input, g), {.dtype = dt});
   // For each output element, the flat h*w position (within its plane) of the maximum.
   Tensor argmax = empty(poolOutShape(input, g), {.dtype = DType::Int64});
@@ -356,7 +374,6 @@ Tensor maxPool2d(const Tensor& input, const Pool2dOptions& opts) {
       }
     });
   }
-  Shape inShape = input.sizes();
   autograd::record("maxPool2d", {input}, {out}, {argmax},
                    [g, inShape, dt](Ctx& ctx, const GradList& grads) -> GradList {
                      // Overlapping windows may route several gradients to one input: accumulate in the compute
@@ -384,9 +401,20 @@ Tensor maxPool2d(const Tensor& input, const Pool2dOptions& opts) {
 
 Tensor avgPool2d(const Tensor& input, const Pool2dOptions& opts) {
   COHORT_RECORD_OP("avgPool2d", input, opts);
-  PoolGeom g = poolGeometry(input, opts, "avgPool2d");
-  if (!input.device().isCpu()) dispatch::throwNoKernel("avgPool2d", input.device());
+  PoolGeom g = detail::poolGeometry(input, opts, "avgPool2d");
   const DType dt = input.dtype();
+  if (!input.device().isCpu()) {
+    const DType ct = computeType(dt);
+    const Shape inShape = input.sizes();
+    Tensor out = detail::avgPoolByViews(input.detach().to(ct).reshape({g.planes, g.h, g.w}), g)
+                     .view(poolOutShape(input, g))
+                     .to(dt);
+    autograd::record("avgPool2d", {input}, {out}, {}, [g, inShape, dt, ct](Ctx&, const GradList& grads) -> GradList {
+      Tensor go = grads[0].to(ct).reshape({g.planes, g.ho, g.wo});
+      return {detail::avgPoolBackwardByViews(go, g).view(inShape).to(dt)};
+    });
+    return out;
+  }
   Tensor out = empty(poolOutShape(input, g), {.dtype = dt});
   // count_include_pad: the divisor counts padded positions, clipped to the padded extent (torch).
   auto divisor = [g](int64_t oh, int64_t ow) {

@@ -4,7 +4,8 @@
 // weight and bias (forward, saved statistics, and all three gradients), and mse. Odd sizes (1, 7,
 // 1000, 4097), rows long enough for the block-per-row kernels and enough rows to split the
 // parameter-gradient sums; every float dtype; empty inputs; float64 finite-difference checks of the
-// device gradients; the CPU's errors for bad labels.
+// device gradients; the CPU's errors for bad labels. conv2d (strides, padding, dilation, groups)
+// and max/avg pooling, forward and backward.
 //
 // Tolerances. Both devices compute elementwise steps in the same order and precision (float for
 // half types) and accumulate row sums in double; they differ through the summation order and
@@ -304,6 +305,77 @@ TEST(CudaNn, Float64GradcheckOnTheDevice) {
         return F::layerNorm(d[0], {6}, d[1], d[2]).to(Device::cpu());
       },
       {randArg({4, 6}), randArg({6}, 8), randArg({6}, 9)}));
+  EXPECT_TRUE(gradcheck(
+      [&](const std::vector<Tensor>& in) {
+        std::vector<Tensor> d = dev(in);
+        return F::conv2d(d[0], d[1], d[2], {.stride = {2, 1}, .padding = {1, 1}, .dilation = {1, 2}, .groups = 2})
+            .to(Device::cpu());
+      },
+      {randArg({2, 4, 6, 5}), randArg({4, 2, 3, 2}, 8), randArg({4}, 9)}));
+  EXPECT_TRUE(gradcheck(
+      [&](const std::vector<Tensor>& in) {
+        return F::avgPool2d(dev(in)[0], {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}}).to(Device::cpu());
+      },
+      {randArg({2, 2, 5, 6})}));
+  EXPECT_TRUE(gradcheck(
+      [&](const std::vector<Tensor>& in) {
+        return F::maxPool2d(dev(in)[0], {.kernel = {2, 2}, .stride = {1, 1}}).to(Device::cpu());
+      },
+      {randArg({2, 2, 5, 6})}));
+}
+
+// ---- convolution and pooling ------------------------------------------------------------------------
+
+// The GPU takes conv2d and pooling through device-neutral tensor ops (patch matrices as strided
+// views, batched GEMMs); the CPU runs its direct loops. Sums of up to 27 products in another order:
+// the output and gradient tolerances with a tenfold absolute floor.
+TEST(CudaNn, Conv2dAndPoolingForwardAndBackward) {
+  COHORT_REQUIRE_GPU();
+  struct ConvCase {
+    Shape x, w;
+    F::Conv2dOptions opts;
+  };
+  const std::vector<ConvCase> convs = {
+      {{2, 3, 9, 8}, {4, 3, 3, 3}, {.stride = {2, 2}, .padding = {1, 1}}},
+      {{1, 4, 11, 7}, {6, 2, 3, 2}, {.stride = {2, 1}, .padding = {2, 1}, .dilation = {2, 3}, .groups = 2}},
+      {{3, 5, 6, 6}, {5, 1, 3, 3}, {.padding = {1, 1}, .groups = 5}},
+      {{2, 6, 5, 7}, {8, 6, 1, 1}, {}},
+      {{0, 3, 6, 6}, {4, 3, 3, 3}, {.padding = {1, 1}}},
+  };
+  const std::vector<F::Pool2dOptions> pools = {{},
+                                               {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}},
+                                               {.kernel = {2, 3}, .stride = {1, 2}}};
+  uint64_t seed = 300;
+  for (DType dt : kFloatTypes) {
+    Tol fwd = outTol(dt), bwd = gradTol(dt);
+    fwd.atol *= 10;
+    bwd.atol *= 10;
+    for (const ConvCase& c : convs) {
+      const std::string at =
+          fmt::format("conv2d {} x {} w {} groups {}", dt, shapeStr(c.x), shapeStr(c.w), c.opts.groups);
+      std::vector<Tensor> in = {values(c.x, dt, seed++, -1, 1), values(c.w, dt, seed++, -1, 1),
+                                values({c.w[0]}, dt, seed++, -1, 1)};
+      const F::Conv2dOptions opts = c.opts;
+      compareWithGrad([&](const std::vector<Tensor>& t) { return F::conv2d(t[0], t[1], t[2], opts); }, in,
+                      {true, true, true}, fwd, bwd, at);
+    }
+    for (const F::Pool2dOptions& o : pools) {
+      const std::string at = fmt::format("{} kernel ({}, {})", dt, o.kernel.first, o.kernel.second);
+      const std::vector<Tensor> in = {values({2, 3, 9, 7}, dt, seed++, -1, 1)};
+      compareWithGrad([&](const std::vector<Tensor>& t) { return F::maxPool2d(t[0], o); }, in, {true}, {0, 0}, bwd,
+                      "maxPool2d " + at);
+      compareWithGrad([&](const std::vector<Tensor>& t) { return F::avgPool2d(t[0], o); }, in, {true}, fwd, bwd,
+                      "avgPool2d " + at);
+    }
+  }
+}
+
+// A conv2d with mismatched devices is refused by name.
+TEST(CudaNn, Conv2dWeightOnAnotherDeviceIsRefused) {
+  COHORT_REQUIRE_GPU();
+  const Tensor x = values({1, 2, 5, 5}, DType::Float32, 1, -1, 1);
+  const Tensor w = values({3, 2, 3, 3}, DType::Float32, 2, -1, 1);
+  EXPECT_THROW(F::conv2d(cuda(x), w, Tensor(), {}), ValueError);
 }
 
 // ---- without a GPU --------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-// Whole models on a GPU: an MLP and a small GPT train for 50 steps on CUDA and on the CPU from the
+// Whole models on a GPU: an MLP, a CNN and a small GPT train for 50 steps on CUDA and on the CPU from the
 // same initialisation and data; the losses and the final parameters must agree within tolerance
 // (the GPU sums in another order, so the runs drift apart by rounding, not by more); the GPT's
 // gradients are clipped on the device, and it samples the CPU's tokens. Also Module::to(Device)
@@ -61,6 +61,27 @@ TEST(CudaTraining, MlpMatchesCpuFor50Steps) {
     Generator g(100 + static_cast<uint64_t>(step % 4));  // four batches, cycled: the loss must fall
     Tensor x = randn({48, 32}, {}, &g);
     Tensor y = randint(0, 10, {48}, {.dtype = DType::Int64}, &g);
+    return std::pair{x, y};
+  };
+  TrainingRun cpu = train(make, batch, Device::cpu(), 50);
+  TrainingRun gpu = train(make, batch, Device::cuda(), 50);
+  expectSameTraining(gpu, cpu, 1e-4, 1e-3);
+}
+
+TEST(CudaTraining, CnnMatchesCpuFor50Steps) {
+  COHORT_REQUIRE_GPU();
+  auto make = [] {
+    Generator g(5);
+    return std::make_shared<nn::Sequential>(nn::Conv2d(1, 8, 3, {.padding = {1, 1}}, true, &g), nn::ReLU(),
+                                            nn::MaxPool2d(2),
+                                            nn::Conv2d(8, 16, 3, {.stride = {2, 2}, .padding = {1, 1}}, true, &g),
+                                            nn::ReLU(), nn::AvgPool2d(2), nn::Flatten(),
+                                            nn::Linear(16 * 2 * 2, 10, true, &g));
+  };
+  auto batch = [](int step) {
+    Generator g(700 + static_cast<uint64_t>(step % 4));  // four batches, cycled: the loss must fall
+    Tensor x = randn({16, 1, 16, 16}, {}, &g);
+    Tensor y = randint(0, 10, {16}, {.dtype = DType::Int64}, &g);
     return std::pair{x, y};
   };
   TrainingRun cpu = train(make, batch, Device::cpu(), 50);

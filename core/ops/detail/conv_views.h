@@ -1,0 +1,58 @@
+// Internal: the geometry of conv2d and 2-D pooling, and their forward and backward passes built
+// from device-neutral tensor operations (strided views, copies, elementwise ops, reductions and
+// batched GEMMs). Those run on every device that has the core kernels, so a device gets conv2d
+// and pooling without kernels of its own; the CPU keeps its direct loops (core/ops/conv.cc), and
+// tests compare the two on the CPU.
+//
+// All functions take tensors in the compute type (float32 or float64), run without autograd (the
+// ops record their own backward) and return results on the inputs' device.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include <cohort/core/ops/functional.h>
+#include <cohort/core/tensor/tensor.h>
+
+namespace cohort::nn::functional::detail {
+
+struct ConvGeom {
+  int64_t n, cin, h, w, cout, kh, kw, groups;
+  int64_t sh, sw, ph, pw, dh, dw;
+  int64_t ho, wo;
+  int64_t cg() const { return cin / groups; }
+  int64_t coutg() const { return cout / groups; }
+  int64_t kdim() const { return cg() * kh * kw; }  // rows of the patch matrix
+  int64_t ospatial() const { return ho * wo; }
+  bool direct() const { return kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0; }
+};
+
+// planes: N*C for a 4-D input, C for a 3-D one.
+struct PoolGeom {
+  int64_t planes, h, w, kh, kw, sh, sw, ph, pw, ho, wo;
+};
+
+// The checked geometry of conv2d(input, weight, bias, opts) and of a pooling op's (ValueError naming
+// what is wrong, as the ops report it).
+ConvGeom convGeometry(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dOptions& opts);
+PoolGeom poolGeometry(const Tensor& x, const Pool2dOptions& opts, const char* op);
+
+// conv2d: x [N, Cin, H, W], w [Cout, Cin/groups, kH, kW], b [Cout] or undefined -> [N, Cout, Ho, Wo].
+Tensor convForwardByViews(const Tensor& x, const Tensor& w, const Tensor& b, const ConvGeom& g);
+// Gradients of x, w and b (undefined where not needed), from gout [N, Cout, Ho, Wo].
+std::vector<Tensor> convBackwardByViews(const Tensor& x, const Tensor& w, const Tensor& gout, const ConvGeom& g,
+                                        bool needX, bool needW, bool needB);
+
+// Max pooling over x [planes, H, W]: the maxima [planes, Ho, Wo] and, for each, the position of the
+// first maximum (NaN counts as the maximum) within its window, row-major over kH x kW.
+std::pair<Tensor, Tensor> maxPoolByViews(const Tensor& x, const PoolGeom& g);
+// The input gradient [planes, H, W]: each output's gradient goes to its window's maximum.
+Tensor maxPoolBackwardByViews(const Tensor& gout, const Tensor& windowArgmax, const PoolGeom& g);
+
+// Average pooling over x [planes, H, W], padded positions counted in the divisor as torch's
+// count_include_pad does, and its input gradient.
+Tensor avgPoolByViews(const Tensor& x, const PoolGeom& g);
+Tensor avgPoolBackwardByViews(const Tensor& gout, const PoolGeom& g);
+
+}  // namespace cohort::nn::functional::detail
