@@ -150,8 +150,8 @@ void* Tensor::dataPtr() const {
   requireDefined("data");
   const Storage& s = *impl_->storage;
   if (!s.device().isCpu())
-    throw NotSupportedError(fmt::format("a tensor of shape {} on {} was given to a CPU kernel: cohort's tensor kernels "
-                                        "run on the CPU; move it with to(Device::cpu())",
+    throw NotSupportedError(fmt::format("a tensor of shape {} on {} was read as host memory by code that runs on the "
+                                        "CPU only; move it with to(Device::cpu())",
                                         shapeStr(impl_->sizes), s.device()));
   if (s.released())
     throw Error(fmt::format("tensor of shape {} ({}) views storage that was freed; its data cannot be used until "
