@@ -36,7 +36,7 @@ std::string describe(const ConvCase& c) {
 }
 
 const std::vector<ConvCase>& convCases() {
-  static const std::vector<ConvCase> cases = {
+  static const std::vector<ConvCase> kCases = {
       {{2, 3, 9, 8}, {4, 3, 3, 3}, {}, true},
       {{2, 3, 9, 8}, {4, 3, 3, 3}, {.stride = {2, 2}, .padding = {1, 1}}, true},
       {{1, 4, 11, 7}, {6, 2, 3, 2}, {.stride = {2, 1}, .padding = {2, 1}, .dilation = {2, 3}, .groups = 2}, true},
@@ -47,7 +47,7 @@ const std::vector<ConvCase>& convCases() {
       {{2, 3, 8, 8}, {4, 3, 5, 5}, {.stride = {3, 3}, .padding = {2, 2}}, true},
       {{0, 3, 6, 6}, {4, 3, 3, 3}, {.padding = {1, 1}}, true},  // empty batch
   };
-  return cases;
+  return kCases;
 }
 
 TEST(ConvByViews, MatchesTheCpuKernelsForwardAndBackward) {
@@ -81,14 +81,14 @@ struct PoolCase {
 };
 
 const std::vector<PoolCase>& poolCases() {
-  static const std::vector<PoolCase> cases = {
+  static const std::vector<PoolCase> kCases = {
       {{2, 3, 8, 8}, {}},
       {{2, 3, 9, 7}, {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}}},  // overlapping windows
       {{4, 7, 5}, {.kernel = {2, 3}, .stride = {1, 2}, .padding = {1, 0}}},     // 3-D input
       {{1, 2, 6, 6}, {.kernel = {4, 4}, .stride = {1, 1}, .padding = {2, 2}}},
       {{0, 2, 6, 6}, {}},
   };
-  return cases;
+  return kCases;
 }
 
 // Pools x with `op` on the CPU's kernel (with autograd) and by views; the same values, and gradients
