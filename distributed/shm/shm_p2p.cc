@@ -406,11 +406,13 @@ void ShmP2P::loop() {
     lock.unlock();
     complete(key_, done);
     if (failed) {
+      // The group is broken before the culprit's waiter wakes: an op it issues next must fail at
+      // once rather than slip into the ring ahead of the break.
+      breakGroup_(why);  // calls abort(): every other pending op fails with the group's error
       if (culprit.work) {
         std::vector<Done> one{std::move(culprit)};
         complete(key_, one);
       }
-      breakGroup_(why);  // calls abort(): every other pending op fails with the group's error
     }
     if (more && !failed) {
       lock.lock();
