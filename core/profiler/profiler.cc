@@ -252,6 +252,9 @@ void onMemory(const void* ptr, int64_t bytes, Device device, MemoryCategory cate
   m.bytes = bytes > 0 ? bytes : -bytes;
   m.device = device;
   m.category = m.from = category;
+  const AllocatorStats st = memoryStats(device);
+  m.allocatorBytes = st.bytesLive;
+  m.reservedBytes = st.bytesLive + st.cachedBytes;
   pushMemory(std::move(m));
 }
 

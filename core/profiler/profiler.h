@@ -29,7 +29,8 @@
  * process group, where collectives complete), flows from forward ops to their backward, between
  * ranks for each collective and for each RPC; memory events as PyTorch's profiler writes them
  * ("[memory]" instant events with Addr, Bytes, Total Allocated, Total Reserved, Device Type and
- * Device Id), so tools written for PyTorch traces read cohort's. mergeTraces() joins the traces of
+ * Device Id; on a device the totals are its allocator's, a caching allocator's reserve included),
+ * so tools written for PyTorch traces read cohort's. mergeTraces() joins the traces of
  * several ranks into one, on rank 0's clock (dist's job profiling does this, trace_merge.h).
  */
 #pragma once
@@ -80,8 +81,12 @@ struct MemoryEvent {
   Device device = Device::cpu();
   MemoryCategory category = MemoryCategory::Other;  // for Retag: the new category
   MemoryCategory from = MemoryCategory::Other;      // for Retag: the old one
-  std::string op;                                   // innermost span on the thread, "" outside any
-  std::string stack;                                // with .stack: "forward > linear > mm"
+  // The device allocator's accounting just after an Alloc or Free: bytes handed out, and those
+  // plus the freed bytes it keeps for reuse (the trace's Total Allocated / Total Reserved).
+  int64_t allocatorBytes = 0;
+  int64_t reservedBytes = 0;
+  std::string op;     // innermost span on the thread, "" outside any
+  std::string stack;  // with .stack: "forward > linear > mm"
 };
 
 struct ThreadInfo {

@@ -324,10 +324,10 @@ std::string Profile::chromeTrace(int64_t clockOffsetNs, TraceStats* stats) {
       fmt::format_to(
           std::back_inserter(w.out),
           R"(, "args": {{"Device Type": {}, "Device Id": {}, "Addr": {}, "Bytes": {}, "Total Allocated": {}, )"
-          R"("Total Reserved": 0, "Category": "{}", "Op": )",
+          R"("Total Reserved": {}, "Category": "{}", "Op": )",
           static_cast<int>(m.device.type()), cpu ? -1 : m.device.index(), m.addr,
-          m.kind == MemoryEventKind::Alloc ? m.bytes : -m.bytes, cpu ? live.total() : 0,
-          memoryCategoryName(m.category));
+          m.kind == MemoryEventKind::Alloc ? m.bytes : -m.bytes, cpu ? live.total() : m.allocatorBytes,
+          std::max(m.reservedBytes, cpu ? live.total() : m.allocatorBytes), memoryCategoryName(m.category));
       w.str(m.op);
       if (!m.stack.empty()) {
         w.raw(", \"Stack\": ");

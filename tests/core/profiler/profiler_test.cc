@@ -301,6 +301,10 @@ TEST(Profiler, ChromeTraceFollowsTheTraceEventFormat) {
       EXPECT_EQ(e.at("cat"), "cpu_instant_event");
       for (const char* k : {"Device Type", "Device Id", "Addr", "Bytes", "Total Allocated", "Total Reserved"})
         EXPECT_TRUE(e.at("args").contains(k)) << k;
+      // The allocator's reserve holds at least what is allocated; an allocation is in both.
+      EXPECT_GE(e["args"]["Total Reserved"].get<int64_t>(), e["args"]["Total Allocated"].get<int64_t>());
+      if (e["args"]["Bytes"].get<int64_t>() > 0)
+        EXPECT_GE(e["args"]["Total Reserved"].get<int64_t>(), e["args"]["Bytes"].get<int64_t>());
       sawMemory = true;
     } else if (ph == "M") {
       if (e["name"] == "process_name") {
@@ -395,6 +399,10 @@ TEST(Profiler, MemoryCategoriesPeakAndTimeline) {
     if (m.category == MemoryCategory::Activations && m.kind == profiler::MemoryEventKind::Alloc) activations = true;
     if (m.kind == profiler::MemoryEventKind::Alloc) {
       EXPECT_FALSE(m.stack.empty());
+      // The allocator's totals just after the allocation: it is among the live bytes, and the
+      // reserve (live plus cached for reuse) holds them.
+      EXPECT_GE(m.allocatorBytes, m.bytes);
+      EXPECT_GE(m.reservedBytes, m.allocatorBytes);
     }
   }
   EXPECT_TRUE(activations);
