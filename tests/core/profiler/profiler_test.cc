@@ -303,8 +303,9 @@ TEST(Profiler, ChromeTraceFollowsTheTraceEventFormat) {
         EXPECT_TRUE(e.at("args").contains(k)) << k;
       // The allocator's reserve holds at least what is allocated; an allocation is in both.
       EXPECT_GE(e["args"]["Total Reserved"].get<int64_t>(), e["args"]["Total Allocated"].get<int64_t>());
-      if (e["args"]["Bytes"].get<int64_t>() > 0)
+      if (e["args"]["Bytes"].get<int64_t>() > 0) {
         EXPECT_GE(e["args"]["Total Reserved"].get<int64_t>(), e["args"]["Bytes"].get<int64_t>());
+      }
       sawMemory = true;
     } else if (ph == "M") {
       if (e["name"] == "process_name") {
