@@ -81,8 +81,11 @@ TEST(CudaOptim, SgdMatchesTheCpuBitForBit) {
       {"dampening maximize", {.lr = 0.05, .momentum = 0.8, .dampening = 0.1, .weightDecay = 0.02, .maximize = true}},
       {"nesterov", {.lr = 0.03, .momentum = 0.9, .weightDecay = 0.001, .nesterov = true}},
   };
-  for (const auto& [name, o] : configs)
-    runSteps([o](std::vector<Tensor> ps) { return std::make_unique<optim::SGD>(std::move(ps), o); }, "SGD " + name);
+  for (const auto& config : configs) {
+    const optim::SGDOptions o = config.second;  // a lambda may not capture a structured binding (clang)
+    runSteps([o](std::vector<Tensor> ps) { return std::make_unique<optim::SGD>(std::move(ps), o); },
+             "SGD " + config.first);
+  }
 }
 
 TEST(CudaOptim, AdamAndAdamWMatchTheCpuBitForBit) {
