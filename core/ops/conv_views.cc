@@ -5,8 +5,8 @@
 // the padded plane. One copy makes it [G, K, N*Ho*Wo], and the whole batch is one batched GEMM
 // per group set. The adjoint (col2im) adds the patch gradients back through the same view, one
 // kernel offset (i, j) at a time: within one offset no two output positions read the same input
-// element, so each add is a plain strided elementwise add. Pooling takes its windows the same way
-// and reduces over them.
+// element, so each add is a plain strided elementwise add. A large batch goes in chunks, so that
+// the patch matrix stays bounded. Pooling takes its windows the same way and reduces over them.
 #include <cohort/core/ops/detail/conv_views.h>
 
 #include <algorithm>
@@ -75,13 +75,36 @@ Tensor avgDivisor(const PoolGeom& g, DType dt, Device device) {
   return d.to(dt).to(device);
 }
 
+// Samples per chunk of the batch: as many as keep the patch matrix within maxPatchElements (one at
+// the least), or the whole batch.
+int64_t samplesPerChunk(const ConvGeom& g, int64_t maxPatchElements) {
+  const int64_t perSample = std::max<int64_t>(1, g.kdim() * g.ospatial());
+  return std::clamp<int64_t>(maxPatchElements / perSample, 1, std::max<int64_t>(g.n, 1));
+}
+
+// g for samples [n0, n0 + len) of the batch.
+ConvGeom chunkGeom(const ConvGeom& g, int64_t len) {
+  ConvGeom c = g;
+  c.n = len;
+  return c;
+}
+
 }  // namespace
 
-Tensor convForwardByViews(const Tensor& x, const Tensor& w, const Tensor& b, const ConvGeom& g) {
+Tensor convForwardByViews(const Tensor& x, const Tensor& w, const Tensor& b, const ConvGeom& g,
+                          int64_t maxPatchElements) {
   autograd::NoGradGuard ng;
   amp::detail::ExcludeGuard noAutocast;  // the compute type is the caller's
   const TensorOptions opts{.dtype = x.dtype(), .device = x.device()};
   if (g.n * g.cout * g.ospatial() == 0) return empty({g.n, g.cout, g.ho, g.wo}, opts);
+  if (const int64_t chunk = samplesPerChunk(g, maxPatchElements); chunk < g.n) {
+    Tensor out = empty({g.n, g.cout, g.ho, g.wo}, opts);
+    for (int64_t n0 = 0; n0 < g.n; n0 += chunk) {
+      const int64_t len = std::min(chunk, g.n - n0);
+      out.narrow(0, n0, len).copy_(convForwardByViews(x.narrow(0, n0, len), w, b, chunkGeom(g, len), maxPatchElements));
+    }
+    return out;
+  }
   const int64_t np = g.n * g.ospatial();
   Tensor y;  // [G, Coutg, N*P]
   if (g.kdim() == 0) {
@@ -95,11 +118,23 @@ Tensor convForwardByViews(const Tensor& x, const Tensor& w, const Tensor& b, con
 }
 
 std::vector<Tensor> convBackwardByViews(const Tensor& x, const Tensor& w, const Tensor& gout, const ConvGeom& g,
-                                        bool needX, bool needW, bool needB) {
+                                        bool needX, bool needW, bool needB, int64_t maxPatchElements) {
   autograd::NoGradGuard ng;
   amp::detail::ExcludeGuard noAutocast;
   const TensorOptions opts{.dtype = x.dtype(), .device = x.device()};
   std::vector<Tensor> r(3);
+  if (const int64_t chunk = samplesPerChunk(g, maxPatchElements); chunk < g.n && (needX || needW)) {
+    if (needX) r[0] = empty({g.n, g.cin, g.h, g.w}, opts);
+    for (int64_t n0 = 0; n0 < g.n; n0 += chunk) {
+      const int64_t len = std::min(chunk, g.n - n0);
+      std::vector<Tensor> part = convBackwardByViews(x.narrow(0, n0, len), w, gout.narrow(0, n0, len),
+                                                     chunkGeom(g, len), needX, needW, false, maxPatchElements);
+      if (needX) r[0].narrow(0, n0, len).copy_(part[0]);
+      if (needW) r[1] = r[1].defined() ? r[1].add_(part[1]) : part[1];
+    }
+    if (needB) r[2] = gout.sum({0, 2, 3});
+    return r;
+  }
   const int64_t np = g.n * g.ospatial(), k = g.kdim();
   const bool none = np == 0 || k == 0 || g.coutg() == 0;  // every product is empty
   // gout as [G, Coutg, N*P], the layout of the forward's product.

@@ -38,11 +38,17 @@ struct PoolGeom {
 ConvGeom convGeometry(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dOptions& opts);
 PoolGeom poolGeometry(const Tensor& x, const Pool2dOptions& opts, const char* op);
 
+// The batch is taken in chunks whose patch matrix holds at most this many values (256 MiB of
+// float32): a whole batch's would hold kH*kW copies of the input at once.
+inline constexpr int64_t kMaxPatchElements = int64_t{1} << 26;
+
 // conv2d: x [N, Cin, H, W], w [Cout, Cin/groups, kH, kW], b [Cout] or undefined -> [N, Cout, Ho, Wo].
-Tensor convForwardByViews(const Tensor& x, const Tensor& w, const Tensor& b, const ConvGeom& g);
+Tensor convForwardByViews(const Tensor& x, const Tensor& w, const Tensor& b, const ConvGeom& g,
+                          int64_t maxPatchElements = kMaxPatchElements);
 // Gradients of x, w and b (undefined where not needed), from gout [N, Cout, Ho, Wo].
 std::vector<Tensor> convBackwardByViews(const Tensor& x, const Tensor& w, const Tensor& gout, const ConvGeom& g,
-                                        bool needX, bool needW, bool needB);
+                                        bool needX, bool needW, bool needB,
+                                        int64_t maxPatchElements = kMaxPatchElements);
 
 // Max pooling over x [planes, H, W]: the maxima [planes, Ho, Wo] and, for each, the position of the
 // first maximum (NaN counts as the maximum) within its window, row-major over kH x kW.

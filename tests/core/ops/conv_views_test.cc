@@ -1,6 +1,7 @@
 // The device-neutral conv2d and pooling (core/ops/conv_views.cc, what a GPU runs) against the CPU's
 // direct kernels (core/ops/conv.cc), both on the CPU: outputs and every gradient, over strides,
-// padding, dilation, groups (depthwise too), 1x1 kernels, non-square shapes and empty batches.
+// padding, dilation, groups (depthwise too), 1x1 kernels, non-square shapes and empty batches, with
+// the batch whole and in chunks.
 // The GPU tests check the same path on a GPU against the CPU.
 #include <gtest/gtest.h>
 
@@ -64,12 +65,22 @@ TEST(ConvByViews, MatchesTheCpuKernelsForwardAndBackward) {
       want.backward(gout);
 
       const fd::ConvGeom g = fd::convGeometry(x, w, b, c.opts);
-      const Tensor got = fd::convForwardByViews(x.detach(), w.detach(), c.bias ? b.detach() : Tensor(), g);
-      expectClose(got, want.detach(), tol, tol, at + " output");
-      std::vector<Tensor> grads = fd::convBackwardByViews(x.detach(), w.detach(), gout, g, true, true, c.bias);
-      expectClose(grads[0], x.grad(), tol, tol, at + " input gradient");
-      expectClose(grads[1], w.grad(), tol, tol, at + " weight gradient");
-      if (c.bias) expectClose(grads[2], b.grad(), tol, tol, at + " bias gradient");
+      // The whole batch at once, and one sample per chunk (a patch matrix limit of one value).
+      for (int64_t limit : {fd::kMaxPatchElements, int64_t{1}}) {
+        const std::string in = at + (limit == 1 ? " (chunked)" : "");
+        const Tensor got = fd::convForwardByViews(x.detach(), w.detach(), c.bias ? b.detach() : Tensor(), g, limit);
+        expectClose(got, want.detach(), tol, tol, in + " output");
+        std::vector<Tensor> grads = fd::convBackwardByViews(x.detach(), w.detach(), gout, g, true, true, c.bias, limit);
+        expectClose(grads[0], x.grad(), tol, tol, in + " input gradient");
+        expectClose(grads[1], w.grad(), tol, tol, in + " weight gradient");
+        if (c.bias) expectClose(grads[2], b.grad(), tol, tol, in + " bias gradient");
+        if (limit == 1) {  // each chunk alone: only the weight gradient needed
+          std::vector<Tensor> onlyW =
+              fd::convBackwardByViews(x.detach(), w.detach(), gout, g, false, true, false, limit);
+          EXPECT_FALSE(onlyW[0].defined()) << in;
+          expectClose(onlyW[1], w.grad(), tol, tol, in + " weight gradient alone");
+        }
+      }
       if (::testing::Test::HasFailure()) return;
     }
   }
