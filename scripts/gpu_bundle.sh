@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Packs the GPU test and benchmark programs of a build, cohort's libraries and every shared library
+# Packs the GPU test and benchmark programs of a build, cohort's libraries, every shared library
 # they need that a GPU machine may lack (gloo, OpenMPI, the BLAS libraries cohort loads at run time,
-# ...) into one tarball, for a GPU machine that has the NVIDIA driver and CUDA's libraries but not
-# this machine's packages:
+# ...) and the example datasets (share/cohort/data, found beside lib/) into one tarball, for a GPU
+# machine that has the NVIDIA driver and CUDA's libraries but not this machine's packages:
 #
 #   ./scripts/gpu_bundle.sh [--build DIR] [--out FILE]     (default build/, gpu-bundle.tar.gz)
 #
