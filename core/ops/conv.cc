@@ -308,12 +308,9 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, con
                      Tensor x = ctx.saved(0).to(ct).contiguous(), w = ctx.saved(1).to(ct).contiguous();
                      Tensor go = grads[0].to(ct).contiguous();
                      bool nx = ctx.needsInputGrad(0), nw = ctx.needsInputGrad(1), nb = ctx.needsInputGrad(2);
-                     GradList r = !onCpu                 ? detail::convBackwardByViews(x, w, go, g, nx, nw, nb)
-                                  : ct == DType::Float64 ? convBackward<double>(x, w, go, g, nx, nw, nb)
-                                                         : convBackward<float>(x, w, go, g, nx, nw, nb);
-                     for (Tensor& t : r)
-                       if (t.defined()) t = t.to(ctx.saved(0).dtype());
-                     return r;
+                     return !onCpu                 ? detail::convBackwardByViews(x, w, go, g, nx, nw, nb)
+                            : ct == DType::Float64 ? convBackward<double>(x, w, go, g, nx, nw, nb)
+                                                   : convBackward<float>(x, w, go, g, nx, nw, nb);
                    });
   return out;
 }
@@ -416,12 +413,7 @@ Tensor avgPool2d(const Tensor& input, const Pool2dOptions& opts) {
     return out;
   }
   Tensor out = empty(poolOutShape(input, g), {.dtype = dt});
-  // count_include_pad: the divisor counts padded positions, clipped to the padded extent (torch).
-  auto divisor = [g](int64_t oh, int64_t ow) {
-    int64_t hs = oh * g.sh - g.ph, ws = ow * g.sw - g.pw;
-    int64_t he = std::min(hs + g.kh, g.h + g.ph), we = std::min(ws + g.kw, g.w + g.pw);
-    return static_cast<double>((he - hs) * (we - ws));
-  };
+  auto divisor = [g](int64_t oh, int64_t ow) { return static_cast<double>(detail::avgPoolDivisor(g, oh, ow)); };
   {
     autograd::NoGradGuard ng;
     Tensor x = input.contiguous();

@@ -62,16 +62,12 @@ void addAtOffset(Tensor& gxp, const Tensor& v, const PoolGeom& g, int64_t i, int
   dst.add_(v);
 }
 
-// The count_include_pad divisor of every output position, [Ho, Wo] on x's device.
+// avgPoolDivisor of every output position, [Ho, Wo] on the given device.
 Tensor avgDivisor(const PoolGeom& g, DType dt, Device device) {
   Tensor d = empty({g.ho, g.wo}, {.dtype = DType::Float64});
   double* p = d.data<double>();
   for (int64_t oh = 0; oh < g.ho; ++oh)
-    for (int64_t ow = 0; ow < g.wo; ++ow) {
-      const int64_t hs = oh * g.sh - g.ph, ws = ow * g.sw - g.pw;
-      const int64_t he = std::min(hs + g.kh, g.h + g.ph), we = std::min(ws + g.kw, g.w + g.pw);
-      p[oh * g.wo + ow] = static_cast<double>((he - hs) * (we - ws));
-    }
+    for (int64_t ow = 0; ow < g.wo; ++ow) p[oh * g.wo + ow] = static_cast<double>(avgPoolDivisor(g, oh, ow));
   return d.to(dt).to(device);
 }
 

@@ -8,6 +8,7 @@
 // ops record their own backward) and return results on the inputs' device.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -32,6 +33,14 @@ struct ConvGeom {
 struct PoolGeom {
   int64_t planes, h, w, kh, kw, sh, sw, ph, pw, ho, wo;
 };
+
+// Average pooling's divisor at output (oh, ow), torch's count_include_pad: the window's positions,
+// padded ones included, clipped to the padded input.
+inline int64_t avgPoolDivisor(const PoolGeom& g, int64_t oh, int64_t ow) {
+  const int64_t hs = oh * g.sh - g.ph, ws = ow * g.sw - g.pw;
+  const int64_t he = std::min(hs + g.kh, g.h + g.ph), we = std::min(ws + g.kw, g.w + g.pw);
+  return (he - hs) * (we - ws);
+}
 
 // The checked geometry of conv2d(input, weight, bias, opts) and of a pooling op's (ValueError naming
 // what is wrong, as the ops report it).
