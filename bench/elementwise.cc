@@ -20,6 +20,9 @@
  * memory-bound ones stay on one. CPU time then sums the threads, so with N > 1 an op's GB/s comes
  * from wall-clock time instead; the limit stays one core's memcpy by CPU time, as the goal defines it.
  *
+ * The header also gives the time of one op-dispatch lookup (dispatch.h), what every op pays to
+ * reach its kernel; `--n 256` shows ops whose fixed costs dominate.
+ *
  * Usage: elementwise [--n 16777216] [--reps 9] [--only SUBSTRING] [--threads 1]
  */
 #include <sys/resource.h>
@@ -38,6 +41,7 @@
 
 #include <cohort/cohort.h>
 #include <cohort/core/ops/detail/simd.h>
+#include <cohort/core/ops/dispatch.h>
 
 namespace {
 
@@ -74,6 +78,17 @@ struct Case {
   // Untimed: restores an in-place op's target before each repetition.
   std::function<void()> reset = nullptr;
 };
+
+// The mean time of dispatch::kernel for two CPU ops in turn, over 10^7 lookups.
+double lookupNanoseconds() {
+  constexpr int kLookups = 10000000;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < kLookups; ++i) {
+    auto* k = dispatch::kernel<dispatch::BinaryKernel>((i & 1) != 0 ? "add" : "relu backward", Device::cpu());
+    asm volatile("" : : "r"(k) : "memory");  // keeps the lookup
+  }
+  return seconds(t0) / kLookups * 1e9;
+}
 
 }  // namespace
 
@@ -283,6 +298,8 @@ int main(int argc, char** argv) {
   else
     std::printf("GB/s uses wall-clock time (CPU time would sum the threads), the limit memcpy's CPU time (one\n"
                 "thread; the stricter of the two); the last column compares wall-clock times on both sides\n\n");
+  std::printf("op dispatch: %.1f ns per kernel lookup (the cost every op pays to reach its kernel)\n\n",
+              lookupNanoseconds());
   std::printf("%-38s %9s %9s %7s %7s %9s %10s\n", "op", "GB/s", "limit", "ratio", "bar", "faults", "wall ratio");
   int pass = 0, miss = 0, unavailable = 0;
   std::vector<double> limits;

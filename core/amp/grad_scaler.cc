@@ -8,6 +8,7 @@
 
 #include <cohort/core/autograd/grad_mode.h>
 #include <cohort/core/autograd/node.h>
+#include <cohort/core/ops/dispatch.h>
 #include <cohort/core/ops/ops.h>
 #include <cohort/core/tensor/iter.h>
 #include <cohort/core/util/parallel.h>
@@ -67,6 +68,25 @@ bool unscaleWithOps(const Tensor& grad, float invScale) {
   return !std::isfinite(mul(stored, Scalar(0.0)).sum().itemDouble());
 }
 
+// The fused unscale of one gradient, for a device that has one: registered under
+// "GradScaler.unscale"; returns whether a stored value is inf or NaN.
+using UnscaleKernel = bool(const Tensor& grad, float invScale);
+
+bool unscaleCpu(const Tensor& grad, float invScale) {
+  Tensor work = grad.isContiguous() ? grad : grad.contiguous();
+  bool found = COHORT_DISPATCH_FLOAT(grad.dtype(), "GradScaler.unscale", [&]<typename T>() {
+    return unscaleContiguous<T>(work.data<T>(), work.numel(), invScale);
+  });
+  if (!work.isSameAs(grad)) {
+    Tensor g = grad;
+    g.copy_(work);
+  }
+  grad.bumpVersion();
+  return found;
+}
+
+const dispatch::Register<UnscaleKernel> kUnscaleCpu{"GradScaler.unscale", DeviceType::CPU, &unscaleCpu};
+
 }  // namespace
 
 void checkOptions(const GradScalerOptions& o, const char* where) {
@@ -87,17 +107,9 @@ bool unscaleGrad(const Tensor& grad, float invScale, bool fused) {
                  grad.defined() ? dtypeName(grad.dtype()) : "an undefined tensor");
   autograd::NoGradGuard noGrad;
   if (grad.numel() == 0) return false;
-  if (!fused || !grad.device().isCpu()) return unscaleWithOps(grad, invScale);
-  Tensor work = grad.isContiguous() ? grad : grad.contiguous();
-  bool found = COHORT_DISPATCH_FLOAT(grad.dtype(), "GradScaler.unscale", [&]<typename T>() {
-    return unscaleContiguous<T>(work.data<T>(), work.numel(), invScale);
-  });
-  if (!work.isSameAs(grad)) {
-    Tensor g = grad;
-    g.copy_(work);
-  }
-  grad.bumpVersion();
-  return found;
+  UnscaleKernel* fusedKernel = fused ? dispatch::find<UnscaleKernel>("GradScaler.unscale", grad.device()) : nullptr;
+  if (fusedKernel == nullptr) return unscaleWithOps(grad, invScale);
+  return fusedKernel(grad, invScale);
 }
 
 }  // namespace detail

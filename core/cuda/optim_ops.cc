@@ -27,7 +27,14 @@ void checkOperands(const char* op, const Tensor& p, std::initializer_list<const 
 
 void* ptrOrNull(const Tensor& t) { return t.defined() ? devicePtr(t) : nullptr; }
 
-void sgdStepCuda(Tensor& p, const Tensor& g, Tensor& buf, const SgdScalars& s) {
+// A bfloat16/float16 gradient of a float32 parameter (the step kernels' contract allows it) is
+// widened here; the kernels read gradients of the parameter's dtype.
+Tensor ofParamType(const Tensor& p, const Tensor& g) {
+  return !g.defined() || g.dtype() == p.dtype() ? g : g.to(p.dtype()).contiguous();
+}
+
+void sgdStepCuda(Tensor& p, const Tensor& grad, Tensor& buf, const SgdScalars& s) {
+  const Tensor g = ofParamType(p, grad);
   checkOperands("SGD.step", p, {&g, &buf});
   if (p.numel() == 0) return;
   DeviceGuard guard(p.device().index());
@@ -35,8 +42,9 @@ void sgdStepCuda(Tensor& p, const Tensor& g, Tensor& buf, const SgdScalars& s) {
   COHORT_CUDA_CHECK_LAUNCH();
 }
 
-void adamStepCuda(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, Tensor& vmax, const AdamScalars& s) {
+void adamStepCuda(Tensor& p, const Tensor& grad, Tensor& m, Tensor& v, Tensor& vmax, const AdamScalars& s) {
   const char* op = s.decoupled ? "AdamW.step" : "Adam.step";
+  const Tensor g = ofParamType(p, grad);
   checkOperands(op, p, {&g, &m, &v, &vmax});
   COHORT_CHECK_T(ValueError, !s.amsgrad || vmax.defined(), "{}: amsgrad needs the max_exp_avg_sq state", op);
   if (p.numel() == 0) return;

@@ -36,6 +36,12 @@ using detail::sdpaShape;
 namespace {
 
 constexpr const char* kOp = "scaledDotProductAttention";
+
+// The whole op on a device that implements it with autograd of its own (registered under kOp);
+// checkArgs has run.
+using SdpaOpKernel = Tensor(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& opts,
+                            const detail::SdpaDims& d);
+
 // ---- argument checks ----------------------------------------------------------------------------
 
 std::optional<Shape> broadcastOpt(const Shape& a, const Shape& b) {
@@ -243,15 +249,26 @@ Tensor scaledDotProductAttention(const Tensor& q, const Tensor& k, const Tensor&
   COHORT_RECORD_OP("scaledDotProductAttention", q, k, v, opts);
   COHORT_AUTOCAST("scaledDotProductAttention", scaledDotProductAttention, q, k, v, opts);
   const SdpaDims d = checkArgs(q, k, v, opts);
-  if (!q.device().isCpu()) {
-    if (Tensor out = deviceFusedAttention(q, k, v, opts, d); out.defined()) return out;
-    return scaledDotProductAttentionMath(q, k, v, opts);
-  }
+  // A device's whole-op kernel (the CPU's takes every option), else its fused forward and backward
+  // kernels for the cases they take, else the formula.
+  if (auto* whole = dispatch::find<SdpaOpKernel>(kOp, q.device())) return whole(q, k, v, opts, d);
+  if (Tensor out = deviceFusedAttention(q, k, v, opts, d); out.defined()) return out;
+  return scaledDotProductAttentionMath(q, k, v, opts);
+}
+
+namespace {
+
+// The CPU's fused attention (attention_cpu.cc), with masks, dropout and broadcast batch dims.
+Tensor cpuAttention(const Tensor& q, const Tensor& k, const Tensor& v, const SdpaOptions& opts, const SdpaDims& d) {
   const double scale = opts.scale.value_or(1.0 / std::sqrt(static_cast<double>(d.e)));
   const SdpaDropout drop =
       opts.dropout > 0.0 ? SdpaDropout(opts.dropout, drawDropoutKey(opts.generator), d.tq) : SdpaDropout();
   return fusedAttention(q, k, v, {.d = d, .mask = opts.mask, .scale = scale, .causal = opts.causal, .drop = drop});
 }
+
+const dispatch::Register<SdpaOpKernel> kCpuAttention{kOp, DeviceType::CPU, &cpuAttention};
+
+}  // namespace
 
 Tensor scaledDotProductAttentionDropoutMask(const Shape& attnShape, double p, Generator* gen) {
   const char* op = "scaledDotProductAttentionDropoutMask";

@@ -16,27 +16,27 @@ using GradList = std::vector<Tensor>;
 
 Tensor eq(const Tensor& a, const Tensor& b) {
   COHORT_RECORD_OP("eq", a, b);
-  return detail::compareOp(a, b, "eq", [](auto x, auto y) COHORT_KERNEL_FN { return x == y; });
+  return detail::compareOp(a, b, "eq");
 }
 Tensor ne(const Tensor& a, const Tensor& b) {
   COHORT_RECORD_OP("ne", a, b);
-  return detail::compareOp(a, b, "ne", [](auto x, auto y) COHORT_KERNEL_FN { return x != y; });
+  return detail::compareOp(a, b, "ne");
 }
 Tensor lt(const Tensor& a, const Tensor& b) {
   COHORT_RECORD_OP("lt", a, b);
-  return detail::compareOp(a, b, "lt", [](auto x, auto y) COHORT_KERNEL_FN { return x < y; });
+  return detail::compareOp(a, b, "lt");
 }
 Tensor le(const Tensor& a, const Tensor& b) {
   COHORT_RECORD_OP("le", a, b);
-  return detail::compareOp(a, b, "le", [](auto x, auto y) COHORT_KERNEL_FN { return x <= y; });
+  return detail::compareOp(a, b, "le");
 }
 Tensor gt(const Tensor& a, const Tensor& b) {
   COHORT_RECORD_OP("gt", a, b);
-  return detail::compareOp(a, b, "gt", [](auto x, auto y) COHORT_KERNEL_FN { return x > y; });
+  return detail::compareOp(a, b, "gt");
 }
 Tensor ge(const Tensor& a, const Tensor& b) {
   COHORT_RECORD_OP("ge", a, b);
-  return detail::compareOp(a, b, "ge", [](auto x, auto y) COHORT_KERNEL_FN { return x >= y; });
+  return detail::compareOp(a, b, "ge");
 }
 
 // ---- maximum / minimum ---------------------------------------------------------------------------
@@ -59,32 +59,16 @@ inline A minValue(A x, A y) {
   return r;
 }
 
-// Gradient of max/min for the first operand: g where it won, g/2 on ties, 0 where it lost.
-// `wins(x, y)` says whether x is the selected one.
-// `op` names the kernel on other devices: "maximum backward" (wins = greater) or "minimum backward".
-template <typename Wins>
-Tensor maxMinGrad(const Tensor& g, const Tensor& x, const Tensor& y, const char* op, Wins wins) {
-  return detail::ternaryFloatOp(g, x, y, op, [wins](auto gv, auto xv, auto yv) COHORT_KERNEL_FN {
-    using A = decltype(gv);
-    return xv == yv ? gv * A(0.5) : (wins(xv, yv) ? gv : A(0));
-  });
-}
-
 Tensor maxMin(const Tensor& a, const Tensor& b, bool isMax) {
   const char* op = isMax ? "maximum" : "minimum";
-  Tensor out = isMax ? detail::binaryOp(a, b, op, [](auto x, auto y) COHORT_KERNEL_FN { return maxValue(x, y); })
-                     : detail::binaryOp(a, b, op, [](auto x, auto y) COHORT_KERNEL_FN { return minValue(x, y); });
+  Tensor out = detail::binaryOp(a, b, op);
   autograd::record(op, {a, b}, {out}, {a, b}, [isMax](Ctx& ctx, const GradList& g) -> GradList {
     GradList r(2);
     Tensor x = ctx.saved(0), y = ctx.saved(1);
-    auto greater = [](auto p, auto q) COHORT_KERNEL_FN { return p > q; };
-    auto less = [](auto p, auto q) COHORT_KERNEL_FN { return p < q; };
-    if (ctx.needsInputGrad(0))
-      r[0] = isMax ? maxMinGrad(g[0], x, y, "maximum backward", greater)
-                   : maxMinGrad(g[0], x, y, "minimum backward", less);
-    if (ctx.needsInputGrad(1))
-      r[1] = isMax ? maxMinGrad(g[0], y, x, "maximum backward", greater)
-                   : maxMinGrad(g[0], y, x, "minimum backward", less);
+    // The first operand's gradient: g where it won, g/2 on ties, 0 where it lost.
+    const char* backward = isMax ? "maximum backward" : "minimum backward";
+    if (ctx.needsInputGrad(0)) r[0] = detail::ternaryFloatOp(g[0], x, y, backward);
+    if (ctx.needsInputGrad(1)) r[1] = detail::ternaryFloatOp(g[0], y, x, backward);
     return r;
   });
   return out;
@@ -142,11 +126,7 @@ Tensor whereRaw(const Tensor& cond, const Tensor& a, const Tensor& b, DType dt, 
   Tensor out = empty(shape, {.dtype = dt, .device = a.device()});
   Tensor ac = a.dtype() == dt ? a : a.detach().to(dt);
   Tensor bc = b.dtype() == dt ? b : b.detach().to(dt);
-  if (!out.device().isCpu()) {
-    dispatch::kernel<dispatch::WhereKernel>("where", out.device())(out, cond, ac, bc);
-    return out;
-  }
-  COHORT_DISPATCH(dt, "where", [&]<typename T>() { whereKernel<T>(out, cond, ac, bc); });
+  dispatch::kernel<dispatch::WhereKernel>("where", out.device())(out, cond, ac, bc);
   return out;
 }
 
@@ -173,5 +153,51 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   });
   return out;
 }
+
+// ---- CPU kernels ---------------------------------------------------------------------------------
+
+namespace {
+
+constexpr auto kEq = [](auto x, auto y) COHORT_KERNEL_FN { return x == y; };
+constexpr auto kNe = [](auto x, auto y) COHORT_KERNEL_FN { return x != y; };
+constexpr auto kLt = [](auto x, auto y) COHORT_KERNEL_FN { return x < y; };
+constexpr auto kLe = [](auto x, auto y) COHORT_KERNEL_FN { return x <= y; };
+constexpr auto kGt = [](auto x, auto y) COHORT_KERNEL_FN { return x > y; };
+constexpr auto kGe = [](auto x, auto y) COHORT_KERNEL_FN { return x >= y; };
+constexpr auto kMaximum = [](auto x, auto y) COHORT_KERNEL_FN { return maxValue(x, y); };
+constexpr auto kMinimum = [](auto x, auto y) COHORT_KERNEL_FN { return minValue(x, y); };
+// The gradient of the first operand of maximum (minimum): g where it is the greater (smaller), g/2
+// on ties, 0 where it lost.
+constexpr auto kMaximumBackward = [](auto gv, auto xv, auto yv) COHORT_KERNEL_FN {
+  using A = decltype(gv);
+  return xv == yv ? gv * A(0.5) : (xv > yv ? gv : A(0));
+};
+constexpr auto kMinimumBackward = [](auto gv, auto xv, auto yv) COHORT_KERNEL_FN {
+  using A = decltype(gv);
+  return xv == yv ? gv * A(0.5) : (xv < yv ? gv : A(0));
+};
+
+void whereCpu(Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) {
+  COHORT_DISPATCH(out.dtype(), "where", [&]<typename T>() { whereKernel<T>(out, cond, a, b); });
+}
+
+const bool kCpuKernels = [] {
+  using namespace dispatch;
+  constexpr DeviceType kCpu = DeviceType::CPU;
+  Register<BinaryKernel>("eq", kCpu, &detail::cpuCompare<decltype(kEq)>);
+  Register<BinaryKernel>("ne", kCpu, &detail::cpuCompare<decltype(kNe)>);
+  Register<BinaryKernel>("lt", kCpu, &detail::cpuCompare<decltype(kLt)>);
+  Register<BinaryKernel>("le", kCpu, &detail::cpuCompare<decltype(kLe)>);
+  Register<BinaryKernel>("gt", kCpu, &detail::cpuCompare<decltype(kGt)>);
+  Register<BinaryKernel>("ge", kCpu, &detail::cpuCompare<decltype(kGe)>);
+  Register<BinaryKernel>("maximum", kCpu, &detail::cpuBinary<decltype(kMaximum)>);
+  Register<BinaryKernel>("minimum", kCpu, &detail::cpuBinary<decltype(kMinimum)>);
+  Register<TernaryKernel>("maximum backward", kCpu, &detail::cpuTernaryFloat<decltype(kMaximumBackward)>);
+  Register<TernaryKernel>("minimum backward", kCpu, &detail::cpuTernaryFloat<decltype(kMinimumBackward)>);
+  Register<WhereKernel>("where", kCpu, &whereCpu);
+  return true;
+}();
+
+}  // namespace
 
 }  // namespace cohort

@@ -15,6 +15,7 @@
 #include <cohort/core/autograd/function.h>
 #include <cohort/core/blas/blas.h>
 #include <cohort/core/ops/detail/conv_views.h>
+#include <cohort/core/ops/dispatch.h>
 #include <cohort/core/ops/functional.h>
 #include <cohort/core/profiler/record.h>
 
@@ -288,29 +289,50 @@ PoolGeom poolGeometry(const Tensor& x, const Pool2dOptions& o, const char* op) {
 
 }  // namespace detail
 
+namespace {
+
+// A device's kernels for a forward and its backward, both registered, else the composites: one
+// pair, so the backward always reads what its own forward saved.
+template <typename F, typename B>
+std::pair<F*, B*> kernelPair(const char* op, const char* backward, Device device, F* composite, B* compositeBackward) {
+  F* f = dispatch::find<F>(op, device);
+  B* b = dispatch::find<B>(backward, device);
+  if (f != nullptr && b != nullptr) return {f, b};
+  return {composite, compositeBackward};
+}
+
+Tensor convByViews(const Tensor& x, const Tensor& w, const Tensor& b, const ConvGeom& g) {
+  return detail::convForwardByViews(x, w, b, g);
+}
+GradList convBackwardByViews(const Tensor& x, const Tensor& w, const Tensor& go, const ConvGeom& g, bool nx, bool nw,
+                             bool nb) {
+  return detail::convBackwardByViews(x, w, go, g, nx, nw, nb);
+}
+
+}  // namespace
+
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dOptions& opts) {
   COHORT_RECORD_OP("conv2d", input, weight, bias, opts);
   COHORT_AUTOCAST("conv2d", conv2d, input, weight, bias, opts);
   const ConvGeom g = detail::convGeometry(input, weight, bias, opts);
   const DType dt = input.dtype(), ct = computeType(dt);
-  const bool onCpu = input.device().isCpu();
+  const auto kernels =
+      kernelPair<detail::ConvForwardKernel, detail::ConvBackwardKernel>("conv2d", "conv2d backward", input.device(),
+                                                                        &convByViews, &convBackwardByViews);
+  auto* const forward = kernels.first;
+  auto* const backward = kernels.second;
   Tensor out;
   {
     autograd::NoGradGuard ng;
     Tensor x = input.to(ct).contiguous(), w = weight.to(ct).contiguous();
     Tensor b = bias.defined() ? bias.to(ct).contiguous() : Tensor();
-    if (!onCpu) out = detail::convForwardByViews(x, w, b, g);
-    else out = ct == DType::Float64 ? convForward<double>(x, w, b, g) : convForward<float>(x, w, b, g);
-    out = out.to(dt);
+    out = forward(x, w, b, g).to(dt);
   }
   autograd::record("conv2d", {input, weight, bias}, {out}, {input, weight},
-                   [g, ct, onCpu](Ctx& ctx, const GradList& grads) -> GradList {
+                   [g, ct, backward](Ctx& ctx, const GradList& grads) -> GradList {
                      Tensor x = ctx.saved(0).to(ct).contiguous(), w = ctx.saved(1).to(ct).contiguous();
                      Tensor go = grads[0].to(ct).contiguous();
-                     bool nx = ctx.needsInputGrad(0), nw = ctx.needsInputGrad(1), nb = ctx.needsInputGrad(2);
-                     return !onCpu                 ? detail::convBackwardByViews(x, w, go, g, nx, nw, nb)
-                            : ct == DType::Float64 ? convBackward<double>(x, w, go, g, nx, nw, nb)
-                                                   : convBackward<float>(x, w, go, g, nx, nw, nb);
+                     return backward(x, w, go, g, ctx.needsInputGrad(0), ctx.needsInputGrad(1), ctx.needsInputGrad(2));
                    });
   return out;
 }
@@ -320,78 +342,19 @@ Tensor maxPool2d(const Tensor& input, const Pool2dOptions& opts) {
   PoolGeom g = detail::poolGeometry(input, opts, "maxPool2d");
   const DType dt = input.dtype();
   const Shape inShape = input.sizes();
-  if (!input.device().isCpu()) {
-    // Maxima are exact in any float type; the gradient accumulates in the compute type.
-    auto [out, windowArgmax] = detail::maxPoolByViews(input.detach().reshape({g.planes, g.h, g.w}), g);
-    out = out.view(poolOutShape(input, g));
-    autograd::record("maxPool2d", {input}, {out}, {windowArgmax},
-                     [g, inShape, dt](Ctx& ctx, const GradList& grads) -> GradList {
-                       Tensor go = grads[0].to(computeType(dt)).reshape({g.planes, g.ho, g.wo});
-                       return {detail::maxPoolBackwardByViews(go, ctx.saved(0), g).view(inShape).to(dt)};
-                     });
-    return out;
-  }
-  Tensor out = empty(poolOutShape(input, g), {.dtype = dt});
-  // For each output element, the flat h*w position (within its plane) of the maximum.
-  Tensor argmax = empty(poolOutShape(input, g), {.dtype = DType::Int64});
-  {
-    autograd::NoGradGuard ng;
-    Tensor x = input.contiguous();
-    COHORT_DISPATCH_FLOAT(dt, "maxPool2d", [&]<typename T>() {
-      using A = Acc<T>;
-      const T* px = x.data<T>();
-      T* po = out.data<T>();
-      int64_t* pa = argmax.data<int64_t>();
-      for (int64_t p = 0; p < g.planes; ++p) {
-        const T* plane = px + p * g.h * g.w;
-        for (int64_t oh = 0; oh < g.ho; ++oh) {
-          const int64_t h0 = std::max<int64_t>(oh * g.sh - g.ph, 0), h1 = std::min(oh * g.sh - g.ph + g.kh, g.h);
-          for (int64_t ow = 0; ow < g.wo; ++ow) {
-            const int64_t w0 = std::max<int64_t>(ow * g.sw - g.pw, 0), w1 = std::min(ow * g.sw - g.pw + g.kw, g.w);
-            A best = -std::numeric_limits<A>::infinity();
-            int64_t bestAt = h0 * g.w + w0;
-            bool sawNan = false;
-            for (int64_t ih = h0; ih < h1 && !sawNan; ++ih)
-              for (int64_t iw = w0; iw < w1; ++iw) {
-                A v = static_cast<A>(plane[ih * g.w + iw]);
-                if (v > best || std::isnan(v)) {  // NaN propagates, as in torch
-                  best = v;
-                  bestAt = ih * g.w + iw;
-                  if (std::isnan(v)) {
-                    sawNan = true;
-                    break;
-                  }
-                }
-              }
-            const int64_t o = (p * g.ho + oh) * g.wo + ow;
-            po[o] = static_cast<T>(best);
-            pa[o] = bestAt;
-          }
-        }
-      }
-    });
-  }
+  const auto kernels =
+      kernelPair<detail::MaxPoolForwardKernel, detail::MaxPoolBackwardKernel>("maxPool2d", "maxPool2d backward",
+                                                                              input.device(), &detail::maxPoolByViews,
+                                                                              &detail::maxPoolBackwardByViews);
+  auto* const forward = kernels.first;
+  auto* const backward = kernels.second;
+  // Maxima are exact in any float type; the gradient accumulates in the compute type.
+  auto [out, argmax] = forward(input.detach().reshape({g.planes, g.h, g.w}), g);
+  out = out.view(poolOutShape(input, g));
   autograd::record("maxPool2d", {input}, {out}, {argmax},
-                   [g, inShape, dt](Ctx& ctx, const GradList& grads) -> GradList {
-                     // Overlapping windows may route several gradients to one input: accumulate in the compute
-                     // type and round once.
-                     const DType ct = computeType(dt);
-                     Tensor gi = zeros(inShape, {.dtype = ct});
-                     Tensor go = grads[0].to(ct).contiguous();
-                     Tensor am = ctx.saved(0);
-                     auto run = [&]<typename A>() {
-                       const A* pg = go.data<A>();
-                       const int64_t* pa = am.data<int64_t>();
-                       A* px = gi.data<A>();
-                       const int64_t per = g.ho * g.wo;
-                       for (int64_t p = 0; p < g.planes; ++p) {
-                         A* plane = px + p * g.h * g.w;
-                         for (int64_t i = 0; i < per; ++i) plane[pa[p * per + i]] += pg[p * per + i];
-                       }
-                     };
-                     if (ct == DType::Float64) run.template operator()<double>();
-                     else run.template operator()<float>();
-                     return {gi.to(dt)};
+                   [g, inShape, dt, backward](Ctx& ctx, const GradList& grads) -> GradList {
+                     Tensor go = grads[0].to(computeType(dt)).reshape({g.planes, g.ho, g.wo});
+                     return {backward(go, ctx.saved(0), g).view(inShape).to(dt)};
                    });
   return out;
 }
@@ -399,68 +362,164 @@ Tensor maxPool2d(const Tensor& input, const Pool2dOptions& opts) {
 Tensor avgPool2d(const Tensor& input, const Pool2dOptions& opts) {
   COHORT_RECORD_OP("avgPool2d", input, opts);
   PoolGeom g = detail::poolGeometry(input, opts, "avgPool2d");
-  const DType dt = input.dtype();
-  if (!input.device().isCpu()) {
-    const DType ct = computeType(dt);
-    const Shape inShape = input.sizes();
-    Tensor out = detail::avgPoolByViews(input.detach().to(ct).reshape({g.planes, g.h, g.w}), g)
-                     .view(poolOutShape(input, g))
-                     .to(dt);
-    autograd::record("avgPool2d", {input}, {out}, {}, [g, inShape, dt, ct](Ctx&, const GradList& grads) -> GradList {
-      Tensor go = grads[0].to(ct).reshape({g.planes, g.ho, g.wo});
-      return {detail::avgPoolBackwardByViews(go, g).view(inShape).to(dt)};
-    });
-    return out;
-  }
-  Tensor out = empty(poolOutShape(input, g), {.dtype = dt});
-  auto divisor = [g](int64_t oh, int64_t ow) { return static_cast<double>(detail::avgPoolDivisor(g, oh, ow)); };
-  {
-    autograd::NoGradGuard ng;
-    Tensor x = input.contiguous();
-    COHORT_DISPATCH_FLOAT(dt, "avgPool2d", [&]<typename T>() {
-      using A = Acc<T>;
-      const T* px = x.data<T>();
-      T* po = out.data<T>();
-      for (int64_t p = 0; p < g.planes; ++p) {
-        const T* plane = px + p * g.h * g.w;
-        for (int64_t oh = 0; oh < g.ho; ++oh) {
-          const int64_t h0 = std::max<int64_t>(oh * g.sh - g.ph, 0), h1 = std::min(oh * g.sh - g.ph + g.kh, g.h);
-          for (int64_t ow = 0; ow < g.wo; ++ow) {
-            const int64_t w0 = std::max<int64_t>(ow * g.sw - g.pw, 0), w1 = std::min(ow * g.sw - g.pw + g.kw, g.w);
-            A s = 0;
-            for (int64_t ih = h0; ih < h1; ++ih)
-              for (int64_t iw = w0; iw < w1; ++iw) s += static_cast<A>(plane[ih * g.w + iw]);
-            po[(p * g.ho + oh) * g.wo + ow] = static_cast<T>(s / static_cast<A>(divisor(oh, ow)));
+  const DType dt = input.dtype(), ct = computeType(dt);
+  const Shape inShape = input.sizes();
+  const auto kernels =
+      kernelPair<detail::AvgPoolForwardKernel, detail::AvgPoolBackwardKernel>("avgPool2d", "avgPool2d backward",
+                                                                              input.device(), &detail::avgPoolByViews,
+                                                                              &detail::avgPoolBackwardByViews);
+  auto* const forward = kernels.first;
+  auto* const backward = kernels.second;
+  Tensor out = forward(input.detach().to(ct).reshape({g.planes, g.h, g.w}), g).view(poolOutShape(input, g)).to(dt);
+  autograd::record("avgPool2d", {input}, {out}, {},
+                   [g, inShape, dt, ct, backward](Ctx&, const GradList& grads) -> GradList {
+                     Tensor go = grads[0].to(ct).reshape({g.planes, g.ho, g.wo});
+                     return {backward(go, g).view(inShape).to(dt)};
+                   });
+  return out;
+}
+
+// ---- CPU kernels ---------------------------------------------------------------------------------
+
+namespace {
+
+Tensor convForwardCpu(const Tensor& x, const Tensor& w, const Tensor& b, const ConvGeom& g) {
+  return x.dtype() == DType::Float64 ? convForward<double>(x, w, b, g) : convForward<float>(x, w, b, g);
+}
+
+GradList convBackwardCpu(const Tensor& x, const Tensor& w, const Tensor& go, const ConvGeom& g, bool nx, bool nw,
+                         bool nb) {
+  return x.dtype() == DType::Float64 ? convBackward<double>(x, w, go, g, nx, nw, nb)
+                                     : convBackward<float>(x, w, go, g, nx, nw, nb);
+}
+
+// A pooling window: output (p, oh, ow) and the input rows [h0, h1) and columns [w0, w1) it covers,
+// clipped to the input (padding reads nothing).
+struct Window {
+  int64_t p, oh, ow, h0, h1, w0, w1;
+  int64_t out(const PoolGeom& g) const { return (p * g.ho + oh) * g.wo + ow; }
+};
+
+// Calls f(window) for every output position of every plane, in output order.
+template <typename F>
+void forEachWindow(const PoolGeom& g, F&& f) {
+  for (int64_t p = 0; p < g.planes; ++p)
+    for (int64_t oh = 0; oh < g.ho; ++oh) {
+      const int64_t h0 = std::max<int64_t>(oh * g.sh - g.ph, 0), h1 = std::min(oh * g.sh - g.ph + g.kh, g.h);
+      for (int64_t ow = 0; ow < g.wo; ++ow) {
+        const int64_t w0 = std::max<int64_t>(ow * g.sw - g.pw, 0), w1 = std::min(ow * g.sw - g.pw + g.kw, g.w);
+        f(Window{p, oh, ow, h0, h1, w0, w1});
+      }
+    }
+}
+
+// Runs run.operator()<A>() with A float or double, by the compute type `dt`.
+template <typename F>
+void withComputeType(DType dt, F&& run) {
+  if (dt == DType::Float64) run.template operator()<double>();
+  else run.template operator()<float>();
+}
+
+// x [planes, H, W] in any float type -> the maxima in x's type and, for each, the flat h*w
+// position (within its plane) of the first maximum (NaN counts as the maximum, as in torch).
+std::pair<Tensor, Tensor> maxPoolCpu(const Tensor& input, const PoolGeom& g) {
+  const Tensor x = input.contiguous();
+  const DType dt = x.dtype();
+  Tensor out = empty({g.planes, g.ho, g.wo}, {.dtype = dt});
+  Tensor argmax = empty({g.planes, g.ho, g.wo}, {.dtype = DType::Int64});
+  COHORT_DISPATCH_FLOAT(dt, "maxPool2d", [&]<typename T>() {
+    using A = Acc<T>;
+    const T* px = x.data<T>();
+    T* po = out.data<T>();
+    int64_t* pa = argmax.data<int64_t>();
+    forEachWindow(g, [&](const Window& w) {
+      const T* plane = px + w.p * g.h * g.w;
+      A best = -std::numeric_limits<A>::infinity();
+      int64_t bestAt = w.h0 * g.w + w.w0;
+      bool sawNan = false;
+      for (int64_t ih = w.h0; ih < w.h1 && !sawNan; ++ih)
+        for (int64_t iw = w.w0; iw < w.w1; ++iw) {
+          A v = static_cast<A>(plane[ih * g.w + iw]);
+          if (v > best || std::isnan(v)) {
+            best = v;
+            bestAt = ih * g.w + iw;
+            if (std::isnan(v)) {
+              sawNan = true;
+              break;
+            }
           }
         }
-      }
+      po[w.out(g)] = static_cast<T>(best);
+      pa[w.out(g)] = bestAt;
     });
-  }
-  Shape inShape = input.sizes();
-  autograd::record("avgPool2d", {input}, {out}, {}, [g, inShape, dt, divisor](Ctx&, const GradList& grads) -> GradList {
-    Tensor gi = zeros(inShape, {.dtype = computeType(dt)});
-    Tensor go = grads[0].to(computeType(dt)).contiguous();
-    auto run = [&]<typename A>() {
-      const A* pg = go.data<A>();
-      A* px = gi.data<A>();
-      for (int64_t p = 0; p < g.planes; ++p) {
-        A* plane = px + p * g.h * g.w;
-        for (int64_t oh = 0; oh < g.ho; ++oh) {
-          const int64_t h0 = std::max<int64_t>(oh * g.sh - g.ph, 0), h1 = std::min(oh * g.sh - g.ph + g.kh, g.h);
-          for (int64_t ow = 0; ow < g.wo; ++ow) {
-            const int64_t w0 = std::max<int64_t>(ow * g.sw - g.pw, 0), w1 = std::min(ow * g.sw - g.pw + g.kw, g.w);
-            const A v = pg[(p * g.ho + oh) * g.wo + ow] / static_cast<A>(divisor(oh, ow));
-            for (int64_t ih = h0; ih < h1; ++ih)
-              for (int64_t iw = w0; iw < w1; ++iw) plane[ih * g.w + iw] += v;
-          }
-        }
-      }
-    };
-    if (computeType(dt) == DType::Float64) run.template operator()<double>();
-    else run.template operator()<float>();
-    return {gi.to(dt)};
+  });
+  return {out, argmax};
+}
+
+// Overlapping windows may route several gradients to one input: accumulated in the compute type
+// (gout's, float32 or float64).
+Tensor maxPoolBackwardCpu(const Tensor& gout, const Tensor& argmax, const PoolGeom& g) {
+  Tensor gi = zeros({g.planes, g.h, g.w}, {.dtype = gout.dtype()});
+  const Tensor go = gout.contiguous(), am = argmax.contiguous();
+  withComputeType(gout.dtype(), [&]<typename A>() {
+    const A* pg = go.data<A>();
+    const int64_t* pa = am.data<int64_t>();
+    A* px = gi.data<A>();
+    const int64_t per = g.ho * g.wo;
+    for (int64_t p = 0; p < g.planes; ++p) {
+      A* plane = px + p * g.h * g.w;
+      for (int64_t i = 0; i < per; ++i) plane[pa[p * per + i]] += pg[p * per + i];
+    }
+  });
+  return gi;
+}
+
+// x [planes, H, W] in the compute type (float32 or float64).
+Tensor avgPoolCpu(const Tensor& input, const PoolGeom& g) {
+  const Tensor x = input.contiguous();
+  Tensor out = empty({g.planes, g.ho, g.wo}, {.dtype = x.dtype()});
+  withComputeType(x.dtype(), [&]<typename A>() {
+    const A* px = x.data<A>();
+    A* po = out.data<A>();
+    forEachWindow(g, [&](const Window& w) {
+      const A* plane = px + w.p * g.h * g.w;
+      A s = 0;
+      for (int64_t ih = w.h0; ih < w.h1; ++ih)
+        for (int64_t iw = w.w0; iw < w.w1; ++iw) s += plane[ih * g.w + iw];
+      po[w.out(g)] = s / static_cast<A>(detail::avgPoolDivisor(g, w.oh, w.ow));
+    });
   });
   return out;
 }
+
+Tensor avgPoolBackwardCpu(const Tensor& gout, const PoolGeom& g) {
+  Tensor gi = zeros({g.planes, g.h, g.w}, {.dtype = gout.dtype()});
+  const Tensor go = gout.contiguous();
+  withComputeType(gout.dtype(), [&]<typename A>() {
+    const A* pg = go.data<A>();
+    A* px = gi.data<A>();
+    forEachWindow(g, [&](const Window& w) {
+      A* plane = px + w.p * g.h * g.w;
+      const A v = pg[w.out(g)] / static_cast<A>(detail::avgPoolDivisor(g, w.oh, w.ow));
+      for (int64_t ih = w.h0; ih < w.h1; ++ih)
+        for (int64_t iw = w.w0; iw < w.w1; ++iw) plane[ih * g.w + iw] += v;
+    });
+  });
+  return gi;
+}
+
+const bool kCpuKernels = [] {
+  using dispatch::Register;
+  constexpr DeviceType kCpu = DeviceType::CPU;
+  Register<detail::ConvForwardKernel>("conv2d", kCpu, &convForwardCpu);
+  Register<detail::ConvBackwardKernel>("conv2d backward", kCpu, &convBackwardCpu);
+  Register<detail::MaxPoolForwardKernel>("maxPool2d", kCpu, &maxPoolCpu);
+  Register<detail::MaxPoolBackwardKernel>("maxPool2d backward", kCpu, &maxPoolBackwardCpu);
+  Register<detail::AvgPoolForwardKernel>("avgPool2d", kCpu, &avgPoolCpu);
+  Register<detail::AvgPoolBackwardKernel>("avgPool2d backward", kCpu, &avgPoolBackwardCpu);
+  return true;
+}();
+
+}  // namespace
 
 }  // namespace cohort::nn::functional

@@ -1,4 +1,7 @@
-#include <map>
+#include <array>
+#include <atomic>
+#include <cstring>
+#include <memory>
 #include <mutex>
 #include <set>
 
@@ -8,31 +11,26 @@
 namespace cohort::dispatch {
 namespace {
 
-// Ordered by (signature, device type, op name). Lookups compare against a string_view, so the
-// per-op lookup on a device allocates nothing.
-struct Key {
-  std::type_index signature;
-  DeviceType device;
+// One (signature, op name) pair and its kernel per device type. Entries are never freed or moved,
+// so a reader that found one may keep the pointer.
+struct Entry {
+  int signature;
+  uint64_t hash;
   std::string op;
+  std::array<std::atomic<void*>, kNumDeviceTypes> fn{};
 };
-struct KeyView {
-  std::type_index signature;
-  DeviceType device;
-  std::string_view op;
-};
-struct KeyLess {
-  using is_transparent = void;
-  template <typename A, typename B>
-  bool operator()(const A& a, const B& b) const {
-    if (a.signature != b.signature) return a.signature < b.signature;
-    if (a.device != b.device) return a.device < b.device;
-    return std::string_view(a.op) < std::string_view(b.op);
-  }
-};
+
+// Open addressing over a fixed power-of-two array of entry pointers, written under `mu` and read
+// without it: an entry is fully built before its pointer is published (release), and a slot,
+// once set, never changes. A lookup probes from the key's hash until it finds the entry or an
+// empty slot.
+constexpr size_t kSlots = 4096;
 
 struct Table {
   std::mutex mu;
-  std::map<Key, void*, KeyLess> kernels;
+  std::array<std::atomic<Entry*>, kSlots> slots{};
+  size_t used = 0;
+  std::vector<std::string> signatures;  // signature ids are indices; compared by type name
 };
 
 Table& table() {
@@ -40,33 +38,101 @@ Table& table() {
   return *t;
 }
 
-}  // namespace
-
-void registerRaw(std::type_index signature, std::string_view op, DeviceType device, void* fn) {
-  Table& t = table();
-  std::lock_guard<std::mutex> lock(t.mu);
-  auto [it, inserted] = t.kernels.emplace(Key{signature, device, std::string(op)}, fn);
-  COHORT_CHECK(inserted, "dispatch: a kernel for '{}' on device type {} with this signature is already registered", op,
-               static_cast<int>(device));
+// FNV-1a of the name, mixed with the signature id.
+uint64_t keyHash(int signature, std::string_view op) {
+  uint64_t h = 1469598103934665603ULL ^ (static_cast<uint64_t>(signature) * 0x9E3779B97F4A7C15ULL);
+  for (char c : op) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 1099511628211ULL;
+  }
+  return h;
 }
 
-void* findRaw(std::type_index signature, std::string_view op, DeviceType device) {
+bool matches(const Entry* e, int signature, uint64_t hash, std::string_view op) {
+  return e->hash == hash && e->signature == signature && std::string_view(e->op) == op;
+}
+
+Entry* lookup(const Table& t, int signature, uint64_t hash, std::string_view op) {
+  for (size_t i = hash & (kSlots - 1);; i = (i + 1) & (kSlots - 1)) {
+    Entry* e = t.slots[i].load(std::memory_order_acquire);
+    if (e == nullptr || matches(e, signature, hash, op)) return e;
+  }
+}
+
+// The id of the signature with this type name (t.mu held). By name: the same function type has
+// one name in every shared object, even where the type_info objects differ.
+int internSignature(Table& t, const char* name) {
+  for (size_t i = 0; i < t.signatures.size(); ++i)
+    if (t.signatures[i] == name) return static_cast<int>(i);
+  t.signatures.emplace_back(name);
+  return static_cast<int>(t.signatures.size() - 1);
+}
+
+// The entry of (signature, op), made if absent (t.mu held).
+Entry* entryFor(Table& t, std::type_index signature, std::string_view op) {
+  const int sig = internSignature(t, signature.name());
+  const uint64_t hash = keyHash(sig, op);
+  size_t i = hash & (kSlots - 1);
+  Entry* e = nullptr;
+  for (;; i = (i + 1) & (kSlots - 1)) {
+    e = t.slots[i].load(std::memory_order_relaxed);
+    if (e == nullptr || matches(e, sig, hash, op)) break;
+  }
+  if (e == nullptr) {
+    COHORT_CHECK(t.used + 1 < kSlots * 3 / 4, "dispatch: more than {} kernels registered", kSlots * 3 / 4);
+    e = new Entry{sig, hash, std::string(op)};
+    t.slots[i].store(e, std::memory_order_release);
+    ++t.used;
+  }
+  return e;
+}
+
+}  // namespace
+
+int signatureId(const std::type_info& signature) {
   Table& t = table();
   std::lock_guard<std::mutex> lock(t.mu);
-  auto it = t.kernels.find(KeyView{signature, device, op});
-  return it == t.kernels.end() ? nullptr : it->second;
+  return internSignature(t, signature.name());
+}
+
+void registerRaw(std::type_index signature, std::string_view op, DeviceType device, void* fn) {
+  COHORT_CHECK(fn != nullptr, "dispatch: a null kernel registered for '{}'", op);
+  Table& t = table();
+  std::lock_guard<std::mutex> lock(t.mu);
+  auto& slot = entryFor(t, signature, op)->fn[static_cast<size_t>(device)];
+  COHORT_CHECK(slot.load(std::memory_order_relaxed) == nullptr,
+               "dispatch: a kernel for '{}' on device type {} with this signature is already registered", op,
+               static_cast<int>(device));
+  slot.store(fn, std::memory_order_release);
+}
+
+void* replaceRaw(std::type_index signature, std::string_view op, DeviceType device, void* fn) {
+  Table& t = table();
+  std::lock_guard<std::mutex> lock(t.mu);
+  return entryFor(t, signature, op)->fn[static_cast<size_t>(device)].exchange(fn, std::memory_order_acq_rel);
+}
+
+void* findRaw(int signature, std::string_view op, DeviceType device) {
+  const Entry* e = lookup(table(), signature, keyHash(signature, op), op);
+  return e == nullptr ? nullptr : e->fn[static_cast<size_t>(device)].load(std::memory_order_acquire);
 }
 
 std::vector<std::string> opsWithKernels(DeviceType device) {
   Table& t = table();
   std::lock_guard<std::mutex> lock(t.mu);
   std::set<std::string> names;
-  for (const auto& [key, fn] : t.kernels)
-    if (key.device == device) names.insert(key.op);
+  for (const auto& slot : t.slots) {
+    const Entry* e = slot.load(std::memory_order_relaxed);
+    if (e != nullptr && e->fn[static_cast<size_t>(device)].load(std::memory_order_relaxed) != nullptr)
+      names.insert(e->op);
+  }
   return {names.begin(), names.end()};
 }
 
 void throwNoKernel(std::string_view op, Device device) {
+  if (device.isCpu())
+    throw NotSupportedError(
+        fmt::format("{}: no kernel for CPU tensors is registered under this name and signature", op));
   std::string why = opsWithKernels(device.type()).empty()
                         ? fmt::format("this build has no kernels for {} devices", device.isCuda() ? "CUDA" : "these")
                         : "this op has no kernel for that device yet";

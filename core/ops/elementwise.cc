@@ -50,6 +50,86 @@ void checkBinary(const Tensor& a, const Tensor& b, const char* op) {
     throw ValueError(fmt::format("{}: inputs are on different devices ({} and {})", op, a.device(), b.device()));
 }
 
+namespace {
+
+Tensor as(const Tensor& t, DType dt) { return t.dtype() == dt ? t : t.detach().to(dt); }
+
+void checkDefined(const Tensor& a, const char* op) {
+  if (!a.defined()) throw ValueError(fmt::format("{}: the input tensor is undefined", op));
+}
+
+// f(a, b) with result dtype `dt` computed in `compute` (out's dtype unless a comparison).
+Tensor binaryIn(const Tensor& a, const Tensor& b, const char* op, DType compute, DType dt) {
+  Tensor out = empty(broadcastShapes(a.sizes(), b.sizes(), op), {.dtype = dt, .device = a.device()});
+  dispatch::kernel<dispatch::BinaryKernel>(op, out.device())(out, as(a, compute), as(b, compute));
+  return out;
+}
+
+Tensor ternaryIn(const Tensor& a, const Tensor& b, const Tensor& c, const char* op, DType dt) {
+  Tensor out = empty(broadcastShapes3(a.sizes(), b.sizes(), c.sizes(), op), {.dtype = dt, .device = a.device()});
+  dispatch::kernel<dispatch::TernaryKernel>(op, out.device())(out, as(a, dt), as(b, dt), as(c, dt));
+  return out;
+}
+
+DType floating(DType dt) { return isFloating(dt) ? dt : DType::Float32; }
+
+}  // namespace
+
+Tensor binaryOp(const Tensor& a, const Tensor& b, const char* op) {
+  checkBinary(a, b, op);
+  const DType dt = resultType(a, b);
+  return binaryIn(a, b, op, dt, dt);
+}
+
+Tensor binaryFloatOp(const Tensor& a, const Tensor& b, const char* op) {
+  checkBinary(a, b, op);
+  const DType dt = floating(resultType(a, b));
+  return binaryIn(a, b, op, dt, dt);
+}
+
+Tensor compareOp(const Tensor& a, const Tensor& b, const char* op) {
+  checkBinary(a, b, op);
+  return binaryIn(a, b, op, resultType(a, b), DType::Bool);
+}
+
+Tensor binaryOpWithScalar(const Tensor& a, const Tensor& b, Scalar s, const char* op) {
+  checkBinary(a, b, op);
+  DType dt = resultType(a, b);
+  if (!isFloating(dt) && !s.isIntegral()) dt = DType::Float32;
+  Tensor out = empty(broadcastShapes(a.sizes(), b.sizes(), op), {.dtype = dt, .device = a.device()});
+  dispatch::kernel<dispatch::BinaryScalarKernel>(op, out.device())(out, as(a, dt), as(b, dt), s);
+  return out;
+}
+
+Tensor scalarOp(const Tensor& a, Scalar s, const char* op) {
+  checkDefined(a, op);
+  const DType dt = scalarResultType(a, s);
+  Tensor out = empty(a.sizes(), {.dtype = dt, .device = a.device()});
+  dispatch::kernel<dispatch::ScalarKernel>(op, out.device())(out, as(a, dt), s);
+  return out;
+}
+
+Tensor unaryOp(const Tensor& a, const char* op) {
+  checkDefined(a, op);
+  Tensor out = empty(a.sizes(), {.dtype = a.dtype(), .device = a.device()});
+  dispatch::kernel<dispatch::UnaryKernel>(op, out.device())(out, a);
+  return out;
+}
+
+Tensor unaryFloatOp(const Tensor& a, const char* op) {
+  checkDefined(a, op);
+  const DType dt = floating(a.dtype());
+  Tensor out = empty(a.sizes(), {.dtype = dt, .device = a.device()});
+  dispatch::kernel<dispatch::UnaryKernel>(op, out.device())(out, as(a, dt));
+  return out;
+}
+
+Tensor ternaryFloatOp(const Tensor& a, const Tensor& b, const Tensor& c, const char* op) {
+  checkBinary(a, b, op);
+  checkBinary(a, c, op);
+  return ternaryIn(a, b, c, op, floating(promoteTypes(resultType(a, b), c.dtype())));
+}
+
 }  // namespace detail
 
 // ---- add / sub / mul / div ----------------------------------------------------------------------
@@ -59,10 +139,9 @@ Tensor add(const Tensor& a, const Tensor& b, Scalar alpha) {
   Tensor out;
   bool unitAlpha = alpha.toDouble() == 1.0;
   if (unitAlpha) {
-    out = detail::binaryOp(a, b, "add", [](auto x, auto y) COHORT_KERNEL_FN { return x + y; });
+    out = detail::binaryOp(a, b, "add");
   } else {
-    out = detail::binaryOpWithScalar(a, b, alpha, "add",
-                                     [](auto x, auto y, auto s) COHORT_KERNEL_FN { return x + s * y; });
+    out = detail::binaryOpWithScalar(a, b, alpha, "add");
   }
   double al = alpha.toDouble();
   autograd::record("add", {a, b}, {out}, {}, [al](Ctx&, const GradList& g) -> GradList {
@@ -77,10 +156,9 @@ Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) {
     throw ValueError("sub: subtraction of two bool tensors is not supported; use logical operations");
   Tensor out;
   if (alpha.toDouble() == 1.0) {
-    out = detail::binaryOp(a, b, "sub", [](auto x, auto y) COHORT_KERNEL_FN { return x - y; });
+    out = detail::binaryOp(a, b, "sub");
   } else {
-    out = detail::binaryOpWithScalar(a, b, alpha, "sub",
-                                     [](auto x, auto y, auto s) COHORT_KERNEL_FN { return x - s * y; });
+    out = detail::binaryOpWithScalar(a, b, alpha, "sub");
   }
   double al = alpha.toDouble();
   autograd::record("sub", {a, b}, {out}, {}, [al](Ctx&, const GradList& g) -> GradList {
@@ -91,7 +169,7 @@ Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) {
 
 Tensor mul(const Tensor& a, const Tensor& b) {
   COHORT_RECORD_OP("mul", a, b);
-  Tensor out = detail::binaryOp(a, b, "mul", [](auto x, auto y) COHORT_KERNEL_FN { return x * y; });
+  Tensor out = detail::binaryOp(a, b, "mul");
   autograd::record("mul", {a, b}, {out}, {a, b}, [](Ctx& ctx, const GradList& g) -> GradList {
     GradList r(2);
     if (ctx.needsInputGrad(0)) r[0] = g[0] * ctx.saved(1);
@@ -109,7 +187,7 @@ Tensor div(const Tensor& a, const Tensor& b) {
     af = a.to(DType::Float32);
     bf = b.to(DType::Float32);
   }
-  Tensor out = detail::binaryOp(af, bf, "div", [](auto x, auto y) COHORT_KERNEL_FN { return x / y; });
+  Tensor out = detail::binaryOp(af, bf, "div");
   autograd::record("div", {a, b}, {out}, {a, b}, [](Ctx& ctx, const GradList& g) -> GradList {
     GradList r(2);
     Tensor bb = ctx.saved(1);
@@ -122,14 +200,14 @@ Tensor div(const Tensor& a, const Tensor& b) {
 
 Tensor add(const Tensor& a, Scalar s) {
   COHORT_RECORD_OP("add", a, s);
-  Tensor out = detail::scalarOp(a, s, "add", [](auto x, auto v) COHORT_KERNEL_FN { return x + v; });
+  Tensor out = detail::scalarOp(a, s, "add");
   autograd::record("add", {a}, {out}, {}, [](Ctx&, const GradList& g) -> GradList { return {g[0]}; });
   return out;
 }
 
 Tensor mul(const Tensor& a, Scalar s) {
   COHORT_RECORD_OP("mul", a, s);
-  Tensor out = detail::scalarOp(a, s, "mul", [](auto x, auto v) COHORT_KERNEL_FN { return x * v; });
+  Tensor out = detail::scalarOp(a, s, "mul");
   double sv = s.toDouble();
   autograd::record("mul", {a}, {out}, {}, [sv](Ctx&, const GradList& g) -> GradList { return {g[0] * sv}; });
   return out;
@@ -139,14 +217,14 @@ Tensor div(const Tensor& a, Scalar s) {
   COHORT_RECORD_OP("div", a, s);
   Tensor af = a.defined() && !isFloating(a.dtype()) ? a.to(DType::Float32) : a;
   double sv = s.toDouble();
-  Tensor out = detail::scalarOp(af, Scalar(sv), "div", [](auto x, auto v) COHORT_KERNEL_FN { return x / v; });
+  Tensor out = detail::scalarOp(af, Scalar(sv), "div");
   autograd::record("div", {a}, {out}, {}, [sv](Ctx&, const GradList& g) -> GradList { return {g[0] / sv}; });
   return out;
 }
 
 Tensor rsub(const Tensor& a, Scalar s) {
   COHORT_RECORD_OP("rsub", a, s);
-  Tensor out = detail::scalarOp(a, s, "rsub", [](auto x, auto v) COHORT_KERNEL_FN { return v - x; });
+  Tensor out = detail::scalarOp(a, s, "rsub");
   autograd::record("rsub", {a}, {out}, {}, [](Ctx&, const GradList& g) -> GradList { return {-g[0]}; });
   return out;
 }
@@ -154,7 +232,7 @@ Tensor rsub(const Tensor& a, Scalar s) {
 Tensor neg(const Tensor& a) {
   COHORT_RECORD_OP("neg", a);
   if (a.defined() && a.dtype() == DType::Bool) throw ValueError("neg: negation of a bool tensor is not supported");
-  Tensor out = detail::unaryOp(a, "neg", [](auto x) COHORT_KERNEL_FN { return -x; });
+  Tensor out = detail::unaryOp(a, "neg");
   autograd::record("neg", {a}, {out}, {}, [](Ctx&, const GradList& g) -> GradList { return {-g[0]}; });
   return out;
 }
@@ -229,22 +307,25 @@ bool smallIntPowKernel(const Tensor& out, const Tensor& x, double e) {
   return done;
 }
 
-// x^e for a floating tensor and a constant exponent, no autograd. Common exponents get exact
-// short forms (torch does the same), float small integer exponents repeated products in double,
-// the rest go through vecmath::pow.
-Tensor powScalarKernel(const Tensor& x, double e) {
-  if (!x.device().isCpu()) {
-    Tensor out = empty(x.sizes(), {.dtype = x.dtype(), .device = x.device()});
-    dispatch::kernel<dispatch::ScalarKernel>("pow", x.device())(out, x, Scalar(e));
-    return out;
+// The CPU's "pow" with a constant exponent, no autograd. Floating tensors: common exponents get
+// exact short forms (torch does the same), float small integer exponents repeated products in
+// double, the rest go through vecmath::pow (AVX-512 where the CPU has it). Integer tensors: by
+// squaring (the op refuses negative exponents).
+void powScalarCpu(Tensor& out, const Tensor& x, Scalar s) {
+  if (!isFloating(out.dtype())) {
+    const int64_t e = s.toInt();
+    COHORT_DISPATCH_NUMERIC(out.dtype(), "pow", [&]<typename T>() {
+      if constexpr (std::is_integral_v<T>) {
+        const T ev = static_cast<T>(e);
+        detail::mapKernel<T, T, 1>(out, {x}, [ev](T v) COHORT_KERNEL_FN { return intPow<T>(v, ev); });
+      }
+    });
+    return;
   }
+  const double e = s.toDouble();
   const bool shortForm = e == 0 || e == 1 || e == 2 || e == 3 || e == 0.5 || e == -0.5 || e == -1 || e == -2 ||
                          (std::abs(e) <= kMax && std::trunc(e) == e);
-  if (!shortForm && x.dtype() == DType::Float32) {
-    Tensor fast = detail::simd::powScalar(x, vm::PowExponent(e));  // AVX-512 where the CPU has it
-    if (fast.defined()) return fast;
-  }
-  Tensor out = empty(x.sizes(), {.dtype = x.dtype(), .device = x.device()});
+  if (!shortForm && detail::simd::powScalar(out, x, vm::PowExponent(e))) return;
   COHORT_DISPATCH_FLOAT(x.dtype(), "pow", [&]<typename T>() {
     using A = Acc<T>;
     if (e == 0) detail::mapKernel<T, T, 1>(out, {x}, [](A) COHORT_KERNEL_FN { return A(1); });
@@ -267,6 +348,12 @@ Tensor powScalarKernel(const Tensor& x, double e) {
           out, {x}, [e](A v) COHORT_KERNEL_FN { return vm::pow(v, e); }, detail::kComputeBoundGrain);
     }
   });
+}
+
+// x^e in x's dtype on x's device, no autograd.
+Tensor powScalarKernel(const Tensor& x, Scalar e) {
+  Tensor out = empty(x.sizes(), {.dtype = x.dtype(), .device = x.device()});
+  dispatch::kernel<dispatch::ScalarKernel>("pow", x.device())(out, x, e);
   return out;
 }
 
@@ -278,33 +365,17 @@ Tensor pow(const Tensor& a, Scalar exponent) {
   if (!a.defined()) throw ValueError("pow: the input tensor is undefined");
   DType dt = detail::scalarResultType(a, exponent);
   Tensor x = a.dtype() == dt ? a : a.detach().to(dt);
-  Tensor out;
-  if (isFloating(dt)) {
-    out = powScalarKernel(x, exponent.toDouble());
-  } else {
-    if (exponent.toInt() < 0)
-      throw ValueError(fmt::format("pow: integers to negative integer powers are not allowed (tensor of dtype {} "
-                                   "and shape {}, exponent {})",
-                                   a.dtype(), shapeStr(a.sizes()), exponent.toInt()));
-    int64_t e = exponent.toInt();
-    out = empty(x.sizes(), {.dtype = dt, .device = x.device()});
-    if (!out.device().isCpu()) {
-      dispatch::kernel<dispatch::ScalarKernel>("pow", out.device())(out, x, Scalar(e));
-    } else {
-      COHORT_DISPATCH_NUMERIC(dt, "pow", [&]<typename T>() {
-        if constexpr (std::is_integral_v<T>) {
-          const T ev = static_cast<T>(e);
-          detail::mapKernel<T, T, 1>(out, {x}, [ev](T v) COHORT_KERNEL_FN { return intPow<T>(v, ev); });
-        }
-      });
-    }
-  }
+  if (!isFloating(dt) && exponent.toInt() < 0)
+    throw ValueError(fmt::format("pow: integers to negative integer powers are not allowed (tensor of dtype {} "
+                                 "and shape {}, exponent {})",
+                                 a.dtype(), shapeStr(a.sizes()), exponent.toInt()));
+  Tensor out = powScalarKernel(x, isFloating(dt) ? Scalar(exponent.toDouble()) : Scalar(exponent.toInt()));
   double e = exponent.toDouble();
   autograd::record("pow", {a}, {out}, {a}, [e](Ctx& ctx, const GradList& g) -> GradList {
     if (e == 0) return {zerosLike(g[0])};
     Tensor x = ctx.saved(0);
     if (!isFloating(x.dtype())) x = x.to(g[0].dtype());
-    return {g[0] * (powScalarKernel(x, e - 1) * e)};
+    return {g[0] * (powScalarKernel(x, Scalar(e - 1)) * e)};
   });
   return out;
 }
@@ -317,35 +388,13 @@ Tensor pow(const Tensor& a, const Tensor& b) {
   if (dt == DType::Bool)
     throw ValueError(fmt::format("pow: not supported for two bool tensors (shapes {} and {})", shapeStr(a.sizes()),
                                  shapeStr(b.sizes())));
-  Tensor out = detail::simd::powTensor(a, b);  // AVX-512 where the CPU has it and the operands fit
-  if (!out.defined())
-    out = detail::binaryOp(
-        a, b, "pow",
-        [](auto x, auto y) COHORT_KERNEL_FN {
-          if constexpr (std::is_floating_point_v<decltype(x)>) return vm::pow(x, y);
-          else return intPow(x, y);
-        },
-        detail::kComputeBoundGrain);
+  Tensor out = detail::binaryOp(a, b, "pow");
   autograd::record("pow", {a, b}, {out}, {a, b}, [](Ctx& ctx, const GradList& g) -> GradList {
     GradList r(2);
     Tensor x = ctx.saved(0), y = ctx.saved(1);
     // d/da = b a^(b-1) (0 where b == 0); d/db = a^b log(a) (0 where a == 0 and b >= 0), as torch.
-    if (ctx.needsInputGrad(0))
-      r[0] = detail::ternaryFloatOp(
-          g[0], x, y, "pow backward (base)",
-          [](auto gv, auto xv, auto yv) COHORT_KERNEL_FN {
-            using A = decltype(gv);
-            return yv == A(0) ? A(0) : gv * yv * vm::pow(xv, yv - A(1));
-          },
-          detail::kComputeBoundGrain);
-    if (ctx.needsInputGrad(1))
-      r[1] = detail::ternaryFloatOp(
-          g[0], x, y, "pow backward (exponent)",
-          [](auto gv, auto xv, auto yv) COHORT_KERNEL_FN {
-            using A = decltype(gv);
-            return (xv == A(0)) & (yv >= A(0)) ? A(0) : gv * vm::pow(xv, yv) * vm::log(xv);
-          },
-          detail::kComputeBoundGrain);
+    if (ctx.needsInputGrad(0)) r[0] = detail::ternaryFloatOp(g[0], x, y, "pow backward (base)");
+    if (ctx.needsInputGrad(1)) r[1] = detail::ternaryFloatOp(g[0], x, y, "pow backward (exponent)");
     return r;
   });
   return out;
@@ -356,8 +405,7 @@ Tensor pow(const Tensor& a, const Tensor& b) {
 Tensor exp(const Tensor& a) {
   COHORT_RECORD_OP("exp", a);
   COHORT_AUTOCAST("exp", exp, a);
-  Tensor out = detail::simd::unary(a, detail::simd::Unary::Exp);
-  if (!out.defined()) out = detail::unaryFloatOp(a, "exp", [](auto x) COHORT_KERNEL_FN { return vm::exp(x); });
+  Tensor out = detail::unaryFloatOp(a, "exp");
   autograd::record("exp", {a}, {out}, {out},
                    [](Ctx& ctx, const GradList& g) -> GradList { return {g[0] * ctx.saved(0)}; });
   return out;
@@ -366,8 +414,7 @@ Tensor exp(const Tensor& a) {
 Tensor log(const Tensor& a) {
   COHORT_RECORD_OP("log", a);
   COHORT_AUTOCAST("log", log, a);
-  Tensor out = detail::simd::unary(a, detail::simd::Unary::Log);
-  if (!out.defined()) out = detail::unaryFloatOp(a, "log", [](auto x) COHORT_KERNEL_FN { return vm::log(x); });
+  Tensor out = detail::unaryFloatOp(a, "log");
   autograd::record("log", {a}, {out}, {a},
                    [](Ctx& ctx, const GradList& g) -> GradList { return {g[0] / ctx.saved(0)}; });
   return out;
@@ -375,10 +422,9 @@ Tensor log(const Tensor& a) {
 
 Tensor sqrt(const Tensor& a) {
   COHORT_RECORD_OP("sqrt", a);
-  Tensor out = detail::unaryFloatOp(a, "sqrt", [](auto x) COHORT_KERNEL_FN { return std::sqrt(x); });
+  Tensor out = detail::unaryFloatOp(a, "sqrt");
   autograd::record("sqrt", {a}, {out}, {out}, [](Ctx& ctx, const GradList& g) -> GradList {
-    return {detail::binaryFloatOp(g[0], ctx.saved(0), "sqrt backward",
-                                  [](auto gv, auto y) COHORT_KERNEL_FN { return gv / (y + y); })};
+    return {detail::binaryFloatOp(g[0], ctx.saved(0), "sqrt backward")};
   });
   return out;
 }
@@ -386,13 +432,10 @@ Tensor sqrt(const Tensor& a) {
 Tensor rsqrt(const Tensor& a) {
   COHORT_RECORD_OP("rsqrt", a);
   COHORT_AUTOCAST("rsqrt", rsqrt, a);
-  Tensor out = detail::unaryFloatOp(a, "rsqrt", [](auto x) COHORT_KERNEL_FN { return vm::rsqrt(x); });
+  Tensor out = detail::unaryFloatOp(a, "rsqrt");
   autograd::record("rsqrt", {a}, {out}, {out}, [](Ctx& ctx, const GradList& g) -> GradList {
     // d/dx x^(-1/2) = -x^(-3/2) / 2 = -y^3 / 2
-    return {detail::binaryFloatOp(g[0], ctx.saved(0), "rsqrt backward", [](auto gv, auto y) COHORT_KERNEL_FN {
-      using A = decltype(gv);
-      return A(-0.5) * gv * y * y * y;
-    })};
+    return {detail::binaryFloatOp(g[0], ctx.saved(0), "rsqrt backward")};
   });
   return out;
 }
@@ -401,17 +444,9 @@ Tensor abs(const Tensor& a) {
   COHORT_RECORD_OP("abs", a);
   if (a.defined() && a.dtype() == DType::Bool)
     throw ValueError(fmt::format("abs: not supported for bool tensors (shape {})", shapeStr(a.sizes())));
-  Tensor out = detail::unaryOp(a, "abs", [](auto x) COHORT_KERNEL_FN {
-    using A = decltype(x);
-    if constexpr (std::is_floating_point_v<A>) return std::fabs(x);
-    else if constexpr (std::is_unsigned_v<A>) return x;
-    else return x < 0 ? A(-x) : x;
-  });
+  Tensor out = detail::unaryOp(a, "abs");
   autograd::record("abs", {a}, {out}, {a}, [](Ctx& ctx, const GradList& g) -> GradList {
-    return {detail::binaryFloatOp(g[0], ctx.saved(0), "abs backward", [](auto gv, auto x) COHORT_KERNEL_FN {
-      using A = decltype(gv);
-      return x > A(0) ? gv : (x < A(0) ? -gv : A(0));
-    })};
+    return {detail::binaryFloatOp(g[0], ctx.saved(0), "abs backward")};
   });
   return out;
 }
@@ -429,12 +464,28 @@ inline A clampValue(A x, A lo, A hi, bool hasLo, bool hasHi) {
 
 void clampKernel(const Tensor& out, const Tensor& x, const std::optional<Scalar>& lo, const std::optional<Scalar>& hi,
                  const char* op) {
-  if (!out.device().isCpu()) {
-    Tensor o = out;
-    dispatch::kernel<dispatch::ClampKernel>(op, out.device())(o, x, lo, hi);
-    return;
-  }
-  COHORT_DISPATCH_NUMERIC(out.dtype(), op, [&]<typename T>() {
+  Tensor o = out;
+  dispatch::kernel<dispatch::ClampKernel>(op, out.device())(o, x, lo, hi);
+}
+
+// g where lo <= x <= hi (the gradient mask of clamp, as torch), else 0.
+Tensor clampGrad(const Tensor& g, const Tensor& x, const std::optional<Scalar>& lo, const std::optional<Scalar>& hi) {
+  const double l = lo ? lo->toDouble() : -std::numeric_limits<double>::infinity();
+  const double h = hi ? hi->toDouble() : std::numeric_limits<double>::infinity();
+  checkBinary(g, x, "clamp backward");
+  DType dt = resultType(g, x);
+  if (!isFloating(dt)) dt = DType::Float32;
+  Tensor out = empty(broadcastShapes(g.sizes(), x.sizes(), "clamp backward"), {.dtype = dt, .device = g.device()});
+  Tensor gc = g.dtype() == dt ? g : g.detach().to(dt);
+  Tensor xc = x.dtype() == dt ? x : x.detach().to(dt);
+  dispatch::kernel<dispatch::ClampGradKernel>("clamp backward", g.device())(out, gc, xc, l, h);
+  return out;
+}
+
+namespace {
+
+void clampCpu(Tensor& out, const Tensor& x, const std::optional<Scalar>& lo, const std::optional<Scalar>& hi) {
+  COHORT_DISPATCH_NUMERIC(out.dtype(), "clamp", [&]<typename T>() {
     using A = Acc<T>;
     const A l = lo ? lo->to<A>() : A(0), h = hi ? hi->to<A>() : A(0);
     if (lo && hi)
@@ -444,26 +495,16 @@ void clampKernel(const Tensor& out, const Tensor& x, const std::optional<Scalar>
   });
 }
 
-// 1 where lo <= x <= hi (the gradient mask of clamp, as torch), else 0.
-Tensor clampGrad(const Tensor& g, const Tensor& x, const std::optional<Scalar>& lo, const std::optional<Scalar>& hi) {
-  const double l = lo ? lo->toDouble() : -std::numeric_limits<double>::infinity();
-  const double h = hi ? hi->toDouble() : std::numeric_limits<double>::infinity();
-  if (!g.device().isCpu()) {
-    // binaryFloatOp's preparation, then the device's kernel with the bounds.
-    checkBinary(g, x, "clamp backward");
-    DType dt = resultType(g, x);
-    if (!isFloating(dt)) dt = DType::Float32;
-    Tensor out = empty(broadcastShapes(g.sizes(), x.sizes(), "clamp backward"), {.dtype = dt, .device = g.device()});
-    Tensor gc = g.dtype() == dt ? g : g.detach().to(dt);
-    Tensor xc = x.dtype() == dt ? x : x.detach().to(dt);
-    dispatch::kernel<dispatch::ClampGradKernel>("clamp backward", g.device())(out, gc, xc, l, h);
-    return out;
-  }
-  return binaryFloatOp(g, x, "clamp backward", [l, h](auto gv, auto xv) COHORT_KERNEL_FN {
-    using A = decltype(gv);
-    return (xv >= static_cast<A>(l)) & (xv <= static_cast<A>(h)) ? gv : A(0);
+void clampGradCpu(Tensor& out, const Tensor& g, const Tensor& x, double l, double h) {
+  COHORT_DISPATCH_FLOAT(out.dtype(), "clamp backward", [&]<typename T>() {
+    using A = Acc<T>;
+    mapKernel<T, T, 2>(out, {g, x}, [l, h](A gv, A xv) COHORT_KERNEL_FN {
+      return (xv >= static_cast<A>(l)) & (xv <= static_cast<A>(h)) ? gv : A(0);
+    });
   });
 }
+
+}  // namespace
 
 }  // namespace detail
 
@@ -484,5 +525,98 @@ Tensor clamp(const Tensor& a, std::optional<Scalar> lo, std::optional<Scalar> hi
   });
   return out;
 }
+
+// ---- CPU kernels ---------------------------------------------------------------------------------
+
+namespace {
+
+using detail::kComputeBoundGrain;
+
+constexpr auto kAdd = [](auto x, auto y) COHORT_KERNEL_FN { return x + y; };
+constexpr auto kSub = [](auto x, auto y) COHORT_KERNEL_FN { return x - y; };
+constexpr auto kMul = [](auto x, auto y) COHORT_KERNEL_FN { return x * y; };
+constexpr auto kDiv = [](auto x, auto y) COHORT_KERNEL_FN { return x / y; };
+constexpr auto kAddScaled = [](auto x, auto y, auto s) COHORT_KERNEL_FN { return x + s * y; };
+constexpr auto kSubScaled = [](auto x, auto y, auto s) COHORT_KERNEL_FN { return x - s * y; };
+constexpr auto kAddScalar = [](auto x, auto v) COHORT_KERNEL_FN { return x + v; };
+constexpr auto kMulScalar = [](auto x, auto v) COHORT_KERNEL_FN { return x * v; };
+constexpr auto kDivScalar = [](auto x, auto v) COHORT_KERNEL_FN { return x / v; };
+constexpr auto kRsubScalar = [](auto x, auto v) COHORT_KERNEL_FN { return v - x; };
+constexpr auto kNeg = [](auto x) COHORT_KERNEL_FN { return -x; };
+constexpr auto kPow = [](auto x, auto y) COHORT_KERNEL_FN {
+  if constexpr (std::is_floating_point_v<decltype(x)>) return vm::pow(x, y);
+  else return intPow(x, y);
+};
+constexpr auto kPowBackwardBase = [](auto gv, auto xv, auto yv) COHORT_KERNEL_FN {
+  using A = decltype(gv);
+  return yv == A(0) ? A(0) : gv * yv * vm::pow(xv, yv - A(1));
+};
+constexpr auto kPowBackwardExponent = [](auto gv, auto xv, auto yv) COHORT_KERNEL_FN {
+  using A = decltype(gv);
+  return (xv == A(0)) & (yv >= A(0)) ? A(0) : gv * vm::pow(xv, yv) * vm::log(xv);
+};
+constexpr auto kExp = [](auto x) COHORT_KERNEL_FN { return vm::exp(x); };
+constexpr auto kLog = [](auto x) COHORT_KERNEL_FN { return vm::log(x); };
+constexpr auto kSqrt = [](auto x) COHORT_KERNEL_FN { return std::sqrt(x); };
+constexpr auto kSqrtBackward = [](auto gv, auto y) COHORT_KERNEL_FN { return gv / (y + y); };
+constexpr auto kRsqrt = [](auto x) COHORT_KERNEL_FN { return vm::rsqrt(x); };
+// d/dx x^(-1/2) = -x^(-3/2) / 2 = -y^3 / 2
+constexpr auto kRsqrtBackward = [](auto gv, auto y) COHORT_KERNEL_FN {
+  using A = decltype(gv);
+  return A(-0.5) * gv * y * y * y;
+};
+constexpr auto kAbs = [](auto x) COHORT_KERNEL_FN {
+  using A = decltype(x);
+  if constexpr (std::is_floating_point_v<A>) return std::fabs(x);
+  else if constexpr (std::is_unsigned_v<A>) return x;
+  else return x < 0 ? A(-x) : x;
+};
+constexpr auto kAbsBackward = [](auto gv, auto x) COHORT_KERNEL_FN {
+  using A = decltype(gv);
+  return x > A(0) ? gv : (x < A(0) ? -gv : A(0));
+};
+
+// a^b: the AVX-512 loop for two float32 operands of one shape, else the portable one.
+void powCpu(Tensor& out, const Tensor& a, const Tensor& b) {
+  if (!detail::simd::powTensor(out, a, b)) detail::cpuBinary<decltype(kPow), kComputeBoundGrain>(out, a, b);
+}
+
+const bool kCpuKernels = [] {
+  using namespace dispatch;
+  using detail::simd::Unary;
+  constexpr DeviceType kCpu = DeviceType::CPU;
+  Register<BinaryKernel>("add", kCpu, &detail::cpuBinary<decltype(kAdd)>);
+  Register<BinaryKernel>("sub", kCpu, &detail::cpuBinary<decltype(kSub)>);
+  Register<BinaryKernel>("mul", kCpu, &detail::cpuBinary<decltype(kMul)>);
+  Register<BinaryKernel>("div", kCpu, &detail::cpuBinary<decltype(kDiv)>);
+  Register<BinaryKernel>("pow", kCpu, &powCpu);
+  Register<BinaryScalarKernel>("add", kCpu, &detail::cpuBinaryScalar<decltype(kAddScaled)>);
+  Register<BinaryScalarKernel>("sub", kCpu, &detail::cpuBinaryScalar<decltype(kSubScaled)>);
+  Register<ScalarKernel>("add", kCpu, &detail::cpuScalar<decltype(kAddScalar)>);
+  Register<ScalarKernel>("mul", kCpu, &detail::cpuScalar<decltype(kMulScalar)>);
+  Register<ScalarKernel>("div", kCpu, &detail::cpuScalar<decltype(kDivScalar)>);
+  Register<ScalarKernel>("rsub", kCpu, &detail::cpuScalar<decltype(kRsubScalar)>);
+  Register<ScalarKernel>("pow", kCpu, &powScalarCpu);
+  Register<UnaryKernel>("neg", kCpu, &detail::cpuUnary<decltype(kNeg)>);
+  Register<UnaryKernel>("abs", kCpu, &detail::cpuUnary<decltype(kAbs)>);
+  Register<UnaryKernel>("exp", kCpu, &detail::cpuUnaryFloatSimd<Unary::Exp, decltype(kExp)>);
+  Register<UnaryKernel>("log", kCpu, &detail::cpuUnaryFloatSimd<Unary::Log, decltype(kLog)>);
+  Register<UnaryKernel>("sqrt", kCpu, &detail::cpuUnaryFloat<decltype(kSqrt)>);
+  Register<UnaryKernel>("rsqrt", kCpu, &detail::cpuUnaryFloat<decltype(kRsqrt)>);
+  Register<BinaryKernel>("sqrt backward", kCpu, &detail::cpuBinaryFloat<decltype(kSqrtBackward)>);
+  Register<BinaryKernel>("sqrt_ backward", kCpu, &detail::cpuBinaryFloat<decltype(kSqrtBackward)>);
+  Register<BinaryKernel>("rsqrt backward", kCpu, &detail::cpuBinaryFloat<decltype(kRsqrtBackward)>);
+  Register<BinaryKernel>("abs backward", kCpu, &detail::cpuBinaryFloat<decltype(kAbsBackward)>);
+  Register<TernaryKernel>("pow backward (base)", kCpu,
+                          &detail::cpuTernaryFloat<decltype(kPowBackwardBase), kComputeBoundGrain>);
+  Register<TernaryKernel>("pow backward (exponent)", kCpu,
+                          &detail::cpuTernaryFloat<decltype(kPowBackwardExponent), kComputeBoundGrain>);
+  Register<ClampKernel>("clamp", kCpu, &detail::clampCpu);
+  Register<ClampKernel>("clamp_", kCpu, &detail::clampCpu);
+  Register<ClampGradKernel>("clamp backward", kCpu, &detail::clampGradCpu);
+  return true;
+}();
+
+}  // namespace
 
 }  // namespace cohort

@@ -44,9 +44,7 @@ void checkIndexRange(const IT* idx, int64_t n, int64_t size, int64_t dim, const 
 // ---- index_select / index_add ------------------------------------------------------------------
 
 // out[o, i, r] = a[o, index[i], r] for a contiguous a viewed as [outer, len, inner].
-Tensor indexSelectKernel(const Tensor& a, int64_t dim, const Tensor& index) {
-  if (!a.device().isCpu())
-    return dispatch::kernel<dispatch::IndexSelectKernel>("indexSelect", a.device())(a, dim, index);
+Tensor indexSelectCpu(const Tensor& a, int64_t dim, const Tensor& index) {
   Tensor ac = a.contiguous();
   Tensor ic = index.contiguous();
   const int64_t n = ic.numel();
@@ -76,11 +74,12 @@ Tensor indexSelectKernel(const Tensor& a, int64_t dim, const Tensor& index) {
   return out;
 }
 
+Tensor indexSelectKernel(const Tensor& a, int64_t dim, const Tensor& index) {
+  return dispatch::kernel<dispatch::IndexSelectKernel>("indexSelect", a.device())(a, dim, index);
+}
+
 // zeros(shape)[o, index[i], r] += g[o, i, r]: the backward of index_select.
-Tensor indexAddIntoZeros(const Shape& shape, DType dt, int64_t dim, const Tensor& index, const Tensor& g) {
-  if (!g.device().isCpu())
-    return dispatch::kernel<dispatch::IndexAddIntoZerosKernel>("indexSelect backward", g.device())(shape, dt, dim,
-                                                                                                   index, g);
+Tensor indexAddIntoZerosCpu(const Shape& shape, DType dt, int64_t dim, const Tensor& index, const Tensor& g) {
   Tensor out = zeros(shape, {.dtype = dt});
   Tensor gc = g.to(dt).contiguous();
   Tensor ic = index.contiguous();
@@ -104,6 +103,11 @@ Tensor indexAddIntoZeros(const Shape& shape, DType dt, int64_t dim, const Tensor
     });
   });
   return out;
+}
+
+Tensor indexAddIntoZeros(const Shape& shape, DType dt, int64_t dim, const Tensor& index, const Tensor& g) {
+  return dispatch::kernel<dispatch::IndexAddIntoZerosKernel>("indexSelect backward", g.device())(shape, dt, dim, index,
+                                                                                                 g);
 }
 
 // ---- gather / scatter_add ------------------------------------------------------------------------
@@ -175,8 +179,7 @@ void checkGatherShapes(const Tensor& self, int64_t dim, const Tensor& index, con
 Shape stridesOr1(const Tensor& t) { return t.dim() == 0 ? Shape{1} : t.strides(); }
 Shape sizesOr1(const Tensor& t) { return t.dim() == 0 ? Shape{1} : t.sizes(); }
 
-Tensor gatherKernel(const Tensor& a, int64_t dim, const Tensor& index) {
-  if (!a.device().isCpu()) return dispatch::kernel<dispatch::GatherKernel>("gather", a.device())(a, dim, index);
+Tensor gatherCpu(const Tensor& a, int64_t dim, const Tensor& index) {
   Tensor ic = index.contiguous();
   Tensor out = empty(index.sizes(), {.dtype = a.dtype(), .device = a.device()});
   const int64_t len = sizesOr1(a)[dim];
@@ -194,12 +197,12 @@ Tensor gatherKernel(const Tensor& a, int64_t dim, const Tensor& index) {
   return out;
 }
 
+Tensor gatherKernel(const Tensor& a, int64_t dim, const Tensor& index) {
+  return dispatch::kernel<dispatch::GatherKernel>("gather", a.device())(a, dim, index);
+}
+
 // out (contiguous, shape of self) += src at the indexed positions.
-void scatterAddInto(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src, const char* op) {
-  if (!out.device().isCpu()) {
-    dispatch::kernel<dispatch::ScatterAddKernel>("scatterAdd", out.device())(out, dim, index, src, op);
-    return;
-  }
+void scatterAddCpu(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src, const char* op) {
   Tensor ic = index.contiguous();
   const int64_t len = sizesOr1(out)[dim];
   COHORT_DISPATCH_INDEX(index.dtype(), op, [&]<typename IT>() {
@@ -216,12 +219,14 @@ void scatterAddInto(Tensor& out, int64_t dim, const Tensor& index, const Tensor&
   });
 }
 
+void scatterAddInto(Tensor& out, int64_t dim, const Tensor& index, const Tensor& src, const char* op) {
+  dispatch::kernel<dispatch::ScatterAddKernel>("scatterAdd", out.device())(out, dim, index, src, op);
+}
+
 // ---- tril / triu ---------------------------------------------------------------------------------
 
 // Keeps a[..., i, j] where (lower ? j - i <= k : j - i >= k), zeroes the rest.
-Tensor triangleKernel(const Tensor& a, int64_t k, bool lower) {
-  if (!a.device().isCpu())
-    return dispatch::kernel<dispatch::TriangleKernel>(lower ? "tril" : "triu", a.device())(a, k, lower);
+Tensor triangleCpu(const Tensor& a, int64_t k, bool lower) {
   Tensor ac = a.contiguous();
   Tensor out = empty(a.sizes(), {.dtype = a.dtype(), .device = a.device()});
   if (out.numel() == 0) return out;
@@ -243,6 +248,10 @@ Tensor triangleKernel(const Tensor& a, int64_t k, bool lower) {
       std::memset(dst + rowOff + hi * es, 0, static_cast<size_t>(cols - hi) * es);
     }
   return out;
+}
+
+Tensor triangleKernel(const Tensor& a, int64_t k, bool lower) {
+  return dispatch::kernel<dispatch::TriangleKernel>(lower ? "tril" : "triu", a.device())(a, k, lower);
 }
 
 Tensor triangle(const Tensor& a, int64_t k, bool lower) {
@@ -368,35 +377,7 @@ Tensor maskedFill(const Tensor& a, const Tensor& mask, Scalar value) {
         fmt::format("maskedFill: mask must be bool, got {} (shape {})", mask.dtype(), shapeStr(mask.sizes())));
   Shape shape = broadcastShapes(a.sizes(), mask.sizes(), "maskedFill");
   Tensor out = empty(shape, {.dtype = a.dtype(), .device = a.device()});
-  if (!out.device().isCpu()) {
-    dispatch::kernel<dispatch::BinaryScalarKernel>("maskedFill", out.device())(out, a, mask, value);
-  } else if (out.numel() > 0) {
-    COHORT_DISPATCH(a.dtype(), "maskedFill", [&]<typename T>() {
-      const T v = static_cast<T>(value.to<Acc<T>>());
-      std::array<char*, 3> ptrs{static_cast<char*>(out.dataPtr()), static_cast<char*>(a.dataPtr()),
-                                static_cast<char*>(mask.dataPtr())};
-      std::array<Shape, 3> st{detail::broadcastByteStrides(out, shape), detail::broadcastByteStrides(a, shape),
-                              detail::broadcastByteStrides(mask, shape)};
-      detail::forEachStrided<3>(shape, ptrs, st,
-                                [&](std::array<char*, 3> p, const std::array<int64_t, 3>& s, int64_t n) {
-                                  T* o = reinterpret_cast<T*>(p[0]);
-                                  const T* x = reinterpret_cast<const T*>(p[1]);
-                                  const bool* m = reinterpret_cast<const bool*>(p[2]);
-                                  if (s[0] == sizeof(T) && s[1] == sizeof(T) && s[2] == 1) {
-                                    for (int64_t i = 0; i < n; ++i) o[i] = m[i] ? v : x[i];
-                                  } else if (s[0] == sizeof(T) && s[1] == sizeof(T) && s[2] == 0) {
-                                    if (m[0]) std::fill(o, o + n, v);
-                                    else std::memcpy(o, x, static_cast<size_t>(n) * sizeof(T));
-                                  } else {
-                                    for (int64_t i = 0; i < n; ++i)
-                                      *reinterpret_cast<T*>(p[0] + i * s[0]) =
-                                          *reinterpret_cast<const bool*>(p[2] + i * s[2])
-                                              ? v
-                                              : *reinterpret_cast<const T*>(p[1] + i * s[1]);
-                                  }
-                                });
-    });
-  }
+  dispatch::kernel<dispatch::BinaryScalarKernel>("maskedFill", out.device())(out, a, mask, value);
   autograd::record("maskedFill", {a}, {out}, {mask},
                    [](Ctx& ctx, const GradList& g) -> GradList { return {maskedFill(g[0], ctx.saved(0), 0)}; });
   return out;
@@ -417,8 +398,43 @@ Tensor oneHot(const Tensor& indices, int64_t numClasses) {
   requireIndexDType(indices, "oneHot");
   if (numClasses < -1)
     throw ValueError(fmt::format("oneHot: numClasses must be -1 (infer) or non-negative, got {}", numClasses));
-  if (!indices.device().isCpu())
-    return dispatch::kernel<dispatch::OneHotKernel>("oneHot", indices.device())(indices, numClasses);
+  return dispatch::kernel<dispatch::OneHotKernel>("oneHot", indices.device())(indices, numClasses);
+}
+
+// ---- CPU kernels ---------------------------------------------------------------------------------
+
+namespace {
+
+// out = a where the mask is false, value where it is true (a and mask broadcast to out's shape;
+// out may be a itself, for maskedFill_).
+void maskedFillCpu(Tensor& out, const Tensor& a, const Tensor& mask, Scalar value) {
+  if (out.numel() == 0) return;
+  const Shape& shape = out.sizes();
+  COHORT_DISPATCH(a.dtype(), "maskedFill", [&]<typename T>() {
+    const T v = static_cast<T>(value.to<Acc<T>>());
+    std::array<char*, 3> ptrs{static_cast<char*>(out.dataPtr()), static_cast<char*>(a.dataPtr()),
+                              static_cast<char*>(mask.dataPtr())};
+    std::array<Shape, 3> st{detail::broadcastByteStrides(out, shape), detail::broadcastByteStrides(a, shape),
+                            detail::broadcastByteStrides(mask, shape)};
+    detail::forEachStrided<3>(shape, ptrs, st, [&](std::array<char*, 3> p, const std::array<int64_t, 3>& s, int64_t n) {
+      T* o = reinterpret_cast<T*>(p[0]);
+      const T* x = reinterpret_cast<const T*>(p[1]);
+      const bool* m = reinterpret_cast<const bool*>(p[2]);
+      if (s[0] == sizeof(T) && s[1] == sizeof(T) && s[2] == 1) {
+        for (int64_t i = 0; i < n; ++i) o[i] = m[i] ? v : x[i];
+      } else if (s[0] == sizeof(T) && s[1] == sizeof(T) && s[2] == 0) {
+        if (m[0]) std::fill(o, o + n, v);
+        else if (o != x) std::memcpy(o, x, static_cast<size_t>(n) * sizeof(T));
+      } else {
+        for (int64_t i = 0; i < n; ++i)
+          *reinterpret_cast<T*>(p[0] + i * s[0]) =
+              *reinterpret_cast<const bool*>(p[2] + i * s[2]) ? v : *reinterpret_cast<const T*>(p[1] + i * s[1]);
+      }
+    });
+  });
+}
+
+Tensor oneHotCpu(const Tensor& indices, int64_t numClasses) {
   Tensor ic = indices.contiguous();
   const int64_t n = ic.numel();
   return COHORT_DISPATCH_INDEX(indices.dtype(), "oneHot", [&]<typename IT>() -> Tensor {
@@ -448,5 +464,21 @@ Tensor oneHot(const Tensor& indices, int64_t numClasses) {
     return out;
   });
 }
+
+const bool kCpuKernels = [] {
+  using namespace dispatch;
+  constexpr DeviceType kCpu = DeviceType::CPU;
+  Register<IndexSelectKernel>("indexSelect", kCpu, &indexSelectCpu);
+  Register<IndexAddIntoZerosKernel>("indexSelect backward", kCpu, &indexAddIntoZerosCpu);
+  Register<GatherKernel>("gather", kCpu, &gatherCpu);
+  Register<ScatterAddKernel>("scatterAdd", kCpu, &scatterAddCpu);
+  Register<TriangleKernel>("tril", kCpu, &triangleCpu);
+  Register<TriangleKernel>("triu", kCpu, &triangleCpu);
+  Register<BinaryScalarKernel>("maskedFill", kCpu, &maskedFillCpu);
+  Register<OneHotKernel>("oneHot", kCpu, &oneHotCpu);
+  return true;
+}();
+
+}  // namespace
 
 }  // namespace cohort

@@ -7,11 +7,13 @@
 // bumps the version counter (so a saved copy of self is detected in backward) and records the
 // op's backward when history is needed.
 //
-// Fast path: when every operand already has self's dtype the update runs through mapKernel with
-// self as both output and input, whose contiguous inner loop is a plain vectorized loop. Mixed
-// dtypes (a float32 update to a bfloat16 tensor) compute in the promoted dtype and round once
+// The update runs the kernel registered for self's device under the out-of-place op of the same
+// formula ("add" for add_), with self as both output and first input when every operand already
+// has self's dtype (on the CPU, mapKernel's contiguous inner loop is then a plain vectorized loop).
+// Mixed dtypes (a float32 update to a bfloat16 tensor) compute in the promoted dtype and round once
 // into self.
 #include <array>
+#include <cmath>
 
 #include <cohort/core/autograd/function.h>
 #include <cohort/core/autograd/grad_mode.h>
@@ -65,8 +67,8 @@ void checkCast(const char* op, DType result, const Tensor& self) {
                                  op, result, self.dtype(), shapeStr(self.sizes())));
 }
 
-// The device kernels of the updates, by the names of the out-of-place ops with the same formula
-// (a scalar converts to the compute type as the CPU lambdas' static_cast does).
+// The kernels of the updates, by the names of the out-of-place ops with the same formula (the
+// scalar, a double, converts to the compute type in the kernel).
 auto binaryOn(const char* name) {
   return [name](Tensor& out, const std::array<Tensor, 2>& in) {
     dispatch::kernel<dispatch::BinaryKernel>(name, out.device())(out, in[0], in[1]);
@@ -94,45 +96,25 @@ DType withScalar(DType t, Scalar s) {
   return t;
 }
 
-// self = f(self, others...) computed in `compute`. On other devices `onDevice(out, {x, others...})`
-// runs the device's kernel of the same formula (out may be x).
-template <size_t N, typename F, typename OnDevice>
-void applyInplace(Tensor& self, const std::array<Tensor, N>& others, DType compute, const char* op, F&& f,
-                  OnDevice&& onDevice) {
+// self = f(self, others...) computed in `compute`: `kernel(out, {x, others...})` runs the kernel
+// registered for self's device under the out-of-place op of the same formula (out may be x). When
+// every operand has self's dtype it writes self directly; otherwise it computes in `compute` and
+// rounds once into self.
+template <size_t N, typename Kernel>
+void applyInplace(Tensor& self, const std::array<Tensor, N>& others, DType compute, const char* op, Kernel&& kernel) {
   checkCast(op, compute, self);
   bool same = compute == self.dtype();
   for (const Tensor& o : others) same = same && o.dtype() == self.dtype();
   autograd::NoGradGuard ng;
-  if (!self.device().isCpu()) {
-    std::array<Tensor, N + 1> ins;
-    ins[0] = same ? self : self.to(compute);
-    for (size_t i = 0; i < N; ++i) ins[i + 1] = others[i].dtype() == compute ? others[i] : others[i].to(compute);
-    if (same) {
-      onDevice(self, ins);
-    } else {
-      Tensor tmp = empty(self.sizes(), {.dtype = compute, .device = self.device()});
-      onDevice(tmp, ins);
-      self.copy_(tmp);
-    }
-    return;
-  }
+  std::array<Tensor, N + 1> ins;
+  ins[0] = same ? self : self.to(compute);
+  for (size_t i = 0; i < N; ++i) ins[i + 1] = others[i].dtype() == compute ? others[i] : others[i].to(compute);
   if (same) {
-    COHORT_DISPATCH(self.dtype(), op, [&]<typename T>() {
-      if constexpr (N == 0) detail::mapKernel<T, T, 1>(self, {self}, f);
-      else if constexpr (N == 1) detail::mapKernel<T, T, 2>(self, {self, others[0]}, f);
-      else detail::mapKernel<T, T, 3>(self, {self, others[0], others[1]}, f);
-    });
+    kernel(self, ins);
     return;
   }
   Tensor tmp = empty(self.sizes(), {.dtype = compute, .device = self.device()});
-  Tensor s = self.to(compute);
-  std::array<Tensor, N> oc;
-  for (size_t i = 0; i < N; ++i) oc[i] = others[i].dtype() == compute ? others[i] : others[i].to(compute);
-  COHORT_DISPATCH(compute, op, [&]<typename T>() {
-    if constexpr (N == 0) detail::mapKernel<T, T, 1>(tmp, {s}, f);
-    else if constexpr (N == 1) detail::mapKernel<T, T, 2>(tmp, {s, oc[0]}, f);
-    else detail::mapKernel<T, T, 3>(tmp, {s, oc[0], oc[1]}, f);
-  });
+  kernel(tmp, ins);
   self.copy_(tmp);
 }
 
@@ -145,13 +127,8 @@ Tensor& Tensor::add_(const Tensor& o, Scalar alpha) {
   precheck("add_", *this, {&o});
   DType dt = withScalar(promoteTypes(dtype(), o.dtype()), alpha);
   double al = alpha.toDouble();
-  if (al == 1.0)
-    applyInplace<1>(
-        *this, {o}, dt, "add_", [](auto x, auto y) COHORT_KERNEL_FN { return x + y; }, binaryOn("add"));
-  else
-    applyInplace<1>(
-        *this, {o}, dt, "add_", [al](auto x, auto y) COHORT_KERNEL_FN { return x + static_cast<decltype(x)>(al) * y; },
-        binaryScalarOn("add", al));
+  if (al == 1.0) applyInplace<1>(*this, {o}, dt, "add_", binaryOn("add"));
+  else applyInplace<1>(*this, {o}, dt, "add_", binaryScalarOn("add", al));
   autograd::recordInplace("add_", *this, {o}, {}, [al](Ctx&, const GradList& g) -> GradList {
     return {g[0], al == 1.0 ? g[0] : g[0] * al};
   });
@@ -163,9 +140,7 @@ Tensor& Tensor::add_(Scalar v) {
   precheck("add_", *this, {});
   DType dt = withScalar(dtype(), v);
   const double s = v.toDouble();
-  applyInplace<0>(
-      *this, {}, dt, "add_", [s](auto x) COHORT_KERNEL_FN { return x + static_cast<decltype(x)>(s); },
-      scalarOn("add", s));
+  applyInplace<0>(*this, {}, dt, "add_", scalarOn("add", s));
   autograd::recordInplace("add_", *this, {}, {}, [](Ctx&, const GradList& g) -> GradList { return {g[0]}; });
   return *this;
 }
@@ -177,13 +152,8 @@ Tensor& Tensor::sub_(const Tensor& o, Scalar alpha) {
   precheck("sub_", *this, {&o});
   DType dt = withScalar(promoteTypes(dtype(), o.dtype()), alpha);
   double al = alpha.toDouble();
-  if (al == 1.0)
-    applyInplace<1>(
-        *this, {o}, dt, "sub_", [](auto x, auto y) COHORT_KERNEL_FN { return x - y; }, binaryOn("sub"));
-  else
-    applyInplace<1>(
-        *this, {o}, dt, "sub_", [al](auto x, auto y) COHORT_KERNEL_FN { return x - static_cast<decltype(x)>(al) * y; },
-        binaryScalarOn("sub", al));
+  if (al == 1.0) applyInplace<1>(*this, {o}, dt, "sub_", binaryOn("sub"));
+  else applyInplace<1>(*this, {o}, dt, "sub_", binaryScalarOn("sub", al));
   autograd::recordInplace("sub_", *this, {o}, {}, [al](Ctx&, const GradList& g) -> GradList {
     return {g[0], g[0] * (-al)};
   });
@@ -200,8 +170,7 @@ Tensor& Tensor::mul_(const Tensor& o) {
   // d/d other needs self's value before the update.
   Tensor before;
   if (autograd::needsGrad({&o})) before = detach().clone();
-  applyInplace<1>(
-      *this, {o}, dt, "mul_", [](auto x, auto y) COHORT_KERNEL_FN { return x * y; }, binaryOn("mul"));
+  applyInplace<1>(*this, {o}, dt, "mul_", binaryOn("mul"));
   autograd::recordInplace("mul_", *this, {o}, {o, before}, [](Ctx& ctx, const GradList& g) -> GradList {
     GradList r(2);
     if (ctx.needsInputGrad(0)) r[0] = g[0] * ctx.saved(0);
@@ -216,9 +185,7 @@ Tensor& Tensor::mul_(Scalar v) {
   precheck("mul_", *this, {});
   DType dt = withScalar(dtype(), v);
   double sv = v.toDouble();
-  applyInplace<0>(
-      *this, {}, dt, "mul_", [sv](auto x) COHORT_KERNEL_FN { return x * static_cast<decltype(x)>(sv); },
-      scalarOn("mul", sv));
+  applyInplace<0>(*this, {}, dt, "mul_", scalarOn("mul", sv));
   autograd::recordInplace("mul_", *this, {}, {}, [sv](Ctx&, const GradList& g) -> GradList { return {g[0] * sv}; });
   return *this;
 }
@@ -228,8 +195,7 @@ Tensor& Tensor::div_(const Tensor& o) {
   precheck("div_", *this, {&o});
   DType dt = promoteTypes(dtype(), o.dtype());
   if (!isFloating(dt)) dt = DType::Float32;  // true division
-  applyInplace<1>(
-      *this, {o}, dt, "div_", [](auto x, auto y) COHORT_KERNEL_FN { return x / y; }, binaryOn("div"));
+  applyInplace<1>(*this, {o}, dt, "div_", binaryOn("div"));
   // self is saved after the update: d/d other = -g * self_before / other^2 = -g * self_after / other.
   autograd::recordInplace("div_", *this, {o}, {o, *this}, [](Ctx& ctx, const GradList& g) -> GradList {
     GradList r(2);
@@ -246,9 +212,7 @@ Tensor& Tensor::div_(Scalar v) {
   precheck("div_", *this, {});
   DType dt = isFloating(dtype()) ? dtype() : DType::Float32;
   double sv = v.toDouble();
-  applyInplace<0>(
-      *this, {}, dt, "div_", [sv](auto x) COHORT_KERNEL_FN { return x / static_cast<decltype(x)>(sv); },
-      scalarOn("div", sv));
+  applyInplace<0>(*this, {}, dt, "div_", scalarOn("div", sv));
   autograd::recordInplace("div_", *this, {}, {}, [sv](Ctx&, const GradList& g) -> GradList { return {g[0] / sv}; });
   return *this;
 }
@@ -260,10 +224,7 @@ Tensor& Tensor::addcmul_(const Tensor& t1, const Tensor& t2, Scalar value) {
   precheck("addcmul_", *this, {&t1, &t2});
   DType dt = withScalar(promoteTypes(promoteTypes(dtype(), t1.dtype()), t2.dtype()), value);
   double v = value.toDouble();
-  applyInplace<2>(
-      *this, {t1, t2}, dt, "addcmul_",
-      [v](auto x, auto a, auto b) COHORT_KERNEL_FN { return x + static_cast<decltype(x)>(v) * a * b; },
-      ternaryScalarOn("addcmul_", v));
+  applyInplace<2>(*this, {t1, t2}, dt, "addcmul_", ternaryScalarOn("addcmul_", v));
   autograd::recordInplace("addcmul_", *this, {t1, t2}, {t1, t2}, [v](Ctx& ctx, const GradList& g) -> GradList {
     GradList r(3);
     r[0] = g[0];
@@ -283,10 +244,7 @@ Tensor& Tensor::addcdiv_(const Tensor& t1, const Tensor& t2, Scalar value) {
                                  "tensors",
                                  dtype(), t1.dtype(), t2.dtype()));
   double v = value.toDouble();
-  applyInplace<2>(
-      *this, {t1, t2}, dt, "addcdiv_",
-      [v](auto x, auto a, auto b) COHORT_KERNEL_FN { return x + static_cast<decltype(x)>(v) * a / b; },
-      ternaryScalarOn("addcdiv_", v));
+  applyInplace<2>(*this, {t1, t2}, dt, "addcdiv_", ternaryScalarOn("addcdiv_", v));
   autograd::recordInplace("addcdiv_", *this, {t1, t2}, {t1, t2}, [v](Ctx& ctx, const GradList& g) -> GradList {
     GradList r(3);
     r[0] = g[0];
@@ -305,20 +263,8 @@ Tensor& Tensor::lerp_(const Tensor& end, Scalar weight) {
   if (!isFloating(dt))
     throw ValueError(fmt::format("lerp_: expected floating tensors, got {} and {}", dtype(), end.dtype()));
   double w = weight.toDouble();
-  // torch's formula: from the nearer end, so weight 1 gives exactly `end`.
-  if (std::abs(w) < 0.5)
-    applyInplace<1>(
-        *this, {end}, dt, "lerp_",
-        [w](auto x, auto e) COHORT_KERNEL_FN { return x + static_cast<decltype(x)>(w) * (e - x); },
-        binaryScalarOn("lerp_", w));
-  else
-    applyInplace<1>(
-        *this, {end}, dt, "lerp_",
-        [w](auto x, auto e) COHORT_KERNEL_FN {
-          using A = decltype(x);
-          return e - (e - x) * (A(1) - static_cast<A>(w));
-        },
-        binaryScalarOn("lerp_", w));
+  // torch's formula, from the nearer end so that weight 1 gives exactly `end`, is the kernel's.
+  applyInplace<1>(*this, {end}, dt, "lerp_", binaryScalarOn("lerp_", w));
   autograd::recordInplace("lerp_", *this, {end}, {}, [w](Ctx&, const GradList& g) -> GradList {
     return {g[0] * (1.0 - w), g[0] * w};
   });
@@ -351,18 +297,11 @@ Tensor& Tensor::sqrt_() {
   COHORT_RECORD_OP("sqrt_", *this);
   precheck("sqrt_", *this, {});
   checkCast("sqrt_", DType::Float32, *this);
-  applyInplace<0>(
-      *this, {}, dtype(), "sqrt_",
-      [](auto x) COHORT_KERNEL_FN {
-        if constexpr (std::is_floating_point_v<decltype(x)>) return std::sqrt(x);
-        else return x;  // unreachable: checkCast refused non-floating tensors
-      },
-      [](Tensor& out, const std::array<Tensor, 1>& in) {
-        dispatch::kernel<dispatch::UnaryKernel>("sqrt", out.device())(out, in[0]);
-      });
+  applyInplace<0>(*this, {}, dtype(), "sqrt_", [](Tensor& out, const std::array<Tensor, 1>& in) {
+    dispatch::kernel<dispatch::UnaryKernel>("sqrt", out.device())(out, in[0]);
+  });
   autograd::recordInplace("sqrt_", *this, {}, {*this}, [](Ctx& ctx, const GradList& g) -> GradList {
-    return {detail::binaryFloatOp(g[0], ctx.saved(0), "sqrt_ backward",
-                                  [](auto gv, auto y) COHORT_KERNEL_FN { return gv / (y + y); })};
+    return {detail::binaryFloatOp(g[0], ctx.saved(0), "sqrt_ backward")};
   });
   return *this;
 }
@@ -375,38 +314,45 @@ Tensor& Tensor::maskedFill_(const Tensor& mask, Scalar value) {
                                  shapeStr(mask.sizes())));
   {
     autograd::NoGradGuard ng;
-    if (!device().isCpu()) {
-      // where(mask, value, self) into self; the value converts as fill_ converts it.
-      Tensor v = full({}, value, {.dtype = dtype(), .device = device()});
-      dispatch::kernel<dispatch::WhereKernel>("where", device())(*this, mask, v, *this);
-    } else {
-      COHORT_DISPATCH(dtype(), "maskedFill_", [&]<typename T>() {
-        const T v = static_cast<T>(value.to<Acc<T>>());
-        const Shape& shape = sizes();
-        if (numel() == 0) return;
-        std::array<char*, 2> ptrs{static_cast<char*>(dataPtr()), static_cast<char*>(mask.dataPtr())};
-        std::array<Shape, 2> strides{detail::broadcastByteStrides(*this, shape),
-                                     detail::broadcastByteStrides(mask, shape)};
-        detail::forEachStrided<2>(shape, ptrs, strides,
-                                  [v](std::array<char*, 2> p, const std::array<int64_t, 2>& s, int64_t n) {
-                                    if (s[0] == sizeof(T) && s[1] == 1) {
-                                      T* o = reinterpret_cast<T*>(p[0]);
-                                      const uint8_t* m =
-                                          reinterpret_cast<const uint8_t*>(p[1]);  // bool storage; uint8 vectorizes
-                                      for (int64_t i = 0; i < n; ++i) o[i] = m[i] != 0 ? v : o[i];
-                                    } else {
-                                      for (int64_t i = 0; i < n; ++i)
-                                        if (*reinterpret_cast<const bool*>(p[1] + i * s[1]))
-                                          *reinterpret_cast<T*>(p[0] + i * s[0]) = v;
-                                    }
-                                  });
-      });
-    }
+    dispatch::kernel<dispatch::BinaryScalarKernel>("maskedFill", device())(*this, *this, mask, value);
   }
   autograd::recordInplace("maskedFill_", *this, {mask}, {mask}, [](Ctx& ctx, const GradList& g) -> GradList {
     return {where(ctx.saved(0), zeros({}, {.dtype = g[0].dtype(), .device = g[0].device()}), g[0]), Tensor()};
   });
   return *this;
 }
+
+// ---- CPU kernels ---------------------------------------------------------------------------------
+// The updates without an out-of-place op of the same formula (add_, mul_, ... use add's, mul's).
+
+namespace {
+
+constexpr auto kAddcmul = [](auto x, auto a, auto b, auto v) COHORT_KERNEL_FN { return x + v * a * b; };
+constexpr auto kAddcdiv = [](auto x, auto a, auto b, auto v) COHORT_KERNEL_FN { return x + v * a / b; };
+
+// torch's formula: from the nearer end, so weight 1 gives exactly `end`.
+void lerpCpu(Tensor& out, const Tensor& x, const Tensor& end, Scalar weight) {
+  const double w = weight.toDouble();
+  COHORT_DISPATCH_FLOAT(out.dtype(), "lerp_", [&]<typename T>() {
+    using A = Acc<T>;
+    const A wv = static_cast<A>(w);
+    if (std::abs(w) < 0.5)
+      detail::mapKernel<T, T, 2>(out, {x, end}, [wv](A xv, A ev) COHORT_KERNEL_FN { return xv + wv * (ev - xv); });
+    else
+      detail::mapKernel<T, T, 2>(out, {x, end},
+                                 [wv](A xv, A ev) COHORT_KERNEL_FN { return ev - (ev - xv) * (A(1) - wv); });
+  });
+}
+
+const bool kCpuKernels = [] {
+  using namespace dispatch;
+  constexpr DeviceType kCpu = DeviceType::CPU;
+  Register<TernaryScalarKernel>("addcmul_", kCpu, &detail::cpuTernaryScalar<decltype(kAddcmul)>);
+  Register<TernaryScalarKernel>("addcdiv_", kCpu, &detail::cpuTernaryScalar<decltype(kAddcdiv)>);
+  Register<BinaryScalarKernel>("lerp_", kCpu, &lerpCpu);
+  return true;
+}();
+
+}  // namespace
 
 }  // namespace cohort

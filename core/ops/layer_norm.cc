@@ -179,14 +179,7 @@ Tensor layerNorm(const Tensor& x, const Shape& normalizedShape, const Tensor& we
   Tensor y = empty(x.sizes(), {.dtype = x.dtype(), .device = x.device()});
   Tensor meanT = empty({M}, {.dtype = statType, .device = x.device()});
   Tensor rstdT = empty({M}, {.dtype = statType, .device = x.device()});
-  if (!x.device().isCpu()) {
-    dispatch::kernel<cohort::detail::LayerNormKernel>(op, x.device())(y, meanT, rstdT, xc, wc, bc, M, N, eps);
-  } else {
-    COHORT_DISPATCH_FLOAT(x.dtype(), op, [&]<typename T>() {
-      layerNormForward<T>(xc.data<T>(), wc.defined() ? wc.data<T>() : nullptr, bc.defined() ? bc.data<T>() : nullptr,
-                          y.data<T>(), meanT.data<Acc<T>>(), rstdT.data<Acc<T>>(), M, N, eps);
-    });
-  }
+  dispatch::kernel<cohort::detail::LayerNormKernel>(op, x.device())(y, meanT, rstdT, xc, wc, bc, M, N, eps);
   autograd::record(op, {x, weight, bias}, {y}, {x, weight, meanT, rstdT},
                    [M, N, normShape = normalizedShape, hasW = weight.defined(),
                     hasB = bias.defined()](Ctx& ctx, const GradList& g) -> GradList {
@@ -198,22 +191,39 @@ Tensor layerNorm(const Tensor& x, const Shape& normalizedShape, const Tensor& we
                      if (ctx.needsInputGrad(0)) r[0] = empty(xs.sizes(), like);
                      if (hasW && ctx.needsInputGrad(1)) r[1] = empty(ws.sizes(), like);
                      if (hasB && ctx.needsInputGrad(2)) r[2] = empty(normShape, like);
-                     if (!xs.device().isCpu()) {
-                       dispatch::kernel<cohort::detail::LayerNormBackwardKernel>("layerNorm backward",
-                                                                                 xs.device())(r[0], r[1], r[2], xs, ws,
-                                                                                              gc, ms, rs, M, N);
-                       return r;
-                     }
-                     COHORT_DISPATCH_FLOAT(xs.dtype(), "layerNorm backward", [&]<typename T>() {
-                       layerNormBackward<T>(xs.data<T>(), hasW ? ws.data<T>() : nullptr, gc.data<T>(),
-                                            ms.data<Acc<T>>(), rs.data<Acc<T>>(), M, N,
-                                            r[0].defined() ? r[0].data<T>() : nullptr,
-                                            r[1].defined() ? r[1].data<T>() : nullptr,
-                                            r[2].defined() ? r[2].data<T>() : nullptr);
-                     });
+                     dispatch::kernel<cohort::detail::LayerNormBackwardKernel>("layerNorm backward",
+                                                                               xs.device())(r[0], r[1], r[2], xs, ws,
+                                                                                            gc, ms, rs, M, N);
                      return r;
                    });
   return y;
 }
+
+namespace {
+
+// The CPU's layer norm kernels (nn_dispatch.h's signatures).
+void layerNormCpu(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& w, const Tensor& b, int64_t M,
+                  int64_t N, double eps) {
+  COHORT_DISPATCH_FLOAT(x.dtype(), "layerNorm", [&]<typename T>() {
+    layerNormForward<T>(x.data<T>(), w.defined() ? w.data<T>() : nullptr, b.defined() ? b.data<T>() : nullptr,
+                        y.data<T>(), mean.data<Acc<T>>(), rstd.data<Acc<T>>(), M, N, eps);
+  });
+}
+
+void layerNormBackwardCpu(Tensor& dx, Tensor& dw, Tensor& db, const Tensor& x, const Tensor& w, const Tensor& g,
+                          const Tensor& mean, const Tensor& rstd, int64_t M, int64_t N) {
+  COHORT_DISPATCH_FLOAT(x.dtype(), "layerNorm backward", [&]<typename T>() {
+    layerNormBackward<T>(x.data<T>(), w.defined() ? w.data<T>() : nullptr, g.data<T>(), mean.data<Acc<T>>(),
+                         rstd.data<Acc<T>>(), M, N, dx.defined() ? dx.data<T>() : nullptr,
+                         dw.defined() ? dw.data<T>() : nullptr, db.defined() ? db.data<T>() : nullptr);
+  });
+}
+
+const dispatch::Register<cohort::detail::LayerNormKernel> kLayerNormCpu{"layerNorm", DeviceType::CPU, &layerNormCpu};
+const dispatch::Register<cohort::detail::LayerNormBackwardKernel> kLayerNormBackwardCpu{"layerNorm backward",
+                                                                                        DeviceType::CPU,
+                                                                                        &layerNormBackwardCpu};
+
+}  // namespace
 
 }  // namespace cohort::nn::functional

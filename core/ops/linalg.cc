@@ -44,19 +44,10 @@ MatArg matArg(const Tensor& t) {
   return m;
 }
 
-// c[m,n] (contiguous) = alpha * a[m,k] @ b[k,n] + beta * c. a, b, c share one dtype.
-void gemmInto(const Tensor& a, const Tensor& b, Tensor& c, double alpha, double beta) {
+// The CPU's "matmul" kernel: BLAS for float types, a plain loop for the others.
+void gemmCpu(const Tensor& a, const Tensor& b, Tensor& c, double alpha, double beta) {
   int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   if (m == 0 || n == 0) return;
-  if (!c.device().isCpu() && k > 0) {
-    dispatch::kernel<dispatch::GemmKernel>("matmul", c.device())(a, b, c, alpha, beta);
-    return;
-  }
-  if (k == 0) {
-    if (beta == 0) c.zero_();
-    else c.mul_(beta);
-    return;
-  }
   DType dt = c.dtype();
   if (dt == DType::Float32 || dt == DType::Float64) {
     MatArg A = matArg(a), B = matArg(b);
@@ -92,6 +83,58 @@ void gemmInto(const Tensor& a, const Tensor& b, Tensor& c, double alpha, double 
       }
   });
 }
+
+// c[m,n] (contiguous) = alpha * a[m,k] @ b[k,n] + beta * c. a, b, c share one dtype.
+void gemmInto(const Tensor& a, const Tensor& b, Tensor& c, double alpha, double beta) {
+  int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  if (m == 0 || n == 0) return;
+  if (k == 0) {
+    if (beta == 0) c.zero_();
+    else c.mul_(beta);
+    return;
+  }
+  dispatch::kernel<dispatch::GemmKernel>("matmul", c.device())(a, b, c, alpha, beta);
+}
+
+// The CPU's "bmm" kernel: one GEMM per batch entry (k > 0).
+void bmmCpu(const Tensor& a, const Tensor& b, Tensor& c) {
+  for (int64_t i = 0; i < a.size(0); ++i) {
+    Tensor ci = c.select(0, i);
+    gemmCpu(a.select(0, i), b.select(0, i), ci, 1.0, 0.0);
+  }
+}
+
+// y[rows, out] = x[rows, in] @ weight[out, in]^T + bias, with rows, out and in > 0: a kernel a
+// device may register under "linear" to add the bias as the product is stored; without one, the
+// op copies the bias into y and runs the GEMM with beta = 1.
+using LinearBiasKernel = void(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& y);
+
+void linearBiasCpu(const Tensor& x2, const Tensor& weight, const Tensor& bias, Tensor& y) {
+  const int64_t rows = x2.size(0), out = weight.size(0);
+  if (y.dtype() == DType::Float32) {
+    // The bias is added as the product is stored (blas::sgemmBias): one pass over the output.
+    MatArg X = matArg(x2), W = matArg(weight.t());
+    Tensor b = bias.contiguous();
+    blas::sgemmBias(X.trans, W.trans, rows, out, x2.size(1), static_cast<const float*>(X.ptr), X.ld,
+                    static_cast<const float*>(W.ptr), W.ld, b.data<float>(), y.data<float>(), out);
+  } else if (y.dtype() == DType::BFloat16 || y.dtype() == DType::Float16) {
+    // Likewise in half precision (blas::hgemmBias): the bias, widened to float32, is added to
+    // the float32 product before the one rounding.
+    MatArg X = matArg(x2), W = matArg(weight.t());
+    Tensor b = bias.to(DType::Float32).contiguous();
+    blas::hgemmBias(y.dtype() == DType::BFloat16 ? blas::HalfType::BFloat16 : blas::HalfType::Float16, X.trans, W.trans,
+                    rows, out, x2.size(1), static_cast<const uint16_t*>(X.ptr), X.ld,
+                    static_cast<const uint16_t*>(W.ptr), W.ld, b.data<float>(), static_cast<uint16_t*>(y.dataPtr()),
+                    out);
+  } else {
+    y.copy_(bias.unsqueeze(0).expand({rows, out}));
+    gemmCpu(x2, weight.t(), y, 1.0, 1.0);
+  }
+}
+
+const dispatch::Register<dispatch::GemmKernel> kMatmulCpu{"matmul", DeviceType::CPU, &gemmCpu};
+const dispatch::Register<dispatch::BatchedGemmKernel> kBmmCpu{"bmm", DeviceType::CPU, &bmmCpu};
+const dispatch::Register<LinearBiasKernel> kLinearCpu{"linear", DeviceType::CPU, &linearBiasCpu};
 
 void checkFloatOrSame(const Tensor& a, const Tensor& b, const char* op) {
   if (!a.defined() || !b.defined()) throw ValueError(fmt::format("{}: an input is undefined", op));
@@ -140,16 +183,10 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
         fmt::format("bmm: shapes {} and {} cannot be multiplied", shapeStr(a.sizes()), shapeStr(b.sizes())));
   int64_t batch = a.size(0);
   Tensor c = empty({batch, a.size(1), b.size(2)}, {.dtype = a.dtype(), .device = a.device()});
-  if (!c.device().isCpu()) {
+  {
     autograd::NoGradGuard ng;
     if (a.size(2) == 0) c.zero_();
-    else dispatch::kernel<dispatch::BatchedGemmKernel>("bmm", c.device())(a, b, c);
-  } else {
-    autograd::NoGradGuard ng;
-    for (int64_t i = 0; i < batch; ++i) {
-      Tensor ci = c.select(0, i);
-      gemmInto(a.select(0, i), b.select(0, i), ci, 1.0, 0.0);
-    }
+    else if (c.numel() > 0) dispatch::kernel<dispatch::BatchedGemmKernel>("bmm", c.device())(a, b, c);
   }
   autograd::record("bmm", {a, b}, {c}, {a, b}, [](Ctx& ctx, const GradList& g) -> GradList {
     GradList out(2);
@@ -231,22 +268,11 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
   Tensor y = empty({rows, out}, {.dtype = input.dtype(), .device = input.device()});
   {
     autograd::NoGradGuard ng;
-    if (bias.defined() && rows > 0 && out > 0 && x2.size(1) > 0 && y.device().isCpu() && y.dtype() == DType::Float32) {
-      // The bias is added as the product is stored (blas::sgemmBias): one pass over the output.
-      MatArg X = matArg(x2), W = matArg(weight.t());
-      Tensor b = bias.contiguous();
-      blas::sgemmBias(X.trans, W.trans, rows, out, x2.size(1), static_cast<const float*>(X.ptr), X.ld,
-                      static_cast<const float*>(W.ptr), W.ld, b.data<float>(), y.data<float>(), out);
-    } else if (bias.defined() && rows > 0 && out > 0 && x2.size(1) > 0 && y.device().isCpu() &&
-               (y.dtype() == DType::BFloat16 || y.dtype() == DType::Float16)) {
-      // Likewise in half precision (blas::hgemmBias): the bias, widened to float32, is added to
-      // the float32 product before the one rounding.
-      MatArg X = matArg(x2), W = matArg(weight.t());
-      Tensor b = bias.to(DType::Float32).contiguous();
-      blas::hgemmBias(y.dtype() == DType::BFloat16 ? blas::HalfType::BFloat16 : blas::HalfType::Float16, X.trans,
-                      W.trans, rows, out, x2.size(1), static_cast<const uint16_t*>(X.ptr), X.ld,
-                      static_cast<const uint16_t*>(W.ptr), W.ld, b.data<float>(), static_cast<uint16_t*>(y.dataPtr()),
-                      out);
+    LinearBiasKernel* fused = bias.defined() && rows > 0 && out > 0 && x2.size(1) > 0
+                                  ? dispatch::find<LinearBiasKernel>("linear", y.device())
+                                  : nullptr;
+    if (fused != nullptr) {
+      fused(x2, weight, bias, y);
     } else {
       double beta = 0.0;
       if (bias.defined() && rows > 0) {

@@ -190,39 +190,42 @@ void softmaxBackwardKernel(const T* y, const T* g, T* dx, int64_t O, int64_t R, 
   }
 }
 
+// The CPU's softmax kernels (nn_dispatch.h's signatures).
+template <bool Log>
+void softmaxCpu(Tensor& y, const Tensor& src, int64_t O, int64_t R, int64_t I) {
+  COHORT_DISPATCH_FLOAT(y.dtype(), Log ? "logSoftmax" : "softmax", [&]<typename T>() {
+    if (y.numel() == 0) return;
+    if constexpr (std::is_same_v<T, float>) {
+      if (I == 1) return softmaxRowsF32<Log>(src.data<float>(), y.data<float>(), O, R);
+    }
+    softmaxKernel<T, Log>(src.data<T>(), y.data<T>(), O, R, I);
+  });
+}
+
+template <bool Log>
+void softmaxBackwardCpu(Tensor& dx, const Tensor& y, const Tensor& g, int64_t O, int64_t R, int64_t I) {
+  COHORT_DISPATCH_FLOAT(y.dtype(), Log ? "logSoftmax backward" : "softmax backward", [&]<typename T>() {
+    if (dx.numel() == 0) return;
+    if constexpr (std::is_same_v<T, float>) {
+      if (I == 1) return softmaxRowsBackwardF32<Log>(y.data<float>(), g.data<float>(), dx.data<float>(), O, R);
+    }
+    softmaxBackwardKernel<T, Log>(y.data<T>(), g.data<T>(), dx.data<T>(), O, R, I);
+  });
+}
+
 template <bool Log>
 Tensor softmaxImpl(const Tensor& x, int64_t dim, const char* op) {
   requireFloat(x, op, "the input");
   detail::ReducePlan p = detail::planReduce(x, {dim}, true, op);
   const int64_t O = p.outer, R = p.reduced, I = p.inner;
   Tensor y = empty(x.sizes(), {.dtype = x.dtype(), .device = x.device()});
-  if (!x.device().isCpu()) {
-    dispatch::kernel<cohort::detail::SoftmaxKernel>(op, x.device())(y, p.src, O, R, I);
-  } else {
-    COHORT_DISPATCH_FLOAT(x.dtype(), op, [&]<typename T>() {
-      if (y.numel() == 0) return;
-      if constexpr (std::is_same_v<T, float>) {
-        if (I == 1) return softmaxRowsF32<Log>(p.src.data<float>(), y.data<float>(), O, R);
-      }
-      softmaxKernel<T, Log>(p.src.data<T>(), y.data<T>(), O, R, I);
-    });
-  }
-  autograd::record(op, {x}, {y}, {y}, [O, R, I, op](Ctx& ctx, const GradList& g) -> GradList {
+  dispatch::kernel<cohort::detail::SoftmaxKernel>(op, x.device())(y, p.src, O, R, I);
+  autograd::record(op, {x}, {y}, {y}, [O, R, I](Ctx& ctx, const GradList& g) -> GradList {
     Tensor yv = ctx.saved(0);
     Tensor gc = g[0].contiguous();
     Tensor dx = empty(yv.sizes(), {.dtype = yv.dtype(), .device = yv.device()});
-    if (!yv.device().isCpu()) {
-      dispatch::kernel<cohort::detail::SoftmaxBackwardKernel>(Log ? "logSoftmax backward" : "softmax backward",
-                                                              yv.device())(dx, yv, gc, O, R, I);
-      return {dx};
-    }
-    COHORT_DISPATCH_FLOAT(yv.dtype(), op, [&]<typename T>() {
-      if (dx.numel() == 0) return;
-      if constexpr (std::is_same_v<T, float>) {
-        if (I == 1) return softmaxRowsBackwardF32<Log>(yv.data<float>(), gc.data<float>(), dx.data<float>(), O, R);
-      }
-      softmaxBackwardKernel<T, Log>(yv.data<T>(), gc.data<T>(), dx.data<T>(), O, R, I);
-    });
+    dispatch::kernel<cohort::detail::SoftmaxBackwardKernel>(Log ? "logSoftmax backward" : "softmax backward",
+                                                            yv.device())(dx, yv, gc, O, R, I);
     return {dx};
   });
   return y;
@@ -290,9 +293,56 @@ void nllForward(const T* x, const I* t, const NllLayout& l, int64_t ignoreIndex,
     }
 }
 
-// nllImpl on a device other than the CPU, through its kernels: the same loss and gradient.
-Tensor nllDevice(const Tensor& input, const Tensor& x, const Tensor& t, const NllLayout& l, Reduction reduction,
-                 int64_t ignoreIndex, const char* op, Tensor* validMask, int64_t* validCount) {
+// The CPU's nll kernels (nn_dispatch.h's signatures).
+int64_t nllForwardCpu(Tensor& perPos, Tensor& validMask, const Tensor& x, const Tensor& t, int64_t n, int64_t c,
+                      int64_t d, int64_t ignoreIndex, const char* op) {
+  NllLayout l;
+  l.n = n;
+  l.c = c;
+  l.d = d;
+  std::vector<uint8_t> valid(static_cast<size_t>(n * d));
+  COHORT_DISPATCH_FLOAT(x.dtype(), op, [&]<typename T>() {
+    COHORT_DISPATCH_INDEX(t.dtype(), op, [&]<typename Ix>() {
+      nllForward<T, Ix>(x.data<T>(), t.data<Ix>(), l, ignoreIndex, perPos.data<T>(), valid, x, t, op);
+    });
+    if (validMask.defined()) {
+      T* m = validMask.data<T>();
+      for (size_t k = 0; k < valid.size(); ++k) m[k] = T(valid[k] ? 1.0f : 0.0f);
+    }
+  });
+  int64_t count = 0;
+  for (uint8_t v : valid) count += v;
+  return count;
+}
+
+void nllBackwardCpu(Tensor& dx, const Tensor& target, const Tensor& grad, int64_t n, int64_t c, int64_t d,
+                    int64_t ignoreIndex, double scale, bool perPosition) {
+  if (dx.numel() > 0) std::memset(dx.dataPtr(), 0, dx.nbytes());
+  COHORT_DISPATCH_FLOAT(grad.dtype(), "nllLoss backward", [&]<typename T>() {
+    COHORT_DISPATCH_INDEX(target.dtype(), "nllLoss backward", [&]<typename Ix>() {
+      const T* gp = grad.data<T>();
+      const Ix* tp = target.data<Ix>();
+      T* out = dx.data<T>();
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < d; ++j) {
+          const int64_t k = i * d + j;
+          const int64_t label = static_cast<int64_t>(tp[k]);
+          if (label == ignoreIndex) continue;
+          const double gv = static_cast<double>(static_cast<Acc<T>>(gp[perPosition ? k : 0]));
+          out[(i * c + label) * d + j] = static_cast<T>(-gv * scale);
+        }
+    });
+  });
+}
+
+// The class-index loss: per-position losses and their count from the device's kernel, reduced by
+// the "mean" reduction (sum, or Mean's 1 / the number of non-ignored targets: 0 * inf = NaN when
+// every target is ignored, as torch). `validMask` gets 1/0 per position in the input's dtype.
+Tensor nllImpl(const Tensor& input, const Tensor& target, Reduction reduction, int64_t ignoreIndex, const char* op,
+               Tensor* validMask = nullptr, int64_t* validCount = nullptr) {
+  const NllLayout l = nllLayout(input, target, op);
+  const Tensor x = input.contiguous();
+  const Tensor t = target.contiguous();
   const Device dev = input.device();
   Tensor perPos = empty(t.sizes(), {.dtype = input.dtype(), .device = dev});
   Tensor valid = validMask ? empty(t.sizes(), {.dtype = input.dtype(), .device = dev}) : Tensor();
@@ -302,7 +352,6 @@ Tensor nllDevice(const Tensor& input, const Tensor& x, const Tensor& t, const Nl
   if (validCount) *validCount = count;
   Tensor out = perPos;
   if (reduction != Reduction::None) {
-    // Sum in double; Mean scales by 1 / the number of non-ignored targets (0 * inf = NaN, as torch).
     const double scale = reduction == Reduction::Mean ? 1.0 / static_cast<double>(count) : 1.0;
     out = empty({}, {.dtype = input.dtype(), .device = dev});
     dispatch::kernel<cohort::detail::PlannedReduceKernel>("mean", dev)(out, perPos.reshape({perPos.numel()}), 1,
@@ -319,71 +368,6 @@ Tensor nllDevice(const Tensor& input, const Tensor& x, const Tensor& t, const Nl
                                                                          gc.device())(dx, tt, gc, l.n, l.c, l.d,
                                                                                       ignoreIndex, scale,
                                                                                       reduction == Reduction::None);
-                     return {dx};
-                   });
-  return out;
-}
-
-Tensor nllImpl(const Tensor& input, const Tensor& target, Reduction reduction, int64_t ignoreIndex, const char* op,
-               Tensor* validMask = nullptr, int64_t* validCount = nullptr) {
-  NllLayout l = nllLayout(input, target, op);
-  Tensor x = input.contiguous();
-  Tensor t = target.contiguous();
-  if (!input.device().isCpu()) return nllDevice(input, x, t, l, reduction, ignoreIndex, op, validMask, validCount);
-  Tensor perPos = empty(target.sizes(), {.dtype = input.dtype()});
-  std::vector<uint8_t> valid(static_cast<size_t>(l.n * l.d));
-  COHORT_DISPATCH_FLOAT(input.dtype(), op, [&]<typename T>() {
-    COHORT_DISPATCH_INDEX(target.dtype(), op, [&]<typename Ix>() {
-      nllForward<T, Ix>(x.data<T>(), t.data<Ix>(), l, ignoreIndex, perPos.data<T>(), valid, input, target, op);
-    });
-  });
-  int64_t count = 0;
-  for (uint8_t v : valid) count += v;
-  if (validCount) *validCount = count;
-  if (validMask) {
-    *validMask = empty(target.sizes(), {.dtype = input.dtype()});
-    COHORT_DISPATCH_FLOAT(input.dtype(), op, [&]<typename T>() {
-      T* m = validMask->data<T>();
-      for (size_t k = 0; k < valid.size(); ++k) m[k] = T(valid[k] ? 1.0f : 0.0f);
-    });
-  }
-  Tensor out;
-  if (reduction == Reduction::None) {
-    out = perPos;
-  } else {
-    // Sum in double; Mean divides by the number of non-ignored targets (0/0 = NaN, as torch).
-    double total = 0;
-    COHORT_DISPATCH_FLOAT(input.dtype(), op, [&]<typename T>() {
-      const T* pp = perPos.data<T>();
-      for (int64_t k = 0; k < perPos.numel(); ++k) total += static_cast<double>(static_cast<Acc<T>>(pp[k]));
-    });
-    if (reduction == Reduction::Mean) total /= static_cast<double>(count);
-    out = full({}, total, {.dtype = input.dtype()});
-  }
-  auto validShared = std::make_shared<std::vector<uint8_t>>(std::move(valid));
-  Shape inShape = input.sizes();
-  autograd::record(op, {input}, {out}, {t},
-                   [l, validShared, reduction, count, inShape, op](Ctx& ctx, const GradList& g) -> GradList {
-                     Tensor tt = ctx.saved(0);
-                     Tensor gc = g[0].contiguous();
-                     Tensor dx = zeros(inShape, {.dtype = gc.dtype()});
-                     const std::vector<uint8_t>& v = *validShared;
-                     COHORT_DISPATCH_FLOAT(gc.dtype(), op, [&]<typename T>() {
-                       COHORT_DISPATCH_INDEX(tt.dtype(), op, [&]<typename Ix>() {
-                         const T* gp = gc.data<T>();
-                         const Ix* tp = tt.data<Ix>();
-                         T* out = dx.data<T>();
-                         const double scale = reduction == Reduction::Mean ? 1.0 / static_cast<double>(count) : 1.0;
-                         for (int64_t n = 0; n < l.n; ++n)
-                           for (int64_t d = 0; d < l.d; ++d) {
-                             const int64_t k = n * l.d + d;
-                             if (!v[k]) continue;
-                             double gv =
-                                 static_cast<double>(static_cast<Acc<T>>(gp[reduction == Reduction::None ? k : 0]));
-                             out[(n * l.c + static_cast<int64_t>(tp[k])) * l.d + d] = static_cast<T>(-gv * scale);
-                           }
-                       });
-                     });
                      return {dx};
                    });
   return out;
@@ -432,8 +416,8 @@ Tensor crossEntropy(const Tensor& input, const Tensor& target, CrossEntropyOptio
   if (opts.reduction == Reduction::Sum) {
     smooth = sum(smooth);
   } else if (opts.reduction == Reduction::Mean) {
-    // Other devices take the count the nll kernel brought back rather than wait for the device again.
-    smooth = sum(smooth) / (input.device().isCpu() ? sum(valid).item<double>() : static_cast<double>(validCount));
+    // The count the nll kernel brought back (no second wait for a device).
+    smooth = sum(smooth) / static_cast<double>(validCount);
   }
   return nll * (1.0 - e) + smooth * (e / nClasses);
 }
@@ -473,6 +457,10 @@ double squaredDiffAndGrad(const T* x, const T* t, T* d, int64_t n, double scale)
   for (double p : partial) s += p;
   return s;
 }
+
+// A fused mseLoss for same-shaped float32/float64 operands with a mean or sum, registered under
+// "mseLoss" by a device that has one (the CPU); elsewhere the op is a composite of other ops.
+using MseLossKernel = Tensor(const Tensor& input, const Tensor& target, Reduction reduction);
 
 // mseLoss with a mean or sum over same-shaped float32/float64 tensors. The forward is one pass
 // that also writes the loss's gradient for a unit output gradient, which backward keeps instead
@@ -515,10 +503,11 @@ Tensor mseLoss(const Tensor& input, const Tensor& target, Reduction reduction) {
   requireFloat(input, "mseLoss", "the input");
   requireFloat(target, "mseLoss", "the target");
   broadcastShapes(input.sizes(), target.sizes(), "mseLoss");
-  if (input.device().isCpu() && target.device().isCpu() && reduction != Reduction::None &&
-      input.sizes() == target.sizes() && input.dtype() == target.dtype() &&
-      (input.dtype() == DType::Float32 || input.dtype() == DType::Float64) && input.numel() > 0)
-    return fusedMseLoss(input, target, reduction);
+  // A device with a fused kernel for the common case runs it; the composite below otherwise.
+  if (input.device() == target.device() && reduction != Reduction::None && input.sizes() == target.sizes() &&
+      input.dtype() == target.dtype() && (input.dtype() == DType::Float32 || input.dtype() == DType::Float64) &&
+      input.numel() > 0)
+    if (auto* fused = dispatch::find<MseLossKernel>("mseLoss", input.device())) return fused(input, target, reduction);
   Tensor d = input - target;
   Tensor sq = d * d;
   switch (reduction) {
@@ -539,54 +528,15 @@ Tensor embedding(const Tensor& indices, const Tensor& weight) {
   if (indices.dtype() != DType::Int64 && indices.dtype() != DType::Int32)
     throw ValueError(fmt::format("{}: indices must be int64 or int32, got {} of shape {}", op, indices.dtype(),
                                  shapeStr(indices.sizes())));
-  const int64_t num = weight.sizes()[0], dim = weight.sizes()[1];
-  Shape outShape = indices.sizes();
-  outShape.push_back(dim);
   Tensor idx = indices.contiguous();
-  const bool onCpu = weight.device().isCpu();
-  Tensor w = onCpu ? weight.contiguous() : weight;
-  Tensor out = onCpu ? empty(outShape, {.dtype = weight.dtype()})
-                     : dispatch::kernel<dispatch::EmbeddingKernel>(op, weight.device())(idx, weight);
-  const int64_t n = idx.numel();
-  if (onCpu)
-    COHORT_DISPATCH_INDEX(idx.dtype(), op, [&]<typename Ix>() {
-      const Ix* ip = idx.data<Ix>();
-      const char* src = static_cast<const char*>(w.dataPtr());
-      char* dst = static_cast<char*>(out.dataPtr());
-      const size_t rowBytes = static_cast<size_t>(dim) * w.elementSize();
-      for (int64_t k = 0; k < n; ++k) {
-        const int64_t i = static_cast<int64_t>(ip[k]);
-        if (i < 0 || i >= num)
-          throw IndexError(fmt::format("{}: index {} is out of range for a weight of shape {} (indices shape {})", op,
-                                       i, shapeStr(weight.sizes()), shapeStr(indices.sizes())));
-        if (rowBytes) std::memcpy(dst + k * rowBytes, src + i * rowBytes, rowBytes);
-      }
-    });
+  Tensor out = dispatch::kernel<dispatch::EmbeddingKernel>(op, weight.device())(idx, weight);
   Shape wShape = weight.sizes();
-  autograd::record(op, {indices, weight}, {out}, {idx}, [wShape, n, dim](Ctx& ctx, const GradList& g) -> GradList {
+  autograd::record(op, {indices, weight}, {out}, {idx}, [wShape](Ctx& ctx, const GradList& g) -> GradList {
     // Rows scatter-add into the weight gradient (repeated indices accumulate).
     Tensor ix = ctx.saved(0);
     Tensor gc = g[0].contiguous();
-    if (!gc.device().isCpu())
-      return {Tensor(),
-              dispatch::kernel<dispatch::EmbeddingBackwardKernel>("embedding backward", gc.device())(ix, gc, wShape)};
-    Tensor gw = empty(wShape, {.dtype = gc.dtype()});
-    COHORT_DISPATCH_FLOAT(gc.dtype(), "embedding backward", [&]<typename T>() {
-      using C = Acc<T>;
-      std::vector<C> acc(static_cast<size_t>(wShape[0] * dim), C(0));
-      const T* gp = gc.data<T>();
-      COHORT_DISPATCH_INDEX(ix.dtype(), "embedding backward", [&]<typename Ix>() {
-        const Ix* ip = ix.data<Ix>();
-        for (int64_t k = 0; k < n; ++k) {
-          C* row = acc.data() + static_cast<int64_t>(ip[k]) * dim;
-          const T* gr = gp + k * dim;
-          for (int64_t j = 0; j < dim; ++j) row[j] += static_cast<C>(gr[j]);
-        }
-      });
-      T* out = gw.data<T>();
-      for (size_t k = 0; k < acc.size(); ++k) out[k] = static_cast<T>(acc[k]);
-    });
-    return {Tensor(), gw};
+    return {Tensor(),
+            dispatch::kernel<dispatch::EmbeddingBackwardKernel>("embedding backward", gc.device())(ix, gc, wShape)};
   });
   return out;
 }
@@ -606,13 +556,65 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
   Tensor mask = empty(x.sizes(), {.dtype = x.dtype(), .device = x.device()});
   const uint64_t c = g.reserve(static_cast<uint64_t>((n + 3) / 4));
   const uint64_t seed = g.seed();
+  // Every device draws the same Philox blocks from the same generator: the same mask.
+  dispatch::kernel<dispatch::DropoutMaskKernel>(op, x.device())(mask, seed, c, p);
+  return x * mask;
+}
+
+// ---- CPU kernels ---------------------------------------------------------------------------------
+
+namespace {
+
+Tensor embeddingCpu(const Tensor& idx, const Tensor& weight) {
+  const char* op = "embedding";
+  const int64_t num = weight.sizes()[0], dim = weight.sizes()[1];
+  const Tensor w = weight.contiguous();
+  Shape outShape = idx.sizes();
+  outShape.push_back(dim);
+  Tensor out = empty(outShape, {.dtype = weight.dtype()});
+  const int64_t n = idx.numel();
+  COHORT_DISPATCH_INDEX(idx.dtype(), op, [&]<typename Ix>() {
+    const Ix* ip = idx.data<Ix>();
+    const char* src = static_cast<const char*>(w.dataPtr());
+    char* dst = static_cast<char*>(out.dataPtr());
+    const size_t rowBytes = static_cast<size_t>(dim) * w.elementSize();
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t i = static_cast<int64_t>(ip[k]);
+      if (i < 0 || i >= num)
+        throw IndexError(fmt::format("{}: index {} is out of range for a weight of shape {} (indices shape {})", op, i,
+                                     shapeStr(weight.sizes()), shapeStr(idx.sizes())));
+      if (rowBytes) std::memcpy(dst + k * rowBytes, src + i * rowBytes, rowBytes);
+    }
+  });
+  return out;
+}
+
+// Rows scatter-add into the weight gradient (repeated indices accumulate).
+Tensor embeddingBackwardCpu(const Tensor& ix, const Tensor& gc, const Shape& wShape) {
+  const int64_t n = ix.numel(), dim = wShape[1];
+  Tensor gw = empty(wShape, {.dtype = gc.dtype()});
+  COHORT_DISPATCH_FLOAT(gc.dtype(), "embedding backward", [&]<typename T>() {
+    using C = Acc<T>;
+    std::vector<C> acc(static_cast<size_t>(wShape[0] * dim), C(0));
+    const T* gp = gc.data<T>();
+    COHORT_DISPATCH_INDEX(ix.dtype(), "embedding backward", [&]<typename Ix>() {
+      const Ix* ip = ix.data<Ix>();
+      for (int64_t k = 0; k < n; ++k) {
+        C* row = acc.data() + static_cast<int64_t>(ip[k]) * dim;
+        const T* gr = gp + k * dim;
+        for (int64_t j = 0; j < dim; ++j) row[j] += static_cast<C>(gr[j]);
+      }
+    });
+    T* out = gw.data<T>();
+    for (size_t k = 0; k < acc.size(); ++k) out[k] = static_cast<T>(acc[k]);
+  });
+  return gw;
+}
+
+void dropoutMaskCpu(Tensor& mask, uint64_t seed, uint64_t c, double p) {
+  const int64_t n = mask.numel();
   const float keep = static_cast<float>(1.0 - p);
-  // Other devices draw the same Philox blocks from the same generator: the same mask as here.
-  if (!x.device().isCpu()) {
-    dispatch::kernel<dispatch::DropoutMaskKernel>(op, x.device())(mask, seed, c, p);
-    return x * mask;
-  }
-  COHORT_DISPATCH_FLOAT(x.dtype(), op, [&]<typename T>() {
+  COHORT_DISPATCH_FLOAT(mask.dtype(), "dropout", [&]<typename T>() {
     T* m = mask.data<T>();
     const T scale = static_cast<T>(1.0 / (1.0 - p));
     const T zero = static_cast<T>(0.0f);
@@ -621,8 +623,26 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
       for (int64_t k = 0; k < 4 && i + k < n; ++k) m[i + k] = Generator::toUniformFloat(w[k]) < keep ? scale : zero;
     }
   });
-  return x * mask;
 }
+
+const bool kCpuKernels = [] {
+  using namespace dispatch;
+  using namespace cohort::detail;
+  constexpr DeviceType kCpu = DeviceType::CPU;
+  Register<SoftmaxKernel>("softmax", kCpu, &softmaxCpu<false>);
+  Register<SoftmaxKernel>("logSoftmax", kCpu, &softmaxCpu<true>);
+  Register<SoftmaxBackwardKernel>("softmax backward", kCpu, &softmaxBackwardCpu<false>);
+  Register<SoftmaxBackwardKernel>("logSoftmax backward", kCpu, &softmaxBackwardCpu<true>);
+  Register<NllForwardKernel>("nllLoss", kCpu, &nllForwardCpu);
+  Register<NllBackwardKernel>("nllLoss backward", kCpu, &nllBackwardCpu);
+  Register<MseLossKernel>("mseLoss", kCpu, &fusedMseLoss);
+  Register<EmbeddingKernel>("embedding", kCpu, &embeddingCpu);
+  Register<EmbeddingBackwardKernel>("embedding backward", kCpu, &embeddingBackwardCpu);
+  Register<DropoutMaskKernel>("dropout", kCpu, &dropoutMaskCpu);
+  return true;
+}();
+
+}  // namespace
 
 }  // namespace nn::functional
 }  // namespace cohort

@@ -274,31 +274,17 @@ void requireFloat(const Tensor& a, const char* op) {
                                  op, a.dtype(), shapeStr(a.sizes())));
 }
 
-// out = f(x, a, b) elementwise in x's dtype, with a and b broadcast to x's shape. Other devices
-// run the same map as the kernel `kind` (reduce_dispatch.h) with `param`.
-template <typename F>
-Tensor map3(const Tensor& x, const Tensor& a, const Tensor& b, const char* op, ReduceGradMap kind, double param,
-            F&& f) {
+// out = f(x, a, b) (f(x, a) for map2) elementwise in x's dtype, with a and b broadcast to x's
+// shape: the map `kind` (reduce_dispatch.h) with `param`, by the device's "reduce backward" kernel.
+Tensor map3(const Tensor& x, const Tensor& a, const Tensor& b, ReduceGradMap kind, double param) {
   Tensor out = empty(x.sizes(), {.dtype = x.dtype(), .device = x.device()});
-  if (!x.device().isCpu()) {
-    dispatch::kernel<ReduceGradMapKernel>("reduce backward", x.device())(out, x, a.to(x.dtype()), b.to(x.dtype()), kind,
-                                                                         param);
-    return out;
-  }
-  COHORT_DISPATCH_FLOAT(x.dtype(), op, [&]<typename T>() {
-    mapKernel<T, T, 3>(out, {x, a.to(x.dtype()), b.to(x.dtype())}, f);
-  });
+  dispatch::kernel<ReduceGradMapKernel>("reduce backward", x.device())(out, x, a.to(x.dtype()), b.to(x.dtype()), kind,
+                                                                       param);
   return out;
 }
-template <typename F>
-Tensor map2(const Tensor& x, const Tensor& a, const char* op, ReduceGradMap kind, double param, F&& f) {
+Tensor map2(const Tensor& x, const Tensor& a, ReduceGradMap kind, double param) {
   Tensor out = empty(x.sizes(), {.dtype = x.dtype(), .device = x.device()});
-  if (!x.device().isCpu()) {
-    dispatch::kernel<ReduceGradMapKernel>("reduce backward", x.device())(out, x, a.to(x.dtype()), Tensor(), kind,
-                                                                         param);
-    return out;
-  }
-  COHORT_DISPATCH_FLOAT(x.dtype(), op, [&]<typename T>() { mapKernel<T, T, 2>(out, {x, a.to(x.dtype())}, f); });
+  dispatch::kernel<ReduceGradMapKernel>("reduce backward", x.device())(out, x, a.to(x.dtype()), Tensor(), kind, param);
   return out;
 }
 
@@ -306,20 +292,10 @@ Tensor map2(const Tensor& x, const Tensor& a, const char* op, ReduceGradMap kind
 // where pick(x) equals the kept result m (amax, amin, norm inf); `sign` multiplies by sgn(x).
 Tensor evenSplitGrad(const Tensor& x, const Tensor& m, const Tensor& g, const Shape& dims, bool absolute) {
   const double absFlag = absolute ? 1.0 : 0.0;
-  Tensor hits = map2(x, m, "amax backward", ReduceGradMap::Hits, absFlag, [absolute](auto v, auto mv) {
-    using V = decltype(v);
-    V a = absolute ? (v < V(0) ? -v : v) : v;
-    return a == mv ? V(1) : V(0);
-  });
+  Tensor hits = map2(x, m, ReduceGradMap::Hits, absFlag);
   Tensor count = sum(hits, dims, true);
   Tensor share = g / count;
-  return map3(x, m, share, "amax backward", ReduceGradMap::Share, absFlag, [absolute](auto v, auto mv, auto s) {
-    using V = decltype(v);
-    V a = absolute ? (v < V(0) ? -v : v) : v;
-    if (a != mv) return V(0);
-    if (!absolute) return s;
-    return v > V(0) ? s : (v < V(0) ? -s : V(0));
-  });
+  return map3(x, m, share, ReduceGradMap::Share, absFlag);
 }
 
 }  // namespace
@@ -335,17 +311,7 @@ Tensor sum(const Tensor& a, const Shape& dims, bool keepdim) {
   // Integers and bools sum to int64, as in PyTorch.
   DType outType = isFloating(a.dtype()) ? a.dtype() : DType::Int64;
   Tensor out = empty(p.outShape, {.dtype = outType, .device = a.device()});
-  if (!a.device().isCpu()) {
-    dispatch::kernel<detail::PlannedReduceKernel>("sum", a.device())(out, p.src, p.outer, p.reduced, p.inner, 1.0);
-  } else {
-    COHORT_DISPATCH(a.dtype(), "sum", [&]<typename T>() {
-      if constexpr (kIsFloat<T>) {
-        detail::reduceKernel<T, T>(p, out.data<T>(), detail::SumOp<T, T, detail::Identity>{});
-      } else {
-        detail::reduceKernel<T, int64_t>(p, out.data<int64_t>(), detail::SumOp<T, int64_t, detail::Identity>{});
-      }
-    });
-  }
+  dispatch::kernel<detail::PlannedReduceKernel>("sum", a.device())(out, p.src, p.outer, p.reduced, p.inner, 1.0);
   Shape inShape = a.sizes(), kept = p.keptShape;
   autograd::record("sum", {a}, {out}, {}, [inShape, kept](Ctx&, const GradList& g) -> GradList {
     return {g[0].reshape(kept).expand(inShape)};
@@ -363,13 +329,7 @@ Tensor mean(const Tensor& a, const Shape& dims, bool keepdim) {
   // An empty reduction divides 0 by 0: NaN, as in PyTorch.
   const double scale = count == 0 ? std::numeric_limits<double>::quiet_NaN() : 1.0 / static_cast<double>(count);
   Tensor out = empty(p.outShape, {.dtype = a.dtype(), .device = a.device()});
-  if (!a.device().isCpu()) {
-    dispatch::kernel<detail::PlannedReduceKernel>("mean", a.device())(out, p.src, p.outer, p.reduced, p.inner, scale);
-  } else {
-    COHORT_DISPATCH_FLOAT(a.dtype(), "mean", [&]<typename T>() {
-      detail::reduceKernel<T, T>(p, out.data<T>(), detail::SumOp<T, T, detail::Identity>{{}, scale});
-    });
-  }
+  dispatch::kernel<detail::PlannedReduceKernel>("mean", a.device())(out, p.src, p.outer, p.reduced, p.inner, scale);
   Shape inShape = a.sizes(), kept = p.keptShape;
   autograd::record("mean", {a}, {out}, {}, [inShape, kept, count](Ctx&, const GradList& g) -> GradList {
     return {(g[0] / static_cast<double>(count)).reshape(kept).expand(inShape)};
@@ -405,13 +365,7 @@ Tensor extreme(const Tensor& a, const Shape& dims, bool keepdim, const char* op)
   detail::ReducePlan p = detail::planReduce(a, dims, keepdim, op);
   detail::requireNonEmptyReduction(p, a, dims, op);
   Tensor out = empty(p.outShape, {.dtype = a.dtype(), .device = a.device()});
-  if (!a.device().isCpu()) {
-    dispatch::kernel<detail::PlannedReduceKernel>(op, a.device())(out, p.src, p.outer, p.reduced, p.inner, 0.0);
-  } else {
-    COHORT_DISPATCH(a.dtype(), op, [&]<typename T>() {
-      detail::reduceKernel<T, T>(p, out.data<T>(), detail::ExtremeOp<T, IsMax, detail::Identity>{});
-    });
-  }
+  dispatch::kernel<detail::PlannedReduceKernel>(op, a.device())(out, p.src, p.outer, p.reduced, p.inner, 0.0);
   Shape kept = p.keptShape, rdims = dims;
   autograd::record(op, {a}, {out}, {a, out}, [kept, rdims](Ctx& ctx, const GradList& g) -> GradList {
     // Ties share the gradient evenly, as torch.amax does.
@@ -548,19 +502,7 @@ Tensor varStd(const Tensor& a, const Shape& dims, int64_t correction, bool keepd
   // Like PyTorch: divide by max(0, N - correction); too few elements give inf or NaN.
   const double divisor = static_cast<double>(std::max<int64_t>(0, p.reduced - correction));
   Tensor out = empty(p.outShape, {.dtype = a.dtype(), .device = a.device()});
-  if (!a.device().isCpu()) {
-    dispatch::kernel<detail::PlannedReduceKernel>(op, a.device())(out, p.src, p.outer, p.reduced, p.inner, divisor);
-  } else {
-    COHORT_DISPATCH_FLOAT(a.dtype(), op, [&]<typename T>() {
-      if (p.outer * p.inner == 0) return;
-      if constexpr (std::is_same_v<T, float> || detail::kIsHalf<T>) {
-        if (p.inner == 1 && p.reduced >= 2 * detail::kLanes)
-          return varRows<T>(static_cast<const T*>(p.src.dataPtr()), p.outer, p.reduced, out.data<T>(), divisor,
-                            takeSqrt);
-      }
-      varKernel<T>(p, out.data<T>(), divisor, takeSqrt);
-    });
-  }
+  dispatch::kernel<detail::PlannedReduceKernel>(op, a.device())(out, p.src, p.outer, p.reduced, p.inner, divisor);
   Shape kept = p.keptShape, rdims = dims;
   autograd::record(op, {a}, {out}, {a, out}, [kept, rdims, divisor, takeSqrt](Ctx& ctx, const GradList& g) -> GradList {
     Tensor x = ctx.saved(0);
@@ -569,17 +511,9 @@ Tensor varStd(const Tensor& a, const Shape& dims, int64_t correction, bool keepd
     if (takeSqrt) {
       // d std = d var / (2 std); a zero std gives a zero gradient, as in PyTorch.
       Tensor s = ctx.saved(1).reshape(kept);
-      gk = detail::map2(gk, s, "std backward", detail::ReduceGradMap::StdScale, 0.0, [](auto gv, auto sv) {
-        using V = decltype(gv);
-        return sv == V(0) ? V(0) : gv / (V(2) * sv);
-      });
+      gk = detail::map2(gk, s, detail::ReduceGradMap::StdScale, 0.0);
     }
-    const double scale = 2.0 / divisor;
-    return {
-        detail::map3(x, mu, gk, "var backward", detail::ReduceGradMap::Var, scale, [scale](auto xv, auto mv, auto gv) {
-          using V = decltype(xv);
-          return static_cast<V>(scale) * (xv - mv) * gv;
-        })};
+    return {detail::map3(x, mu, gk, detail::ReduceGradMap::Var, 2.0 / divisor)};
   });
   return out;
 }
@@ -648,53 +582,161 @@ Tensor norm(const Tensor& a, double p, const Shape& dims, bool keepdim) {
   // inf-norms of an empty set: torch gives 0 for +inf; -inf has no identity.
   if (isInf && p < 0) detail::requireNonEmptyReduction(plan, a, dims, "norm");
   Tensor out = empty(plan.outShape, {.dtype = a.dtype(), .device = a.device()});
-  if (!a.device().isCpu()) {
-    dispatch::kernel<detail::PlannedReduceKernel>("norm", a.device())(out, plan.src, plan.outer, plan.reduced,
-                                                                      plan.inner, p);
-  } else {
-    COHORT_DISPATCH_FLOAT(a.dtype(), "norm", [&]<typename T>() {
-      T* o = out.data<T>();
-      if (isInf && p > 0) {
-        if (plan.reduced == 0) {
-          for (int64_t k = 0; k < out.numel(); ++k) o[k] = T(0.0f);
-        } else {
-          detail::reduceKernel<T, T>(plan, o, detail::ExtremeOp<T, true, AbsMap>{});
-        }
-      } else if (isInf) {
-        detail::reduceKernel<T, T>(plan, o, detail::ExtremeOp<T, false, AbsMap>{});
-      } else if (p == 2) {
-        PowSumOp<T, SquareMap> op;
-        op.root = 0.5;
-        detail::reduceKernel<T, T>(plan, o, op);
-      } else if (p == 1) {
-        detail::reduceKernel<T, T>(plan, o, PowSumOp<T, AbsMap>{});
-      } else if (p == 0) {
-        detail::reduceKernel<T, T>(plan, o, PowSumOp<T, NonZeroMap>{});
-      } else {
-        PowSumOp<T, AbsPowMap> op;
-        op.map = AbsPowMap{p};
-        op.root = 1.0 / p;
-        detail::reduceKernel<T, T>(plan, o, op);
-      }
-    });
-  }
+  dispatch::kernel<detail::PlannedReduceKernel>("norm", a.device())(out, plan.src, plan.outer, plan.reduced, plan.inner,
+                                                                    p);
   Shape kept = plan.keptShape, rdims = dims;
   autograd::record("norm", {a}, {out}, {a, out}, [kept, rdims, p, isInf](Ctx& ctx, const GradList& g) -> GradList {
     Tensor x = ctx.saved(0), n = ctx.saved(1).reshape(kept), gk = g[0].reshape(kept);
     if (isInf) return {detail::evenSplitGrad(x, n, gk, rdims, true)};
     if (p == 0) return {zerosLike(x)};
-    return {detail::map3(x, n, gk, "norm backward", detail::ReduceGradMap::Norm, p, [p](auto xv, auto nv, auto gv) {
-      using V = decltype(xv);
-      V sgn = xv > V(0) ? V(1) : (xv < V(0) ? V(-1) : V(0));
-      if (p == 1) return sgn * gv;
-      if (nv == V(0)) return V(0);  // as torch: a zero norm has a zero subgradient
-      if (p == 2) return gv * xv / nv;
-      double ax = std::abs(static_cast<double>(xv));
-      return static_cast<V>(static_cast<double>(sgn * gv) * std::pow(ax, p - 1) /
-                            std::pow(static_cast<double>(nv), p - 1));
-    })};
+    return {detail::map3(x, n, gk, detail::ReduceGradMap::Norm, p)};
   });
   return out;
 }
+
+// ---- CPU kernels ---------------------------------------------------------------------------------
+
+namespace {
+
+using detail::PlannedReduceKernel;
+using detail::ReduceGradMap;
+
+// The plan a kernel's arguments describe (src contiguous [outer, reduced, inner]).
+detail::ReducePlan planOf(const Tensor& src, int64_t outer, int64_t reduced, int64_t inner) {
+  detail::ReducePlan p;
+  p.src = src;
+  p.outer = outer;
+  p.reduced = reduced;
+  p.inner = inner;
+  return p;
+}
+
+// Integers and bools sum to int64, as in PyTorch.
+void sumCpu(Tensor& out, const Tensor& src, int64_t outer, int64_t reduced, int64_t inner, double) {
+  const detail::ReducePlan p = planOf(src, outer, reduced, inner);
+  COHORT_DISPATCH(src.dtype(), "sum", [&]<typename T>() {
+    if constexpr (kIsFloat<T>) {
+      detail::reduceKernel<T, T>(p, out.data<T>(), detail::SumOp<T, T, detail::Identity>{});
+    } else {
+      detail::reduceKernel<T, int64_t>(p, out.data<int64_t>(), detail::SumOp<T, int64_t, detail::Identity>{});
+    }
+  });
+}
+
+void meanCpu(Tensor& out, const Tensor& src, int64_t outer, int64_t reduced, int64_t inner, double scale) {
+  const detail::ReducePlan p = planOf(src, outer, reduced, inner);
+  COHORT_DISPATCH_FLOAT(src.dtype(), "mean", [&]<typename T>() {
+    detail::reduceKernel<T, T>(p, out.data<T>(), detail::SumOp<T, T, detail::Identity>{{}, scale});
+  });
+}
+
+template <bool IsMax>
+void extremeCpu(Tensor& out, const Tensor& src, int64_t outer, int64_t reduced, int64_t inner, double) {
+  const detail::ReducePlan p = planOf(src, outer, reduced, inner);
+  COHORT_DISPATCH(src.dtype(), IsMax ? "amax" : "amin", [&]<typename T>() {
+    detail::reduceKernel<T, T>(p, out.data<T>(), detail::ExtremeOp<T, IsMax, detail::Identity>{});
+  });
+}
+
+template <bool TakeSqrt>
+void varCpu(Tensor& out, const Tensor& src, int64_t outer, int64_t reduced, int64_t inner, double divisor) {
+  const detail::ReducePlan p = planOf(src, outer, reduced, inner);
+  COHORT_DISPATCH_FLOAT(src.dtype(), TakeSqrt ? "std" : "var", [&]<typename T>() {
+    if (outer * inner == 0) return;
+    if constexpr (std::is_same_v<T, float> || detail::kIsHalf<T>) {
+      if (inner == 1 && reduced >= 2 * detail::kLanes)
+        return varRows<T>(static_cast<const T*>(src.dataPtr()), outer, reduced, out.data<T>(), divisor, TakeSqrt);
+    }
+    varKernel<T>(p, out.data<T>(), divisor, TakeSqrt);
+  });
+}
+
+void normCpu(Tensor& out, const Tensor& src, int64_t outer, int64_t reduced, int64_t inner, double p) {
+  const detail::ReducePlan plan = planOf(src, outer, reduced, inner);
+  const bool isInf = std::isinf(p);
+  COHORT_DISPATCH_FLOAT(src.dtype(), "norm", [&]<typename T>() {
+    T* o = out.data<T>();
+    if (isInf && p > 0) {
+      if (reduced == 0) {
+        for (int64_t k = 0; k < out.numel(); ++k) o[k] = T(0.0f);
+      } else {
+        detail::reduceKernel<T, T>(plan, o, detail::ExtremeOp<T, true, AbsMap>{});
+      }
+    } else if (isInf) {
+      detail::reduceKernel<T, T>(plan, o, detail::ExtremeOp<T, false, AbsMap>{});
+    } else if (p == 2) {
+      PowSumOp<T, SquareMap> op;
+      op.root = 0.5;
+      detail::reduceKernel<T, T>(plan, o, op);
+    } else if (p == 1) {
+      detail::reduceKernel<T, T>(plan, o, PowSumOp<T, AbsMap>{});
+    } else if (p == 0) {
+      detail::reduceKernel<T, T>(plan, o, PowSumOp<T, NonZeroMap>{});
+    } else {
+      PowSumOp<T, AbsPowMap> op;
+      op.map = AbsPowMap{p};
+      op.root = 1.0 / p;
+      detail::reduceKernel<T, T>(plan, o, op);
+    }
+  });
+}
+
+// The elementwise maps of the reductions' backward closures (reduce_dispatch.h).
+void gradMapCpu(Tensor& out, const Tensor& x, const Tensor& a, const Tensor& b, ReduceGradMap kind, double param) {
+  COHORT_DISPATCH_FLOAT(out.dtype(), "reduce backward", [&]<typename T>() {
+    using V = Acc<T>;
+    const bool absolute = param != 0.0;
+    switch (kind) {
+      case ReduceGradMap::Hits:  // amax / amin (norm inf with |x|): 1 where x is the kept extreme
+        detail::mapKernel<T, T, 2>(out, {x, a}, [absolute](V v, V mv) {
+          V av = absolute ? (v < V(0) ? -v : v) : v;
+          return av == mv ? V(1) : V(0);
+        });
+        return;
+      case ReduceGradMap::Share:  // the extreme's share of the gradient (times sgn(x) for |x|)
+        detail::mapKernel<T, T, 3>(out, {x, a, b}, [absolute](V v, V mv, V sh) {
+          V av = absolute ? (v < V(0) ? -v : v) : v;
+          if (av != mv) return V(0);
+          if (!absolute) return sh;
+          return v > V(0) ? sh : (v < V(0) ? -sh : V(0));
+        });
+        return;
+      case ReduceGradMap::StdScale:  // d std = d var / (2 std); a zero std gives a zero gradient, as PyTorch
+        detail::mapKernel<T, T, 2>(out, {x, a}, [](V gv, V sv) { return sv == V(0) ? V(0) : gv / (V(2) * sv); });
+        return;
+      case ReduceGradMap::Var:  // param = 2 / divisor
+        detail::mapKernel<T, T, 3>(out, {x, a, b},
+                                   [param](V xv, V mv, V gv) { return static_cast<V>(param) * (xv - mv) * gv; });
+        return;
+      case ReduceGradMap::Norm:  // the p-norm's gradient, p = param
+        detail::mapKernel<T, T, 3>(out, {x, a, b}, [p = param](V xv, V nv, V gv) {
+          V sgn = xv > V(0) ? V(1) : (xv < V(0) ? V(-1) : V(0));
+          if (p == 1) return sgn * gv;
+          if (nv == V(0)) return V(0);  // as torch: a zero norm has a zero subgradient
+          if (p == 2) return gv * xv / nv;
+          double ax = std::abs(static_cast<double>(xv));
+          return static_cast<V>(static_cast<double>(sgn * gv) * std::pow(ax, p - 1) /
+                                std::pow(static_cast<double>(nv), p - 1));
+        });
+        return;
+    }
+  });
+}
+
+const bool kCpuKernels = [] {
+  using dispatch::Register;
+  constexpr DeviceType kCpu = DeviceType::CPU;
+  Register<PlannedReduceKernel>("sum", kCpu, &sumCpu);
+  Register<PlannedReduceKernel>("mean", kCpu, &meanCpu);
+  Register<PlannedReduceKernel>("amax", kCpu, &extremeCpu<true>);
+  Register<PlannedReduceKernel>("amin", kCpu, &extremeCpu<false>);
+  Register<PlannedReduceKernel>("var", kCpu, &varCpu<false>);
+  Register<PlannedReduceKernel>("std", kCpu, &varCpu<true>);
+  Register<PlannedReduceKernel>("norm", kCpu, &normCpu);
+  Register<detail::ReduceGradMapKernel>("reduce backward", kCpu, &gradMapCpu);
+  return true;
+}();
+
+}  // namespace
 
 }  // namespace cohort

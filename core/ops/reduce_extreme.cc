@@ -3,6 +3,7 @@
 // planning and blocking in reduce_impl.h.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -154,14 +155,7 @@ std::pair<Tensor, Tensor> extremeDim(const Tensor& a, int64_t dim, bool keepdim,
   detail::requireNonEmptyReduction(p, a, {dim}, op);
   Tensor values = wantValues ? empty(p.outShape, {.dtype = a.dtype(), .device = a.device()}) : Tensor();
   Tensor indices = empty(p.outShape, {.dtype = DType::Int64, .device = a.device()});
-  if (!a.device().isCpu()) {
-    dispatch::kernel<detail::ArgReduceKernel>(op, a.device())(values, indices, p.src, p.outer, p.reduced, p.inner);
-  } else {
-    COHORT_DISPATCH(a.dtype(), op, [&]<typename T>() {
-      if (p.outer * p.inner > 0)
-        argKernel<T, IsMax>(p, wantValues ? values.data<T>() : nullptr, indices.data<int64_t>());
-    });
-  }
+  dispatch::kernel<detail::ArgReduceKernel>(op, a.device())(values, indices, p.src, p.outer, p.reduced, p.inner);
   if (wantValues) {
     Shape inShape = a.sizes(), kept = p.keptShape;
     int64_t R = p.reduced, I = p.inner;
@@ -169,22 +163,8 @@ std::pair<Tensor, Tensor> extremeDim(const Tensor& a, int64_t dim, bool keepdim,
       // The whole gradient goes to the returned index.
       Tensor idx = ctx.saved(0).contiguous();
       Tensor gc = g[0].contiguous();
-      if (!gc.device().isCpu()) {
-        Tensor grad = empty(inShape, {.dtype = gc.dtype(), .device = gc.device()});
-        dispatch::kernel<detail::ArgScatterKernel>("max backward", gc.device())(grad, idx, gc, R, I);
-        return {grad};
-      }
-      Tensor grad = zeros(inShape, {.dtype = gc.dtype()});
-      const int64_t n = idx.numel();
-      const int64_t* ip = idx.data<int64_t>();
-      COHORT_DISPATCH_FLOAT(gc.dtype(), "max backward", [&]<typename T>() {
-        const T* gp = gc.data<T>();
-        T* out = grad.data<T>();
-        for (int64_t k = 0; k < n; ++k) {
-          int64_t o = k / I, i = k % I;
-          out[(o * R + ip[k]) * I + i] = gp[k];
-        }
-      });
+      Tensor grad = empty(inShape, {.dtype = gc.dtype(), .device = gc.device()});
+      dispatch::kernel<detail::ArgScatterKernel>("max backward", gc.device())(grad, idx, gc, R, I);
       return {grad};
     });
   }
@@ -221,5 +201,51 @@ Tensor argmin(const Tensor& a, std::optional<int64_t> dim, bool keepdim) {
   COHORT_RECORD_OP("argmin", a, dim, keepdim);
   return argExtreme<false>(a, dim, keepdim, "argmin");
 }
+
+// ---- CPU kernels ---------------------------------------------------------------------------------
+
+namespace {
+
+template <bool IsMax>
+void argReduceCpu(Tensor& values, Tensor& indices, const Tensor& src, int64_t outer, int64_t reduced, int64_t inner) {
+  if (outer * inner == 0) return;
+  detail::ReducePlan p;
+  p.src = src;
+  p.outer = outer;
+  p.reduced = reduced;
+  p.inner = inner;
+  COHORT_DISPATCH(src.dtype(), IsMax ? "max" : "min", [&]<typename T>() {
+    argKernel<T, IsMax>(p, values.defined() ? values.data<T>() : nullptr, indices.data<int64_t>());
+  });
+}
+
+// The whole gradient goes to the returned index.
+void argScatterCpu(Tensor& grad, const Tensor& indices, const Tensor& g, int64_t reduced, int64_t inner) {
+  if (grad.numel() > 0) std::memset(grad.dataPtr(), 0, grad.nbytes());
+  const int64_t n = indices.numel();
+  const int64_t* ip = indices.data<int64_t>();
+  COHORT_DISPATCH_FLOAT(g.dtype(), "max backward", [&]<typename T>() {
+    const T* gp = g.data<T>();
+    T* out = grad.data<T>();
+    for (int64_t k = 0; k < n; ++k) {
+      int64_t o = k / inner, i = k % inner;
+      out[(o * reduced + ip[k]) * inner + i] = gp[k];
+    }
+  });
+}
+
+const bool kCpuKernels = [] {
+  using dispatch::Register;
+  using detail::ArgReduceKernel;
+  constexpr DeviceType kCpu = DeviceType::CPU;
+  Register<ArgReduceKernel>("max", kCpu, &argReduceCpu<true>);
+  Register<ArgReduceKernel>("min", kCpu, &argReduceCpu<false>);
+  Register<ArgReduceKernel>("argmax", kCpu, &argReduceCpu<true>);
+  Register<ArgReduceKernel>("argmin", kCpu, &argReduceCpu<false>);
+  Register<detail::ArgScatterKernel>("max backward", kCpu, &argScatterCpu);
+  return true;
+}();
+
+}  // namespace
 
 }  // namespace cohort

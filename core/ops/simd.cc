@@ -126,8 +126,19 @@ bool enabled() { return !gSwitchedOff.load(std::memory_order_relaxed) && allowed
 void setEnabled(bool on) { gSwitchedOff.store(!on, std::memory_order_relaxed); }
 const char* describe() { return enabled() ? "avx512" : "avx2"; }
 
-Tensor unary(const Tensor& a, Unary k) {
-  if ((!applies(a) && !appliesHalf(a)) || !enabled()) return Tensor();
+namespace {
+// `out` can take the result of a kernel over `ins` in place of the portable loop: all of one
+// dtype and shape, contiguous, and out either a fresh tensor or exactly one of the inputs.
+template <size_t N>
+bool sameLayout(const Tensor& out, const std::array<const Tensor*, N>& ins) {
+  for (const Tensor* t : ins)
+    if (!t->defined() || t->dtype() != out.dtype() || t->sizes() != out.sizes() || !t->isContiguous()) return false;
+  return out.isContiguous();
+}
+}  // namespace
+
+bool unary(Tensor& out, const Tensor& a, Unary k) {
+  if ((!applies(out) && !appliesHalf(out)) || !sameLayout<1>(out, {&a}) || !enabled()) return false;
   void (*kernel)(float*, const float*, int64_t) = nullptr;
   switch (k) {
     case Unary::Exp: kernel = avx512::exp; break;
@@ -138,58 +149,54 @@ Tensor unary(const Tensor& a, Unary k) {
     case Unary::GeluErf: kernel = avx512::geluErf; break;
     case Unary::GeluTanh: kernel = avx512::geluTanh; break;
   }
-  Tensor out = empty(a.sizes(), {.dtype = a.dtype(), .device = a.device()});
-  if (a.dtype() == DType::Float32) {
+  if (out.dtype() == DType::Float32) {
     float* o = out.data<float>();
     const float* x = a.data<float>();
     parallelFor(a.numel(), kComputeBoundGrain, [&](int64_t b, int64_t e) { kernel(o + b, x + b, e - b); });
-    return out;
+    return true;
   }
   halfBlocks<1>(out, {&a}, [kernel](float* res, float* const* in, int64_t n) { kernel(res, in[0], n); });
-  return out;
+  return true;
 }
 
 namespace {
-// An elementwise kernel of two float32 operands of one shape, both contiguous, split across the
-// intra-op threads; with `halves`, also two bfloat16 (or two float16) operands, through
-// halfBlocks. Undefined when it does not apply.
+// An elementwise kernel of two float32 operands of out's shape, all contiguous, split across the
+// intra-op threads; with `halves`, also bfloat16 (or float16) operands, through halfBlocks. False
+// when it does not apply.
 using BinaryKernel = void (*)(float*, const float*, const float*, int64_t);
-Tensor binary(const Tensor& a, const Tensor& b, BinaryKernel kernel, bool halves = false) {
-  if (!enabled() || !a.defined() || !b.defined() || a.sizes() != b.sizes()) return Tensor();
-  if (halves && appliesHalf(a) && appliesHalf(b) && a.dtype() == b.dtype()) {
-    Tensor out = empty(a.sizes(), {.dtype = a.dtype(), .device = a.device()});
+bool binary(Tensor& out, const Tensor& a, const Tensor& b, BinaryKernel kernel, bool halves = false) {
+  if (!enabled() || !sameLayout<2>(out, {&a, &b})) return false;
+  if (halves && appliesHalf(out)) {
     halfBlocks<2>(out, {&a, &b}, [kernel](float* res, float* const* in, int64_t n) { kernel(res, in[0], in[1], n); });
-    return out;
+    return true;
   }
-  if (!applies(a) || !applies(b)) return Tensor();
-  Tensor out = empty(a.sizes(), {.dtype = DType::Float32, .device = a.device()});
+  if (!applies(out)) return false;
   float* o = out.data<float>();
   const float* x = a.data<float>();
   const float* y = b.data<float>();
   parallelFor(a.numel(), kComputeBoundGrain, [&](int64_t lo, int64_t hi) { kernel(o + lo, x + lo, y + lo, hi - lo); });
-  return out;
+  return true;
 }
 }  // namespace
 
-Tensor unaryGrad(const Tensor& g, const Tensor& x, UnaryGrad k) {
+bool unaryGrad(Tensor& out, const Tensor& g, const Tensor& x, UnaryGrad k) {
   switch (k) {
-    case UnaryGrad::GeluErf: return binary(g, x, avx512::geluErfGrad, true);
-    case UnaryGrad::GeluTanh: return binary(g, x, avx512::geluTanhGrad, true);
-    case UnaryGrad::Silu: return binary(g, x, avx512::siluGrad, true);
+    case UnaryGrad::GeluErf: return binary(out, g, x, avx512::geluErfGrad, true);
+    case UnaryGrad::GeluTanh: return binary(out, g, x, avx512::geluTanhGrad, true);
+    case UnaryGrad::Silu: return binary(out, g, x, avx512::siluGrad, true);
   }
-  return Tensor();
+  return false;
 }
 
-Tensor powScalar(const Tensor& a, const vecmath::PowExponent& p) {
-  if (!applies(a) || !enabled()) return Tensor();
-  Tensor out = empty(a.sizes(), {.dtype = DType::Float32, .device = a.device()});
+bool powScalar(Tensor& out, const Tensor& a, const vecmath::PowExponent& p) {
+  if (!applies(out) || !sameLayout<1>(out, {&a}) || !enabled()) return false;
   float* o = out.data<float>();
   const float* x = a.data<float>();
   parallelFor(a.numel(), kComputeBoundGrain, [&](int64_t b, int64_t e) { avx512::powScalar(o + b, x + b, e - b, p); });
-  return out;
+  return true;
 }
 
-Tensor powTensor(const Tensor& a, const Tensor& b) { return binary(a, b, avx512::powTensor); }
+bool powTensor(Tensor& out, const Tensor& a, const Tensor& b) { return binary(out, a, b, avx512::powTensor); }
 
 bool expShiftedRows(float* x, int64_t rows, int64_t cols, int64_t ld, const float* shift, int64_t diag) {
   if (!enabled()) return false;

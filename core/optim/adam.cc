@@ -143,17 +143,24 @@ void Adam::stepGroup(ParamGroup& group) {
     s.decoupled = decoupled_;
     s.amsgrad = amsgrad;
     s.maximize = maximize;
-    if (!param.device().isCpu()) {
-      dispatch::kernel<detail::AdamStepKernel>(op, param.device())(p, g, m, v, vmax, s);
-    } else {
-      dispatchUpdate(param, g, op, [&]<typename T, typename G>() {
-        adamDispatch<T, G>(p.data<T>(), g.data<G>(), m.data<T>(), v.data<T>(),
-                           vmax.defined() ? vmax.data<T>() : nullptr, p.numel(), s);
-      });
-    }
+    dispatch::kernel<detail::AdamStepKernel>(op, param.device())(p, g, m, v, vmax, s);
     if (!p.isSameAs(param)) param.copy_(p);
     param.bumpVersion();
   }
 }
+
+namespace {
+
+void adamStepCpu(Tensor& p, const Tensor& g, Tensor& m, Tensor& v, Tensor& vmax, const AdamScalars& s) {
+  dispatchUpdate(p, g, s.decoupled ? "AdamW.step" : "Adam.step", [&]<typename T, typename G>() {
+    adamDispatch<T, G>(p.data<T>(), g.data<G>(), m.data<T>(), v.data<T>(), vmax.defined() ? vmax.data<T>() : nullptr,
+                       p.numel(), s);
+  });
+}
+
+const dispatch::Register<detail::AdamStepKernel> kAdamCpu{"Adam.step", DeviceType::CPU, &adamStepCpu};
+const dispatch::Register<detail::AdamStepKernel> kAdamWCpu{"AdamW.step", DeviceType::CPU, &adamStepCpu};
+
+}  // namespace
 
 }  // namespace cohort::optim

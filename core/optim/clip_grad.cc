@@ -6,6 +6,7 @@
 
 #include <cohort/core/autograd/grad_mode.h>
 #include <cohort/core/autograd/node.h>
+#include <cohort/core/ops/dispatch.h>
 #include <cohort/core/ops/ops.h>
 
 namespace cohort::optim {
@@ -78,27 +79,36 @@ std::vector<Tensor> gradsOf(const std::vector<Tensor>& params, const char* op) {
   return out;
 }
 
-// Host gradients are read in place and accumulate in double. A device's gradients get one norm
-// each from the device's norm kernel (16-bit ones widened to float32 first, so that a norm keeps
-// float32's precision rather than bfloat16's), and those come to the host in one copy per device:
-// one synchronisation per device, not one per tensor.
+// One gradient's p-norm in double, for a device that reads its gradients in place: registered
+// under "gradNorm" (the CPU's accumulates in double).
+using GradNormKernel = double(const Tensor& g, double p, const char* op);
+
+double gradNormCpu(const Tensor& g, double p, const char* op) {
+  const Tensor c = g.contiguous();
+  return COHORT_DISPATCH_FLOAT(c.dtype(), op, [&]<typename T>() { return tensorNorm<T>(c.data<T>(), c.numel(), p); });
+}
+
+const dispatch::Register<GradNormKernel> kGradNormCpu{"gradNorm", DeviceType::CPU, &gradNormCpu};
+
+// Gradients on a device with a "gradNorm" kernel are read in place. Any other device's get one norm
+// each from the norm op (16-bit ones widened to float32 first, so that a norm keeps float32's
+// precision rather than bfloat16's), and those come to the host in one copy per device: one
+// synchronisation per device, not one per tensor.
 double totalNorm(const std::vector<Tensor>& grads, double p, const char* op) {
   if (!(p >= 0.0)) throw ValueError(fmt::format("{}: norm type must be >= 0 or infinity, got {}", op, p));
   std::vector<double> norms;
   norms.reserve(grads.size());
   std::vector<std::pair<Device, std::vector<Tensor>>> onDevices;
   for (const Tensor& g : grads) {
-    if (!g.device().isCpu()) {
-      const bool half = g.dtype() == DType::BFloat16 || g.dtype() == DType::Float16;
-      const Tensor wide = half ? g.to(DType::Float32) : g;  // norm refuses non-float gradients by name
-      auto it = std::find_if(onDevices.begin(), onDevices.end(), [&](const auto& e) { return e.first == g.device(); });
-      if (it == onDevices.end()) it = onDevices.insert(onDevices.end(), {g.device(), {}});
-      it->second.push_back(wide.norm(p).to(DType::Float64).reshape({1}));
+    if (GradNormKernel* inPlace = dispatch::find<GradNormKernel>("gradNorm", g.device())) {
+      norms.push_back(inPlace(g, p, op));
       continue;
     }
-    Tensor c = g.contiguous();
-    COHORT_DISPATCH_FLOAT(c.dtype(), op,
-                          [&]<typename T>() { norms.push_back(tensorNorm<T>(c.data<T>(), c.numel(), p)); });
+    const bool half = g.dtype() == DType::BFloat16 || g.dtype() == DType::Float16;
+    const Tensor wide = half ? g.to(DType::Float32) : g;  // norm refuses non-float gradients by name
+    auto it = std::find_if(onDevices.begin(), onDevices.end(), [&](const auto& e) { return e.first == g.device(); });
+    if (it == onDevices.end()) it = onDevices.insert(onDevices.end(), {g.device(), {}});
+    it->second.push_back(wide.norm(p).to(DType::Float64).reshape({1}));
   }
   for (const auto& [device, parts] : onDevices) {
     const Tensor host = cat(parts).to(Device::cpu());
@@ -124,22 +134,8 @@ double clipGradNorm(const std::vector<Tensor>& params, double maxNorm, double no
   const double coef = maxNorm / (total + 1e-6);
   if (!(coef < 1.0)) return total;  // torch multiplies by clamp(coef, max=1): a no-op here
   autograd::NoGradGuard ng;
-  for (Tensor& g : grads) {
-    if (!g.device().isCpu()) {  // the device's kernel: the product in float, rounded once, as below
-      g.mul_(coef);
-      continue;
-    }
-    Tensor c = g.isContiguous() ? g : g.contiguous();
-    COHORT_DISPATCH_FLOAT(c.dtype(), "clipGradNorm", [&]<typename T>() {
-      using A = Acc<T>;
-      T* x = c.data<T>();
-      const A s = static_cast<A>(coef);
-      const int64_t n = c.numel();
-      for (int64_t i = 0; i < n; ++i) x[i] = static_cast<T>(static_cast<A>(x[i]) * s);
-    });
-    if (!c.isSameAs(g)) g.copy_(c);
-    g.bumpVersion();
-  }
+  // In the gradient's dtype on its device: the product in float (double for float64), rounded once.
+  for (Tensor& g : grads) g.mul_(coef);
   return total;
 }
 

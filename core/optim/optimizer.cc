@@ -181,8 +181,7 @@ Tensor updateGrad(const Tensor& param, Tensor grad, const char* op, bool readsHa
   if (g.sizes() != param.sizes())
     throw ValueError(fmt::format("{}: gradient of shape {} for a parameter of shape {}", op, shapeStr(g.sizes()),
                                  shapeStr(param.sizes())));
-  const bool readHalf = readsHalf && param.dtype() == DType::Float32 && param.device().isCpu() &&
-                        g.device() == param.device() && isHalf(g);
+  const bool readHalf = readsHalf && param.dtype() == DType::Float32 && g.device() == param.device() && isHalf(g);
   if (g.dtype() != param.dtype() && !readHalf) g = g.to(param.dtype());
   return g.detach().contiguous();
 }

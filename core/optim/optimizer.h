@@ -149,9 +149,10 @@ class Optimizer {
 };
 
 // `grad` (param's gradient) made ready for an update: contiguous, with param's dtype, detached.
-// ValueError naming `op` when its shape differs from the parameter's. With readsHalf (the fused CPU
-// updates), a bfloat16/float16 gradient of a float32 CPU parameter (a master weight's) keeps its
-// dtype: the update reads it directly instead of through a widened copy.
+// ValueError naming `op` when its shape differs from the parameter's. With readsHalf (the fused
+// updates, whose step kernels take it), a bfloat16/float16 gradient of a float32 parameter (a
+// master weight's) keeps its dtype: the CPU's kernels read it directly instead of through a
+// widened copy.
 Tensor updateGrad(const Tensor& param, Tensor grad, const char* op, bool readsHalf = false);
 
 // Runs fn.template operator()<T, G>() with T the parameter's element type and G the gradient's

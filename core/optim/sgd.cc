@@ -104,16 +104,22 @@ void SGD::stepGroup(ParamGroup& group) {
                                .nesterov = nesterov,
                                .maximize = maximize,
                                .firstStep = first};
-    if (!param.device().isCpu()) {
-      dispatch::kernel<detail::SgdStepKernel>("SGD.step", param.device())(p, g, buf, s);
-    } else {
-      dispatchUpdate(param, g, "SGD.step", [&]<typename T, typename G>() {
-        sgdKernel<T, G>(p.data<T>(), g.data<G>(), buf.defined() ? buf.data<T>() : nullptr, p.numel(), s);
-      });
-    }
+    dispatch::kernel<detail::SgdStepKernel>("SGD.step", param.device())(p, g, buf, s);
     if (!p.isSameAs(param)) param.copy_(p);
     param.bumpVersion();
   }
 }
+
+namespace {
+
+void sgdStepCpu(Tensor& p, const Tensor& g, Tensor& buf, const detail::SgdScalars& s) {
+  dispatchUpdate(p, g, "SGD.step", [&]<typename T, typename G>() {
+    sgdKernel<T, G>(p.data<T>(), g.data<G>(), buf.defined() ? buf.data<T>() : nullptr, p.numel(), s);
+  });
+}
+
+const dispatch::Register<detail::SgdStepKernel> kSgdCpu{"SGD.step", DeviceType::CPU, &sgdStepCpu};
+
+}  // namespace
 
 }  // namespace cohort::optim

@@ -357,6 +357,66 @@ Tensor Tensor::asStrided(const Shape& sz, const Shape& st, int64_t offset) const
 
 // ---- copies ------------------------------------------------------------------------------------
 
+namespace {
+
+// The CPU's "copy_" kernel: out = src converted to out's dtype, src broadcast to out's shape.
+void copyCpu(Tensor& out, const Tensor& from) {
+  // Fast path: same dtype, both contiguous, same shape.
+  const bool flat = from.isContiguous() && out.isContiguous() && from.sizes() == out.sizes();
+  if (from.dtype() == out.dtype() && flat) {
+    if (out.numel() > 0 && out.dataPtr() != from.dataPtr()) std::memcpy(out.dataPtr(), from.dataPtr(), out.nbytes());
+  } else if (flat && from.dtype() == DType::Float32 && out.dtype() == DType::Float16) {
+    // Vectorized float <-> half (F16C) and float <-> bfloat16, bit-identical to the per-element
+    // conversion below.
+    floatToHalfN(from.data<float>(), out.data<Half>(), out.numel());
+  } else if (flat && from.dtype() == DType::Float16 && out.dtype() == DType::Float32) {
+    halfToFloatN(from.data<Half>(), out.data<float>(), out.numel());
+  } else if (flat && from.dtype() == DType::Float32 && out.dtype() == DType::BFloat16) {
+    detail::simd::roundToBFloat16(from.data<float>(), out.data<BFloat16>(), out.numel());
+  } else if (flat && from.dtype() == DType::BFloat16 && out.dtype() == DType::Float32) {
+    detail::simd::widenBFloat16(from.data<BFloat16>(), out.data<float>(), out.numel());
+  } else if (from.dtype() == out.dtype() && (out.elementSize() == 2 || out.elementSize() == 4)) {
+    // Same dtype, strided: the elements' bits move as they are (a bfloat16 is not widened to
+    // float and rounded back, which also keeps every NaN's payload, as memcpy does).
+    auto bits = [](auto v) { return v; };
+    if (out.elementSize() == 2) detail::mapKernel<uint16_t, uint16_t, 1>(out, {from}, bits);
+    else detail::mapKernel<uint32_t, uint32_t, 1>(out, {from}, bits);
+  } else {
+    COHORT_DISPATCH(out.dtype(), "copy_", [&]<typename D>() {
+      COHORT_DISPATCH(from.dtype(), "copy_", [&]<typename S>() {
+        detail::mapKernel<D, S, 1>(out, {from}, [](Acc<S> v) {
+          if constexpr (std::is_same_v<D, bool>) return v != Acc<S>(0);
+          else return static_cast<Acc<D>>(v);
+        });
+      });
+    });
+  }
+}
+
+// The CPU's "fill_" kernel: every element of out (any strides) = v in out's dtype.
+void fillCpu(Tensor& out, Scalar v) {
+  COHORT_DISPATCH(out.dtype(), "fill_", [&]<typename T>() {
+    T value = static_cast<T>(v.to<Acc<T>>());
+    if (out.numel() == 0) return;
+    std::array<char*, 1> p{static_cast<char*>(out.dataPtr())};
+    std::array<Shape, 1> st{detail::broadcastByteStrides(out, out.sizes())};
+    detail::forEachStrided<1>(out.sizes(), p, st,
+                              [&](std::array<char*, 1> q, const std::array<int64_t, 1>& s, int64_t n) {
+                                if (s[0] == sizeof(T)) {
+                                  T* o = reinterpret_cast<T*>(q[0]);
+                                  for (int64_t i = 0; i < n; ++i) o[i] = value;
+                                } else {
+                                  for (int64_t i = 0; i < n; ++i) *reinterpret_cast<T*>(q[0] + i * s[0]) = value;
+                                }
+                              });
+  });
+}
+
+const dispatch::Register<dispatch::CopyKernel> kCopyCpu{"copy_", DeviceType::CPU, &copyCpu};
+const dispatch::Register<dispatch::FillKernel> kFillCpu{"fill_", DeviceType::CPU, &fillCpu};
+
+}  // namespace
+
 Tensor& Tensor::copy_(const Tensor& src) {
   COHORT_RECORD_OP("copy_", *this, src);
   requireDefined("copy_");
@@ -371,38 +431,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
     // runtime's copy), then converts and broadcasts on this one.
     Tensor from = src;
     if (src.device() != device()) from = src.detach().contiguous().to(device());
-    // Fast path: same dtype, both contiguous, same shape.
-    const bool flat = from.isContiguous() && isContiguous() && from.sizes() == sizes();
-    if (!device().isCpu()) {
-      dispatch::kernel<dispatch::CopyKernel>("copy_", device())(*this, from);
-    } else if (from.dtype() == dtype() && flat) {
-      if (numel() > 0 && dataPtr() != from.dataPtr()) std::memcpy(dataPtr(), from.dataPtr(), nbytes());
-    } else if (flat && from.dtype() == DType::Float32 && dtype() == DType::Float16) {
-      // Vectorized float <-> half (F16C) and float <-> bfloat16, bit-identical to the per-element
-      // conversion below.
-      floatToHalfN(from.data<float>(), data<Half>(), numel());
-    } else if (flat && from.dtype() == DType::Float16 && dtype() == DType::Float32) {
-      halfToFloatN(from.data<Half>(), data<float>(), numel());
-    } else if (flat && from.dtype() == DType::Float32 && dtype() == DType::BFloat16) {
-      detail::simd::roundToBFloat16(from.data<float>(), data<BFloat16>(), numel());
-    } else if (flat && from.dtype() == DType::BFloat16 && dtype() == DType::Float32) {
-      detail::simd::widenBFloat16(from.data<BFloat16>(), data<float>(), numel());
-    } else if (from.dtype() == dtype() && (elementSize() == 2 || elementSize() == 4)) {
-      // Same dtype, strided: the elements' bits move as they are (a bfloat16 is not widened to
-      // float and rounded back, which also keeps every NaN's payload, as memcpy does).
-      auto bits = [](auto v) { return v; };
-      if (elementSize() == 2) detail::mapKernel<uint16_t, uint16_t, 1>(*this, {from}, bits);
-      else detail::mapKernel<uint32_t, uint32_t, 1>(*this, {from}, bits);
-    } else {
-      COHORT_DISPATCH(dtype(), "copy_", [&]<typename D>() {
-        COHORT_DISPATCH(from.dtype(), "copy_", [&]<typename S>() {
-          detail::mapKernel<D, S, 1>(*this, {from}, [](Acc<S> v) {
-            if constexpr (std::is_same_v<D, bool>) return v != Acc<S>(0);
-            else return static_cast<Acc<D>>(v);
-          });
-        });
-      });
-    }
+    dispatch::kernel<dispatch::CopyKernel>("copy_", device())(*this, from);
   }
   Shape srcShape = src.sizes();
   DType srcType = src.dtype();
@@ -419,25 +448,7 @@ Tensor& Tensor::fill_(Scalar v) {
   COHORT_RECORD_OP("fill_", *this, v);
   requireDefined("fill_");
   autograd::checkInplace("fill_", *this);
-  if (!device().isCpu()) {
-    dispatch::kernel<dispatch::FillKernel>("fill_", device())(*this, v);
-    autograd::recordInplace("fill_", *this, {}, {}, [](Ctx&, const GradList&) -> GradList { return {Tensor()}; });
-    return *this;
-  }
-  COHORT_DISPATCH(dtype(), "fill_", [&]<typename T>() {
-    T value = static_cast<T>(v.to<Acc<T>>());
-    if (numel() == 0) return;
-    std::array<char*, 1> p{static_cast<char*>(dataPtr())};
-    std::array<Shape, 1> st{detail::broadcastByteStrides(*this, sizes())};
-    detail::forEachStrided<1>(sizes(), p, st, [&](std::array<char*, 1> q, const std::array<int64_t, 1>& s, int64_t n) {
-      if (s[0] == sizeof(T)) {
-        T* o = reinterpret_cast<T*>(q[0]);
-        for (int64_t i = 0; i < n; ++i) o[i] = value;
-      } else {
-        for (int64_t i = 0; i < n; ++i) *reinterpret_cast<T*>(q[0] + i * s[0]) = value;
-      }
-    });
-  });
+  dispatch::kernel<dispatch::FillKernel>("fill_", device())(*this, v);
   autograd::recordInplace("fill_", *this, {}, {}, [](Ctx&, const GradList&) -> GradList { return {Tensor()}; });
   return *this;
 }

@@ -47,6 +47,20 @@ inline int64_t avgPoolDivisor(const PoolGeom& g, int64_t oh, int64_t ow) {
 ConvGeom convGeometry(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dOptions& opts);
 PoolGeom poolGeometry(const Tensor& x, const Pool2dOptions& opts, const char* op);
 
+// Kernels a device registers for the ops (the CPU's direct loops), under "conv2d" and
+// "conv2d backward", "maxPool2d" and "maxPool2d backward", "avgPool2d" and "avgPool2d backward";
+// where a device has no pair, the ops run the composites below (ByViews). Inputs are contiguous
+// where the composites' are; conv and average pooling compute in float32 or float64, max pooling
+// takes any float type and the gradient arrives in the compute type. Max pooling's second result
+// is whatever its own backward reads.
+using ConvForwardKernel = Tensor(const Tensor& x, const Tensor& w, const Tensor& b, const ConvGeom& g);
+using ConvBackwardKernel = std::vector<Tensor>(const Tensor& x, const Tensor& w, const Tensor& gout, const ConvGeom& g,
+                                               bool needX, bool needW, bool needB);
+using MaxPoolForwardKernel = std::pair<Tensor, Tensor>(const Tensor& x, const PoolGeom& g);
+using MaxPoolBackwardKernel = Tensor(const Tensor& gout, const Tensor& argmax, const PoolGeom& g);
+using AvgPoolForwardKernel = Tensor(const Tensor& x, const PoolGeom& g);
+using AvgPoolBackwardKernel = Tensor(const Tensor& gout, const PoolGeom& g);
+
 // The batch is taken in chunks whose patch matrix holds at most this many values (256 MiB of
 // float32): a whole batch's would hold kH*kW copies of the input at once.
 inline constexpr int64_t kMaxPatchElements = int64_t{1} << 26;

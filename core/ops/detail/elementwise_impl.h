@@ -1,16 +1,21 @@
 /*
- * Building blocks for elementwise ops (internal to core/ops): allocate the result with the
- * promoted dtype and broadcast shape, convert inputs to the compute dtype, dispatch on dtype and
- * run the functor through detail::mapKernel. Functors receive Acc<T> values (float for half
- * types) and are generic lambdas (`[](auto x, auto y) { return x + y; }`).
+ * Building blocks for elementwise ops (internal to core/ops).
  *
- * Tensors on other devices run the kernel registered for the device under the op name passed here
- * (dispatch.h), with the output allocated and the inputs converted as for the CPU: so each name
- * must stand for one functor (gelu's two forms are "gelu" and "gelu_tanh").
+ * The op side (`binaryOp`, `unaryFloatOp`, ...) checks the operands, allocates the result with
+ * the promoted dtype and broadcast shape on the operands' device, converts the inputs to the
+ * compute dtype and calls the kernel registered under the op's name for that device (dispatch.h).
+ * Each name stands for one formula on every device (gelu's two forms are "gelu" and "gelu_tanh").
+ *
+ * The CPU side (`cpuUnary<F>`, `cpuBinary<F>`, ...) is the kernel a CPU registration names: it
+ * dispatches on dtype and runs the functor F through detail::mapKernel. Functors are captureless
+ * generic lambdas (`[](auto x, auto y) COHORT_KERNEL_FN { return x + y; }`) that receive Acc<T>
+ * values (float for half types), passed by type and default-constructed; a scalar argument arrives
+ * converted to Acc<T>.
  */
 #pragma once
 
 #include <cohort/core/ops/detail/elementwise_dispatch.h>
+#include <cohort/core/ops/detail/simd.h>
 #include <cohort/core/ops/ops.h>
 #include <cohort/core/tensor/iter.h>
 
@@ -27,171 +32,113 @@ DType resultType(const Tensor& a, const Tensor& b);
 DType scalarResultType(const Tensor& a, Scalar s);
 void checkBinary(const Tensor& a, const Tensor& b, const char* op);
 
-template <typename F>
-Tensor binaryOp(const Tensor& a, const Tensor& b, const char* op, F&& f, int64_t parallelGrain = 0) {
-  checkBinary(a, b, op);
-  DType dt = resultType(a, b);
-  Shape shape = broadcastShapes(a.sizes(), b.sizes(), op);
-  Tensor out = empty(shape, {.dtype = dt, .device = a.device()});
-  Tensor ac = a.dtype() == dt ? a : a.detach().to(dt);
-  Tensor bc = b.dtype() == dt ? b : b.detach().to(dt);
-  if (!out.device().isCpu()) {
-    dispatch::kernel<dispatch::BinaryKernel>(op, out.device())(out, ac, bc);
-    return out;
-  }
-  COHORT_DISPATCH(dt, op, [&]<typename T>() { mapKernel<T, T, 2>(out, {ac, bc}, f, parallelGrain); });
-  return out;
-}
+// ---- ops ----------------------------------------------------------------------------------------
 
-// f(x, y, s) with a scalar s in the compute type.
-template <typename F>
-Tensor binaryOpWithScalar(const Tensor& a, const Tensor& b, Scalar s, const char* op, F&& f) {
-  checkBinary(a, b, op);
-  DType dt = resultType(a, b);
-  if (!isFloating(dt) && !s.isIntegral()) dt = DType::Float32;
-  Shape shape = broadcastShapes(a.sizes(), b.sizes(), op);
-  Tensor out = empty(shape, {.dtype = dt, .device = a.device()});
-  Tensor ac = a.dtype() == dt ? a : a.detach().to(dt);
-  Tensor bc = b.dtype() == dt ? b : b.detach().to(dt);
-  if (!out.device().isCpu()) {
-    dispatch::kernel<dispatch::BinaryScalarKernel>(op, out.device())(out, ac, bc, s);
-    return out;
-  }
-  COHORT_DISPATCH(dt, op, [&]<typename T>() {
-    const Acc<T> sv = s.to<Acc<T>>();
-    mapKernel<T, T, 2>(out, {ac, bc}, [&](Acc<T> x, Acc<T> y) COHORT_KERNEL_FN { return f(x, y, sv); });
-  });
-  return out;
-}
-
-// f(x, s) with the scalar converted to the compute type.
-template <typename F>
-Tensor scalarOp(const Tensor& a, Scalar s, const char* op, F&& f) {
-  if (!a.defined()) throw ValueError(fmt::format("{}: the input tensor is undefined", op));
-  DType dt = scalarResultType(a, s);
-  Tensor out = empty(a.sizes(), {.dtype = dt, .device = a.device()});
-  Tensor ac = a.dtype() == dt ? a : a.detach().to(dt);
-  if (!out.device().isCpu()) {
-    dispatch::kernel<dispatch::ScalarKernel>(op, out.device())(out, ac, s);
-    return out;
-  }
-  COHORT_DISPATCH(dt, op, [&]<typename T>() {
-    const Acc<T> sv = s.to<Acc<T>>();
-    mapKernel<T, T, 1>(out, {ac}, [&](Acc<T> x) COHORT_KERNEL_FN { return f(x, sv); });
-  });
-  return out;
-}
-
-template <typename F>
-Tensor unaryOp(const Tensor& a, const char* op, F&& f) {
-  if (!a.defined()) throw ValueError(fmt::format("{}: the input tensor is undefined", op));
-  Tensor out = empty(a.sizes(), {.dtype = a.dtype(), .device = a.device()});
-  if (!out.device().isCpu()) {
-    dispatch::kernel<dispatch::UnaryKernel>(op, out.device())(out, a);
-    return out;
-  }
-  COHORT_DISPATCH(a.dtype(), op, [&]<typename T>() { mapKernel<T, T, 1>(out, {a}, f); });
-  return out;
-}
-
+// f(a, b) in the promoted dtype (BinaryKernel).
+Tensor binaryOp(const Tensor& a, const Tensor& b, const char* op);
+// Restricted to floating dtypes (integer operands compute in float32); used by backward formulas,
+// whose gradients are always floating.
+Tensor binaryFloatOp(const Tensor& a, const Tensor& b, const char* op);
+// f(a, b, s) (BinaryScalarKernel); a float scalar makes integer operands compute in float32.
+Tensor binaryOpWithScalar(const Tensor& a, const Tensor& b, Scalar s, const char* op);
+// f(a, s) (ScalarKernel).
+Tensor scalarOp(const Tensor& a, Scalar s, const char* op);
+// f(a) in a's dtype (UnaryKernel).
+Tensor unaryOp(const Tensor& a, const char* op);
 // Floating-only unary op: integer inputs are converted to float32 first (like torch.exp(int)).
-// These are the transcendentals (exp, log, tanh, gelu, ...): compute-bound, so large contiguous
-// tensors are split across the intra-op threads (iter.h).
-template <typename F>
-Tensor unaryFloatOp(const Tensor& a, const char* op, F&& f) {
-  if (!a.defined()) throw ValueError(fmt::format("{}: the input tensor is undefined", op));
-  Tensor x = isFloating(a.dtype()) ? a : a.detach().to(DType::Float32);
-  Tensor out = empty(x.sizes(), {.dtype = x.dtype(), .device = x.device()});
-  if (!out.device().isCpu()) {
-    dispatch::kernel<dispatch::UnaryKernel>(op, out.device())(out, x);
-    return out;
-  }
-  COHORT_DISPATCH_FLOAT(x.dtype(), op, [&]<typename T>() { mapKernel<T, T, 1>(out, {x}, f, kComputeBoundGrain); });
-  return out;
-}
+Tensor unaryFloatOp(const Tensor& a, const char* op);
+// Comparison: both operands are converted to their promoted type, the result is bool (BinaryKernel).
+Tensor compareOp(const Tensor& a, const Tensor& b, const char* op);
+// f(a, b, c) over three operands broadcast together, computed in their promoted type restricted to
+// floating dtypes (integer operands compute in float32) (TernaryKernel).
+Tensor ternaryFloatOp(const Tensor& a, const Tensor& b, const Tensor& c, const char* op);
 
 // clamp's kernel (out may alias x, for clamp_) and its gradient mask (lo <= x <= hi passes g).
 void clampKernel(const Tensor& out, const Tensor& x, const std::optional<Scalar>& lo, const std::optional<Scalar>& hi,
                  const char* op);
 Tensor clampGrad(const Tensor& g, const Tensor& x, const std::optional<Scalar>& lo, const std::optional<Scalar>& hi);
 
-// Comparison: both operands are converted to their promoted type, the result is bool.
-template <typename F>
-Tensor compareOp(const Tensor& a, const Tensor& b, const char* op, F&& f) {
-  checkBinary(a, b, op);
-  DType dt = resultType(a, b);
-  Shape shape = broadcastShapes(a.sizes(), b.sizes(), op);
-  Tensor out = empty(shape, {.dtype = DType::Bool, .device = a.device()});
-  Tensor ac = a.dtype() == dt ? a : a.detach().to(dt);
-  Tensor bc = b.dtype() == dt ? b : b.detach().to(dt);
-  if (!out.device().isCpu()) {
-    dispatch::kernel<dispatch::BinaryKernel>(op, out.device())(out, ac, bc);
-    return out;
-  }
-  COHORT_DISPATCH(dt, op, [&]<typename T>() { mapKernel<bool, T, 2>(out, {ac, bc}, f); });
-  return out;
-}
-
 // The broadcast shape of three operands (ValueError naming `op` and all three shapes).
 Shape broadcastShapes3(const Shape& a, const Shape& b, const Shape& c, const char* op);
 
-// f(x, y, z) over three operands broadcast together, computed in their promoted type.
-template <typename F>
-Tensor ternaryOp(const Tensor& a, const Tensor& b, const Tensor& c, const char* op, F&& f) {
-  checkBinary(a, b, op);
-  checkBinary(a, c, op);
-  DType dt = promoteTypes(resultType(a, b), c.dtype());
-  Shape shape = broadcastShapes3(a.sizes(), b.sizes(), c.sizes(), op);
-  Tensor out = empty(shape, {.dtype = dt, .device = a.device()});
-  Tensor ac = a.dtype() == dt ? a : a.detach().to(dt);
-  Tensor bc = b.dtype() == dt ? b : b.detach().to(dt);
-  Tensor cc = c.dtype() == dt ? c : c.detach().to(dt);
-  if (!out.device().isCpu()) {
-    dispatch::kernel<dispatch::TernaryKernel>(op, out.device())(out, ac, bc, cc);
-    return out;
-  }
-  COHORT_DISPATCH(dt, op, [&]<typename T>() { mapKernel<T, T, 3>(out, {ac, bc, cc}, f); });
-  return out;
+// ---- CPU kernels --------------------------------------------------------------------------------
+//
+// Float-only kernels are the transcendentals (exp, log, tanh, gelu, ...) and the backward
+// formulas: compute-bound, so large contiguous tensors are split across the intra-op threads
+// (iter.h, kComputeBoundGrain); the others leave Grain at 0 (one thread).
+
+template <typename F, int64_t Grain = 0>
+void cpuUnary(Tensor& out, const Tensor& a) {
+  COHORT_DISPATCH(out.dtype(), "elementwise kernel",
+                  [&]<typename T>() { mapKernel<T, T, 1>(out, {a}, std::remove_cv_t<F>{}, Grain); });
 }
 
-// Like ternaryOp but restricted to floating dtypes (integer operands compute in float32).
 template <typename F>
-Tensor ternaryFloatOp(const Tensor& a, const Tensor& b, const Tensor& c, const char* op, F&& f,
-                      int64_t parallelGrain = 0) {
-  checkBinary(a, b, op);
-  checkBinary(a, c, op);
-  DType dt = promoteTypes(resultType(a, b), c.dtype());
-  if (!isFloating(dt)) dt = DType::Float32;
-  Shape shape = broadcastShapes3(a.sizes(), b.sizes(), c.sizes(), op);
-  Tensor out = empty(shape, {.dtype = dt, .device = a.device()});
-  Tensor ac = a.dtype() == dt ? a : a.detach().to(dt);
-  Tensor bc = b.dtype() == dt ? b : b.detach().to(dt);
-  Tensor cc = c.dtype() == dt ? c : c.detach().to(dt);
-  if (!out.device().isCpu()) {
-    dispatch::kernel<dispatch::TernaryKernel>(op, out.device())(out, ac, bc, cc);
-    return out;
-  }
-  COHORT_DISPATCH_FLOAT(dt, op, [&]<typename T>() { mapKernel<T, T, 3>(out, {ac, bc, cc}, f, parallelGrain); });
-  return out;
+void cpuUnaryFloat(Tensor& out, const Tensor& a) {
+  COHORT_DISPATCH_FLOAT(out.dtype(), "elementwise kernel",
+                        [&]<typename T>() { mapKernel<T, T, 1>(out, {a}, std::remove_cv_t<F>{}, kComputeBoundGrain); });
 }
 
-// Like binaryOp but restricted to floating dtypes (integer operands compute in float32); used by
-// backward formulas, whose gradients are always floating.
+// The transcendentals: the AVX-512 loop of simd.h when it applies, else the portable one.
+template <simd::Unary K, typename F>
+void cpuUnaryFloatSimd(Tensor& out, const Tensor& a) {
+  if (!simd::unary(out, a, K)) cpuUnaryFloat<F>(out, a);
+}
+
+template <typename F, int64_t Grain = 0>
+void cpuBinary(Tensor& out, const Tensor& a, const Tensor& b) {
+  COHORT_DISPATCH(out.dtype(), "elementwise kernel", [&]<typename T>() {
+    mapKernel<T, T, 2>(out, {a, b}, std::remove_cv_t<F>{}, Grain);
+  });
+}
+
+template <typename F, int64_t Grain = 0>
+void cpuBinaryFloat(Tensor& out, const Tensor& a, const Tensor& b) {
+  COHORT_DISPATCH_FLOAT(out.dtype(), "elementwise kernel", [&]<typename T>() {
+    mapKernel<T, T, 2>(out, {a, b}, std::remove_cv_t<F>{}, Grain);
+  });
+}
+
+// out (bool) = f(a, b) with a and b of one dtype.
 template <typename F>
-Tensor binaryFloatOp(const Tensor& a, const Tensor& b, const char* op, F&& f, int64_t parallelGrain = 0) {
-  checkBinary(a, b, op);
-  DType dt = resultType(a, b);
-  if (!isFloating(dt)) dt = DType::Float32;
-  Shape shape = broadcastShapes(a.sizes(), b.sizes(), op);
-  Tensor out = empty(shape, {.dtype = dt, .device = a.device()});
-  Tensor ac = a.dtype() == dt ? a : a.detach().to(dt);
-  Tensor bc = b.dtype() == dt ? b : b.detach().to(dt);
-  if (!out.device().isCpu()) {
-    dispatch::kernel<dispatch::BinaryKernel>(op, out.device())(out, ac, bc);
-    return out;
-  }
-  COHORT_DISPATCH_FLOAT(dt, op, [&]<typename T>() { mapKernel<T, T, 2>(out, {ac, bc}, f, parallelGrain); });
-  return out;
+void cpuCompare(Tensor& out, const Tensor& a, const Tensor& b) {
+  COHORT_DISPATCH(a.dtype(), "comparison kernel", [&]<typename T>() {
+    mapKernel<bool, T, 2>(out, {a, b}, std::remove_cv_t<F>{});
+  });
+}
+
+template <typename F>
+void cpuScalar(Tensor& out, const Tensor& a, Scalar s) {
+  COHORT_DISPATCH(out.dtype(), "elementwise kernel", [&]<typename T>() {
+    const Acc<T> sv = s.to<Acc<T>>();
+    mapKernel<T, T, 1>(out, {a}, [sv](Acc<T> x) COHORT_KERNEL_FN { return std::remove_cv_t<F>{}(x, sv); });
+  });
+}
+
+template <typename F>
+void cpuBinaryScalar(Tensor& out, const Tensor& a, const Tensor& b, Scalar s) {
+  COHORT_DISPATCH(out.dtype(), "elementwise kernel", [&]<typename T>() {
+    const Acc<T> sv = s.to<Acc<T>>();
+    mapKernel<T, T, 2>(out, {a, b},
+                       [sv](Acc<T> x, Acc<T> y) COHORT_KERNEL_FN { return std::remove_cv_t<F>{}(x, y, sv); });
+  });
+}
+
+template <typename F, int64_t Grain = 0>
+void cpuTernaryFloat(Tensor& out, const Tensor& a, const Tensor& b, const Tensor& c) {
+  COHORT_DISPATCH_FLOAT(out.dtype(), "elementwise kernel", [&]<typename T>() {
+    mapKernel<T, T, 3>(out, {a, b, c}, std::remove_cv_t<F>{}, Grain);
+  });
+}
+
+template <typename F>
+void cpuTernaryScalar(Tensor& out, const Tensor& a, const Tensor& b, const Tensor& c, Scalar s) {
+  COHORT_DISPATCH(out.dtype(), "elementwise kernel", [&]<typename T>() {
+    const Acc<T> sv = s.to<Acc<T>>();
+    mapKernel<T, T, 3>(out, {a, b, c}, [sv](Acc<T> x, Acc<T> y, Acc<T> z) COHORT_KERNEL_FN {
+      return std::remove_cv_t<F>{}(x, y, z, sv);
+    });
+  });
 }
 
 }  // namespace cohort::detail

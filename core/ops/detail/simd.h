@@ -42,16 +42,18 @@ void setEnabled(bool on);
 // "avx512" or "avx2", for benchmark headers.
 const char* describe();
 
-// The op's result through the AVX-512 kernel, split across the intra-op threads; an undefined
-// tensor when that kernel does not apply (disabled, not contiguous, not CPU, not a float type
-// it takes), in which case the caller runs its portable kernel. unary also takes bfloat16 and
-// float16 tensors: blocks of them are widened into an L1-resident float32 buffer, computed by the
-// float32 kernel and rounded once, as the portable kernel rounds each element.
-Tensor unary(const Tensor& a, Unary k);
-// g * f'(x) for the activation k: g and x of one shape, contiguous, both float32, or both bfloat16
-// (or both float16) through the same blocks as unary; else undefined.
-Tensor unaryGrad(const Tensor& g, const Tensor& x, UnaryGrad k);
-Tensor powScalar(const Tensor& a, const vecmath::PowExponent& e);
+// Each writes the op's result into `out` through the AVX-512 kernel, split across the intra-op
+// threads, and returns true; or returns false with nothing written when that kernel does not apply
+// (disabled, or the operands are not all contiguous CPU tensors of out's dtype and shape in a float
+// type it takes), in which case the caller runs its portable kernel. `out` may be an input.
+// unary also takes bfloat16 and float16 tensors: blocks of them are widened into an L1-resident
+// float32 buffer, computed by the float32 kernel and rounded once, as the portable kernel rounds
+// each element.
+bool unary(Tensor& out, const Tensor& a, Unary k);
+// g * f'(x) for the activation k: float32, bfloat16 or float16 through the same blocks as unary.
+bool unaryGrad(Tensor& out, const Tensor& g, const Tensor& x, UnaryGrad k);
+// float32 only.
+bool powScalar(Tensor& out, const Tensor& a, const vecmath::PowExponent& e);
 // The fused attention's weight tiles: for each row i < rows of x (row stride ld), x[i][j] =
 // exp(x[i][j] - shift[i]) for j < kept(i) and 0 for kept(i) <= j < cols, where kept(i) =
 // clamp(diag + i, 0, cols) (under a causal mask row i sees the keys up to the diagonal; diag >= cols
@@ -62,7 +64,7 @@ bool expShiftedRows(float* x, int64_t rows, int64_t cols, int64_t ld, const floa
 // AVX-512 loops where enabled, else by bfloat16ToFloatN / floatToBFloat16N, with the same bits.
 void widenBFloat16(const BFloat16* src, float* dst, int64_t n);
 void roundToBFloat16(const float* src, BFloat16* dst, int64_t n);
-// a and b of the same shape, both float32 and contiguous; else undefined.
-Tensor powTensor(const Tensor& a, const Tensor& b);
+// float32 only.
+bool powTensor(Tensor& out, const Tensor& a, const Tensor& b);
 
 }  // namespace cohort::detail::simd

@@ -11,6 +11,8 @@
 
 namespace cohort::optim::detail {
 
+// The fused steps by device (dispatch.h). p, the state tensors and g are contiguous and of p's shape;
+// the state has p's dtype, and g has it too or, for a float32 p, is bfloat16 or float16.
 // "SGD.step": buf is undefined without momentum.
 using SgdStepKernel = void(Tensor& p, const Tensor& g, Tensor& buf, const SgdScalars& s);
 // "Adam.step" and "AdamW.step": vmax is undefined without amsgrad.

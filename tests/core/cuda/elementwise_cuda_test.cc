@@ -577,6 +577,17 @@ TEST(CudaElementwise, StreamOrder) {
   EXPECT_EQ(x.slice(0, (1 << 20) - 1, 1 << 20).item<double>(), 1024.0);
 }
 
+void cpuOnlyKernel(Tensor&, const Tensor&) {}
+
+// An op whose device has no kernel is refused by name, on a real device tensor.
+TEST(CudaElementwise, AnOpWithoutAKernelOnTheDeviceIsRefusedByName) {
+  if (!cuda::isAvailable()) GTEST_SKIP() << "needs a CUDA device to make a CUDA tensor";
+  static const dispatch::Register<dispatch::UnaryKernel> kCpuOnly{"test.cpuOnly", DeviceType::CPU, &cpuOnlyKernel};
+  Tensor x = zeros({2}, {.device = Device::cuda()}), out = zeros({2}, {.device = Device::cuda()});
+  testing::expectError<NotSupportedError>(
+      [&] { dispatch::kernel<dispatch::UnaryKernel>("test.cpuOnly", x.device())(out, x); }, {"test.cpuOnly", "cuda:0"});
+}
+
 // ---- runs anywhere ------------------------------------------------------------------------------------
 
 TEST(CudaElementwise, KernelsRegisteredInCudaBuilds) {

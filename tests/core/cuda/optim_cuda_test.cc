@@ -109,6 +109,27 @@ TEST(CudaOptim, AdamAndAdamWMatchTheCpuBitForBit) {
       "AdamW amsgrad maximize");
 }
 
+// Half parameters with float32 master weights: the step kernels get the parameters' bfloat16 /
+// float16 gradients with the float32 masters (the CPU's read them in place, the GPU's widen them,
+// exactly), and both devices end bit-identical.
+TEST(CudaOptim, MasterWeightsWithHalfGradientsMatchTheCpuBitForBit) {
+  COHORT_REQUIRE_GPU();
+  runSteps(
+      [](std::vector<Tensor> ps) {
+        auto opt = std::make_unique<optim::AdamW>(std::move(ps), optim::AdamWOptions{.lr = 0.01, .weightDecay = 0.1});
+        opt->setMasterWeights(true);
+        return opt;
+      },
+      "AdamW master weights");
+  runSteps(
+      [](std::vector<Tensor> ps) {
+        auto opt = std::make_unique<optim::SGD>(std::move(ps), optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
+        opt->setMasterWeights(true);
+        return opt;
+      },
+      "SGD master weights");
+}
+
 TEST(CudaOptim, StateLoadedOnTheCpuMovesToTheParameterDevice) {
   COHORT_REQUIRE_GPU();
   std::vector<Tensor> cpu = makeParams(DType::Float32, Device::cpu());

@@ -197,15 +197,17 @@ TEST_F(SimdKernels, HalfTypesGoThroughTheFloat32KernelsWithThePortableBits) {
     // autocast), so the gradient kernel takes the same blocks.
     Tensor up = inputs(3, false).to(dt).slice(0, 0, x.size(0));
     if (detail::simd::enabled()) {  // the kernels take them (else the comparison below is vacuous)
-      EXPECT_TRUE(detail::simd::unaryGrad(up, x, detail::simd::UnaryGrad::GeluErf).defined());
+      Tensor half = empty(up.sizes(), {.dtype = dt}), single = empty(up.sizes());
+      EXPECT_TRUE(detail::simd::unaryGrad(half, up, x, detail::simd::UnaryGrad::GeluErf));
       // Mixed types (float32 gradient, half input) stay on the portable path.
-      EXPECT_FALSE(detail::simd::unaryGrad(up.to(DType::Float32), x, detail::simd::UnaryGrad::GeluErf).defined());
+      EXPECT_FALSE(detail::simd::unaryGrad(single, up.to(DType::Float32), x, detail::simd::UnaryGrad::GeluErf));
     }
-    for (auto [name, act] : std::vector<std::pair<const char*, std::function<Tensor(const Tensor&)>>>{
+    for (const auto& backward : std::vector<std::pair<const char*, std::function<Tensor(const Tensor&)>>>{
              {"gelu erf backward", [](const Tensor& t) { return gelu(t, false); }},
              {"gelu tanh backward", [](const Tensor& t) { return gelu(t, true); }},
              {"silu backward", [](const Tensor& t) { return silu(t); }}}) {
-      cases.push_back({name, [&, act] {
+      const std::function<Tensor(const Tensor&)> act = backward.second;
+      cases.push_back({backward.first, [&, act] {
                          Tensor leaf = x.detach().clone();
                          leaf.setRequiresGrad(true);
                          act(leaf).backward(up);
