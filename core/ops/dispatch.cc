@@ -1,7 +1,5 @@
 #include <array>
 #include <atomic>
-#include <cstring>
-#include <memory>
 #include <mutex>
 #include <set>
 
@@ -52,10 +50,11 @@ bool matches(const Entry* e, int signature, uint64_t hash, std::string_view op) 
   return e->hash == hash && e->signature == signature && std::string_view(e->op) == op;
 }
 
-Entry* lookup(const Table& t, int signature, uint64_t hash, std::string_view op) {
+// The slot holding (signature, op), or the empty slot where it would go.
+size_t probe(const Table& t, int signature, uint64_t hash, std::string_view op) {
   for (size_t i = hash & (kSlots - 1);; i = (i + 1) & (kSlots - 1)) {
-    Entry* e = t.slots[i].load(std::memory_order_acquire);
-    if (e == nullptr || matches(e, signature, hash, op)) return e;
+    const Entry* e = t.slots[i].load(std::memory_order_acquire);
+    if (e == nullptr || matches(e, signature, hash, op)) return i;
   }
 }
 
@@ -72,12 +71,8 @@ int internSignature(Table& t, const char* name) {
 Entry* entryFor(Table& t, std::type_index signature, std::string_view op) {
   const int sig = internSignature(t, signature.name());
   const uint64_t hash = keyHash(sig, op);
-  size_t i = hash & (kSlots - 1);
-  Entry* e = nullptr;
-  for (;; i = (i + 1) & (kSlots - 1)) {
-    e = t.slots[i].load(std::memory_order_relaxed);
-    if (e == nullptr || matches(e, sig, hash, op)) break;
-  }
+  const size_t i = probe(t, sig, hash, op);
+  Entry* e = t.slots[i].load(std::memory_order_relaxed);
   if (e == nullptr) {
     COHORT_CHECK(t.used + 1 < kSlots * 3 / 4, "dispatch: more than {} kernels registered", kSlots * 3 / 4);
     e = new Entry{sig, hash, std::string(op)};
@@ -113,7 +108,9 @@ void* replaceRaw(std::type_index signature, std::string_view op, DeviceType devi
 }
 
 void* findRaw(int signature, std::string_view op, DeviceType device) {
-  const Entry* e = lookup(table(), signature, keyHash(signature, op), op);
+  const Table& t = table();
+  const uint64_t hash = keyHash(signature, op);
+  const Entry* e = t.slots[probe(t, signature, hash, op)].load(std::memory_order_acquire);
   return e == nullptr ? nullptr : e->fn[static_cast<size_t>(device)].load(std::memory_order_acquire);
 }
 

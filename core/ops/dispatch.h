@@ -6,9 +6,9 @@
  * tests for a device backend with #if. An op with no kernel for a device is a NotSupportedError
  * naming the op and the device.
  *
- * Some ops are composites: conv2d and pooling on a device without a kernel of their own, and
- * attention without a fused kernel, are built from other ops (dispatch::find answers null and the
- * op takes its composite path).
+ * Some ops have a composite path: on a device without a kernel of their own (conv2d and pooling,
+ * attention, linear's fused bias, mseLoss, ...), dispatch::find answers null and the op is built
+ * from other ops.
  *
  * Kernel signatures shared by whole families of ops (elementwise, reductions) are below; an op with
  * its own shape of arguments declares its signature next to its code. Lookups key on the op name

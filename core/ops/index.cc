@@ -419,11 +419,11 @@ void maskedFillCpu(Tensor& out, const Tensor& a, const Tensor& mask, Scalar valu
     detail::forEachStrided<3>(shape, ptrs, st, [&](std::array<char*, 3> p, const std::array<int64_t, 3>& s, int64_t n) {
       T* o = reinterpret_cast<T*>(p[0]);
       const T* x = reinterpret_cast<const T*>(p[1]);
-      const bool* m = reinterpret_cast<const bool*>(p[2]);
+      const uint8_t* m = reinterpret_cast<const uint8_t*>(p[2]);  // bool storage; uint8 vectorizes
       if (s[0] == sizeof(T) && s[1] == sizeof(T) && s[2] == 1) {
-        for (int64_t i = 0; i < n; ++i) o[i] = m[i] ? v : x[i];
+        for (int64_t i = 0; i < n; ++i) o[i] = m[i] != 0 ? v : x[i];
       } else if (s[0] == sizeof(T) && s[1] == sizeof(T) && s[2] == 0) {
-        if (m[0]) std::fill(o, o + n, v);
+        if (m[0] != 0) std::fill(o, o + n, v);
         else if (o != x) std::memcpy(o, x, static_cast<size_t>(n) * sizeof(T));
       } else {
         for (int64_t i = 0; i < n; ++i)

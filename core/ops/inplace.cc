@@ -97,25 +97,18 @@ DType withScalar(DType t, Scalar s) {
 }
 
 // self = f(self, others...) computed in `compute`: `kernel(out, {x, others...})` runs the kernel
-// registered for self's device under the out-of-place op of the same formula (out may be x). When
-// every operand has self's dtype it writes self directly; otherwise it computes in `compute` and
-// rounds once into self.
+// registered for self's device under the out-of-place op of the same formula, with out = x. When
+// self has the compute dtype that writes self directly; otherwise it writes a converted copy of
+// self, which is rounded once into self.
 template <size_t N, typename Kernel>
 void applyInplace(Tensor& self, const std::array<Tensor, N>& others, DType compute, const char* op, Kernel&& kernel) {
   checkCast(op, compute, self);
-  bool same = compute == self.dtype();
-  for (const Tensor& o : others) same = same && o.dtype() == self.dtype();
   autograd::NoGradGuard ng;
   std::array<Tensor, N + 1> ins;
-  ins[0] = same ? self : self.to(compute);
+  ins[0] = self.dtype() == compute ? self : self.to(compute);  // else a converted copy
   for (size_t i = 0; i < N; ++i) ins[i + 1] = others[i].dtype() == compute ? others[i] : others[i].to(compute);
-  if (same) {
-    kernel(self, ins);
-    return;
-  }
-  Tensor tmp = empty(self.sizes(), {.dtype = compute, .device = self.device()});
-  kernel(tmp, ins);
-  self.copy_(tmp);
+  kernel(ins[0], ins);
+  if (!ins[0].isSameAs(self)) self.copy_(ins[0]);
 }
 
 }  // namespace

@@ -601,19 +601,9 @@ namespace {
 using detail::PlannedReduceKernel;
 using detail::ReduceGradMap;
 
-// The plan a kernel's arguments describe (src contiguous [outer, reduced, inner]).
-detail::ReducePlan planOf(const Tensor& src, int64_t outer, int64_t reduced, int64_t inner) {
-  detail::ReducePlan p;
-  p.src = src;
-  p.outer = outer;
-  p.reduced = reduced;
-  p.inner = inner;
-  return p;
-}
-
 // Integers and bools sum to int64, as in PyTorch.
 void sumCpu(Tensor& out, const Tensor& src, int64_t outer, int64_t reduced, int64_t inner, double) {
-  const detail::ReducePlan p = planOf(src, outer, reduced, inner);
+  const detail::ReducePlan p = detail::planOf(src, outer, reduced, inner);
   COHORT_DISPATCH(src.dtype(), "sum", [&]<typename T>() {
     if constexpr (kIsFloat<T>) {
       detail::reduceKernel<T, T>(p, out.data<T>(), detail::SumOp<T, T, detail::Identity>{});
@@ -624,7 +614,7 @@ void sumCpu(Tensor& out, const Tensor& src, int64_t outer, int64_t reduced, int6
 }
 
 void meanCpu(Tensor& out, const Tensor& src, int64_t outer, int64_t reduced, int64_t inner, double scale) {
-  const detail::ReducePlan p = planOf(src, outer, reduced, inner);
+  const detail::ReducePlan p = detail::planOf(src, outer, reduced, inner);
   COHORT_DISPATCH_FLOAT(src.dtype(), "mean", [&]<typename T>() {
     detail::reduceKernel<T, T>(p, out.data<T>(), detail::SumOp<T, T, detail::Identity>{{}, scale});
   });
@@ -632,7 +622,7 @@ void meanCpu(Tensor& out, const Tensor& src, int64_t outer, int64_t reduced, int
 
 template <bool IsMax>
 void extremeCpu(Tensor& out, const Tensor& src, int64_t outer, int64_t reduced, int64_t inner, double) {
-  const detail::ReducePlan p = planOf(src, outer, reduced, inner);
+  const detail::ReducePlan p = detail::planOf(src, outer, reduced, inner);
   COHORT_DISPATCH(src.dtype(), IsMax ? "amax" : "amin", [&]<typename T>() {
     detail::reduceKernel<T, T>(p, out.data<T>(), detail::ExtremeOp<T, IsMax, detail::Identity>{});
   });
@@ -640,7 +630,7 @@ void extremeCpu(Tensor& out, const Tensor& src, int64_t outer, int64_t reduced, 
 
 template <bool TakeSqrt>
 void varCpu(Tensor& out, const Tensor& src, int64_t outer, int64_t reduced, int64_t inner, double divisor) {
-  const detail::ReducePlan p = planOf(src, outer, reduced, inner);
+  const detail::ReducePlan p = detail::planOf(src, outer, reduced, inner);
   COHORT_DISPATCH_FLOAT(src.dtype(), TakeSqrt ? "std" : "var", [&]<typename T>() {
     if (outer * inner == 0) return;
     if constexpr (std::is_same_v<T, float> || detail::kIsHalf<T>) {
@@ -652,7 +642,7 @@ void varCpu(Tensor& out, const Tensor& src, int64_t outer, int64_t reduced, int6
 }
 
 void normCpu(Tensor& out, const Tensor& src, int64_t outer, int64_t reduced, int64_t inner, double p) {
-  const detail::ReducePlan plan = planOf(src, outer, reduced, inner);
+  const detail::ReducePlan plan = detail::planOf(src, outer, reduced, inner);
   const bool isInf = std::isinf(p);
   COHORT_DISPATCH_FLOAT(src.dtype(), "norm", [&]<typename T>() {
     T* o = out.data<T>();

@@ -209,11 +209,7 @@ namespace {
 template <bool IsMax>
 void argReduceCpu(Tensor& values, Tensor& indices, const Tensor& src, int64_t outer, int64_t reduced, int64_t inner) {
   if (outer * inner == 0) return;
-  detail::ReducePlan p;
-  p.src = src;
-  p.outer = outer;
-  p.reduced = reduced;
-  p.inner = inner;
+  const detail::ReducePlan p = detail::planOf(src, outer, reduced, inner);
   COHORT_DISPATCH(src.dtype(), IsMax ? "max" : "min", [&]<typename T>() {
     argKernel<T, IsMax>(p, values.defined() ? values.data<T>() : nullptr, indices.data<int64_t>());
   });

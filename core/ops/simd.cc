@@ -128,7 +128,7 @@ const char* describe() { return enabled() ? "avx512" : "avx2"; }
 
 namespace {
 // `out` can take the result of a kernel over `ins` in place of the portable loop: all of one
-// dtype and shape, contiguous, and out either a fresh tensor or exactly one of the inputs.
+// dtype and shape, and contiguous (out may be one of the inputs).
 template <size_t N>
 bool sameLayout(const Tensor& out, const std::array<const Tensor*, N>& ins) {
   for (const Tensor* t : ins)

@@ -34,6 +34,17 @@ struct ReducePlan {
 // repeated dims a ValueError, both naming `op`, the dims and the input shape.
 ReducePlan planReduce(const Tensor& a, const Shape& dims, bool keepdim, const char* op);
 
+// The plan of a kernel's arguments: src contiguous, viewed as [outer, reduced, inner] (the shapes
+// are not needed by the kernels and stay empty).
+inline ReducePlan planOf(const Tensor& src, int64_t outer, int64_t reduced, int64_t inner) {
+  ReducePlan p;
+  p.src = src;
+  p.outer = outer;
+  p.reduced = reduced;
+  p.inner = inner;
+  return p;
+}
+
 // Throws ValueError naming `op`, the input shape and the dims when the reduced extent is empty
 // (max/min/argmax/var have no identity).
 void requireNonEmptyReduction(const ReducePlan& p, const Tensor& a, const Shape& dims, const char* op);
