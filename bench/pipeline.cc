@@ -3,8 +3,9 @@
 //
 // Each pipeline rank and the single process compute on one thread (two ranks on this 2-core
 // machine: one core each), so samples_s / single_samples_s is what the pipeline buys, bounded by
-// its bubble (1F1B with m = 8, p = 2: 8/9 of 2x = 1.78x). The interleaved schedule splits the
-// GPT into four stages (two per rank). A schedule may carry modifiers: "+ahead<N>" is its
+// its bubble (1F1B with m = 8, p = 2: 8/9 of 2x = 1.78x). The interleaved and v schedules split
+// the GPT into four stages (two per rank: 0 and 2 | 1 and 3 interleaved, 0 and 3 | 1 and 2 in
+// the V). A schedule may carry modifiers: "+ahead<N>" is its
 // lookahead (schedule.h: N more forwards run ahead on the ranks that feed a later stage),
 // "+split<K>" splits the backwards of the last K micro-batches into input and weight halves
 // (schedule.h, splitTail), "+ckpt" recomputes every stage's forward in its backward (activation
@@ -32,8 +33,8 @@
 // Peaks are the allocator's high-water mark during a step above what was live before it.
 //
 //   build/bench/pipeline [--steps 10] [--warmup 2] [--microbatches 8]
-//                        [--schedules gpipe,1f1b,1f1b+ahead1,1f1b+split1,interleaved,interleaved+split2,zb,
-//                                     zb+ahead1,1f1b+ckpt]
+//                        [--schedules gpipe,1f1b,1f1b+ahead1,1f1b+split1,interleaved,interleaved+split2,v,
+//                                     v+split1,zb,zb+ahead1,1f1b+ckpt]
 //                        [--transport pg|rpc] [--rpc-shm] [--backend auto|shm|gloo] [--layers 4] [--embd 192]
 //                        [--block 64] [--batch 32] [--cpu-bind cores|none|cores,none] [--timeline]
 #include <algorithm>
@@ -130,7 +131,7 @@ struct Variant {
   bool ckpt = false;
   int lookahead = 0;
   int split = 0;
-  int chunks() const { return base == "interleaved" ? 2 : 1; }
+  int chunks() const { return base == "interleaved" || base == "v" ? 2 : 1; }
   pipeline::Schedule schedule(int ranks, int microbatches) const {
     pipeline::Schedule s = pipeline::makeSchedule(base, ranks, microbatches, chunks() > 1 ? chunks() : 0, lookahead);
     return split > 0 ? pipeline::splitTail(s, split) : s;
@@ -300,7 +301,8 @@ int runRank(const Args& a, const std::string& schedule, const std::string& dir, 
 int main(int argc, char** argv) {
   CLI::App app{"Pipeline-parallel GPT training, every schedule, against one process"};
   Args a;
-  std::string schedules = "gpipe,1f1b,1f1b+ahead1,1f1b+split1,interleaved,interleaved+split2,zb,zb+ahead1,1f1b+ckpt";
+  std::string schedules =
+      "gpipe,1f1b,1f1b+ahead1,1f1b+split1,interleaved,interleaved+split2,v,v+split1,zb,zb+ahead1,1f1b+ckpt";
   bool showTimeline = false;
   app.add_flag("--timeline", showTimeline, "print each schedule's measured and simulated timelines (stderr)");
   app.add_option("--steps", a.steps)->check(CLI::PositiveNumber);

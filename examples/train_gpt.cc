@@ -24,8 +24,8 @@
 // full state dict.
 // With --pipeline N the GPT is cut into N stages (pipeline/split.h: blocks divided evenly,
 // embeddings on the first stage, LM head on the last, their tied weight kept in sync) trained by
-// a pipeline schedule (--schedule, --micro-batches, --lookahead, --split-tail; "interleaved" cuts
-// 2N stages, two per rank).
+// a pipeline schedule (--schedule, --micro-batches, --lookahead, --split-tail; "interleaved" and
+// "v" cut 2N stages, two per rank).
 // A world larger than N holds world / N pipeline replicas, laid out by a DeviceMesh (data x
 // pipe), each stage a DistributedDataParallel over the same stage of the other replicas, each
 // replica on its DistributedSampler shard. Gradients are clipped by their norm over the whole
@@ -176,7 +176,7 @@ int trainPipelined(const PipelineRun& run, nn::GPTConfig cfg, const std::string&
   // Every rank builds the whole GPT from one seed and keeps its stages (the tied embedding and LM
   // head start equal on the first and last stage).
   auto gpt = std::make_shared<nn::GPT>(cfg);
-  const int chunks = run.schedule == "interleaved" ? 2 : 1;
+  const int chunks = run.schedule == "interleaved" || run.schedule == "v" ? 2 : 1;
   pipeline::Schedule schedule =
       pipeline::makeSchedule(run.schedule, N, run.microbatches, chunks > 1 ? chunks : 0, run.lookahead);
   pipeline::StageSplit parts = pipeline::splitGPT(gpt, schedule.stages);
@@ -363,11 +363,11 @@ int main(int argc, char** argv) {
       ->excludes("--ddp")
       ->excludes(fsdpFlag);
   app.add_option("--schedule", pipelined.schedule, "pipeline schedule with --pipeline")
-      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb"}));
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "v", "zb"}));
   app.add_option("--micro-batches", pipelined.microbatches, "micro-batches per step with --pipeline")
       ->check(CLI::PositiveNumber);
   app.add_option("--lookahead", pipelined.lookahead,
-                 "with --pipeline: forwards each rank runs ahead beyond the schedule's own (1f1b, interleaved, zb; "
+                 "with --pipeline: forwards each rank runs ahead beyond the schedule's own (1f1b, interleaved, v, zb; "
                  "more activations held, fewer stalls)")
       ->check(CLI::NonNegativeNumber);
   app.add_option(

@@ -27,8 +27,9 @@
  * DistError, ...) with the message prefixed by this rank, the stage, micro-batch and action.
  *
  * Stages: `stages` are this rank's modules in ascending stage order (with the interleaved
- * schedule, stages r, r + p, r + 2p, ... of a p-rank pipeline). A stage's forward takes one
- * tensor and returns one; the last stage's output goes to the loss function with the target.
+ * schedule, stages r, r + p, r + 2p, ... of a p-rank pipeline; with "v", stages r and 2p - 1 - r;
+ * schedule().stagesOf(rank) says which). A stage's forward takes one tensor and returns one; the
+ * last stage's output goes to the loss function with the target.
  *
  * Devices: a rank's stages live on its transport's device (a ValueError when a parameter is
  * elsewhere); `input` and `target` are moved there. On GPUs give every rank its own device and
@@ -73,8 +74,8 @@ struct TiedParameter {
 struct PipelineOptions {
   std::string schedule = "1f1b";  // a built-in name (schedule.h), unless a Schedule is given
   int microbatches = 4;
-  int chunks = 0;     // stages per rank for "interleaved" (0: 2)
-  int lookahead = 0;  // extra forwards each rank runs ahead in 1f1b, interleaved and zb (schedule.h)
+  int chunks = 0;     // stages per rank for "interleaved" (0: 2); "v" always holds 2
+  int lookahead = 0;  // extra forwards each rank runs ahead in 1f1b, interleaved, v and zb (schedule.h)
   // The backwards of the last splitTail micro-batches split into input and weight halves, the
   // weight halves filling the waits at the end of the step (schedule.h, splitTail); applied to the
   // schedule whether it is named here or given. 0: as the schedule says.

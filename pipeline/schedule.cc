@@ -101,6 +101,13 @@ std::vector<int> loopedPlacement(int ranks, int stages) {
   return p;
 }
 
+std::vector<int> vPlacement(int ranks) {
+  const int p = std::max(ranks, 1);
+  std::vector<int> out(static_cast<size_t>(2 * p));
+  for (int r = 0; r < p; ++r) out[static_cast<size_t>(r)] = out[static_cast<size_t>(2 * p - 1 - r)] = r;
+  return out;
+}
+
 Schedule gpipe(int ranks, int microbatches) {
   checkShape(ranks, microbatches, "gpipe");
   Schedule s = blank("gpipe", ranks, ranks, microbatches);
@@ -171,6 +178,61 @@ Schedule interleaved1F1B(int ranks, int chunks, int microbatches, int lookahead)
   return s;
 }
 
+Schedule vShape1F1B(int ranks, int microbatches, int lookahead) {
+  checkShape(ranks, microbatches, "v");
+  checkLookahead(lookahead, "v");
+  const int p = ranks, m = microbatches, S = 2 * ranks;
+  Schedule s = blank("v", p, S, m);
+  s.placement = vPlacement(p);
+  // List scheduling with unit costs (schedule.h): when each stage's forward and backward of each
+  // micro-batch ends, -1 until it has run.
+  const int limit = 2 * p + lookahead;
+  std::vector<int> fEnd(static_cast<size_t>(S * m), -1), bEnd(static_cast<size_t>(S * m), -1);
+  std::vector<int> nextF(static_cast<size_t>(S), 0), nextB(static_cast<size_t>(S), 0);
+  std::vector<int> freeAt(static_cast<size_t>(p), 0), live(static_cast<size_t>(p), 0);
+  auto at = [m](int stage, int mb) { return static_cast<size_t>(stage * m + mb); };
+  struct Pick {
+    int rank = -1, stage = -1;
+    bool backward = false;
+    int start = std::numeric_limits<int>::max(), priority = std::numeric_limits<int>::max();
+  };
+  for (int done = 0; done < 2 * S * m; ++done) {
+    Pick best;
+    for (int r = 0; r < p; ++r) {
+      const auto ru = static_cast<size_t>(r);
+      for (const int st : {r, S - 1 - r}) {
+        const auto su = static_cast<size_t>(st);
+        const bool second = st >= p;
+        auto offer = [&](int ready, bool backward) {
+          const int start = std::max(ready, freeAt[ru]);
+          const int priority = backward ? (second ? 3 : 2) : (second ? 0 : 1);
+          if (start < best.start || (start == best.start && priority < best.priority))
+            best = {r, st, backward, start, priority};
+        };
+        if (const int i = nextB[su]; i < m) {
+          const int f = fEnd[at(st, i)], g = st + 1 < S ? bEnd[at(st + 1, i)] : 0;
+          if (f >= 0 && g >= 0) offer(std::max(f, g), true);
+        }
+        if (const int i = nextF[su]; i < m && (second || live[ru] < limit)) {
+          const int e = st > 0 ? fEnd[at(st - 1, i)] : 0;
+          if (e >= 0) offer(e, false);
+        }
+      }
+    }
+    // Something can always start: a rank held back by its limit has live micro-batches, whose
+    // backwards become ready once the ranks after it (never held back on their second stages)
+    // have run.
+    if (best.rank < 0) throw Error("v: internal error: no action can start");
+    const auto ru = static_cast<size_t>(best.rank), su = static_cast<size_t>(best.stage);
+    const int i = best.backward ? nextB[su]++ : nextF[su]++;
+    freeAt[ru] = best.start + (best.backward ? 2 : 1);
+    (best.backward ? bEnd : fEnd)[at(best.stage, i)] = freeAt[ru];
+    live[ru] += best.backward ? -1 : 1;
+    s.actions[ru].push_back({best.backward ? ActionKind::Backward : ActionKind::Forward, best.stage, i});
+  }
+  return s;
+}
+
 Schedule zeroBubble(int ranks, int microbatches, int lookahead) {
   checkShape(ranks, microbatches, "zb");
   checkLookahead(lookahead, "zb");
@@ -228,23 +290,28 @@ Schedule zeroBubble(int ranks, int microbatches, int lookahead) {
   return s;
 }
 
-std::vector<std::string> scheduleNames() { return {"gpipe", "1f1b", "interleaved", "zb"}; }
+std::vector<std::string> scheduleNames() { return {"gpipe", "1f1b", "interleaved", "v", "zb"}; }
 
 Schedule makeSchedule(const std::string& name, int ranks, int microbatches, int chunks, int lookahead) {
   if (name == "interleaved") return interleaved1F1B(ranks, chunks > 0 ? chunks : 2, microbatches, lookahead);
+  if (name == "v") {
+    if (chunks != 0 && chunks != 2)
+      throw ScheduleError(fmt::format("schedule 'v' holds two stages per rank, not {} chunks", chunks));
+    return vShape1F1B(ranks, microbatches, lookahead);
+  }
   if (chunks > 1)
     throw ScheduleError(
         fmt::format("schedule '{}' runs one stage per rank; only 'interleaved' takes {} chunks", name, chunks));
   if (name == "gpipe") {
     if (lookahead != 0)
-      throw ScheduleError(fmt::format("gpipe runs every forward first; a lookahead ({}) applies to 1f1b, "
+      throw ScheduleError(fmt::format("gpipe runs every forward first; a lookahead ({}) applies to 1f1b, v, "
                                       "interleaved and zb",
                                       lookahead));
     return gpipe(ranks, microbatches);
   }
   if (name == "1f1b") return oneFOneB(ranks, microbatches, lookahead);
   if (name == "zb") return zeroBubble(ranks, microbatches, lookahead);
-  throw ScheduleError(fmt::format("unknown pipeline schedule '{}' (known: gpipe, 1f1b, interleaved, zb)", name));
+  throw ScheduleError(fmt::format("unknown pipeline schedule '{}' (known: gpipe, 1f1b, interleaved, v, zb)", name));
 }
 
 Schedule withCommunication(const Schedule& in) {

@@ -68,7 +68,7 @@ struct Action {
 };
 
 struct Schedule {
-  std::string name{};  // "gpipe", "1f1b", "interleaved", "zb", or a user's
+  std::string name{};  // "gpipe", "1f1b", "interleaved", "v", "zb", or a user's
   int ranks = 1;
   int stages = 1;
   int microbatches = 1;
@@ -86,31 +86,51 @@ struct Schedule {
 
 // Stage s on rank s % ranks (one stage per rank when stages == ranks).
 std::vector<int> loopedPlacement(int ranks, int stages);
+// Two stages per rank in a V: stage s on rank s for s < ranks, on rank 2 ranks - 1 - s after, so
+// rank r holds stages r and 2 ranks - 1 - r, and the first rank holds the first stage and the last.
+std::vector<int> vPlacement(int ranks);
 
 // Fill-drain: every forward, then every backward (GPipe). Peak activations: m on every rank.
 Schedule gpipe(int ranks, int microbatches);
 // One forward, one backward (PipeDream-flush / Megatron): rank r runs ranks - r - 1 forwards
 // ahead, then alternates. Peak activations ranks - r.
 //
-// `lookahead` (here and in the two below; 0 is the schedule as published): every rank that feeds
-// a later stage runs that many more forwards ahead, and holds that many more micro-batches'
-// activations. With equal, steady costs it changes nothing. With real ones it decouples the
-// ranks: in plain 1F1B a rank's next forward waits for the gradient of its previous micro-batch,
-// so any delay on either rank (a slow action, a transfer, another process taking the core)
-// stalls both; one forward in reserve lets the next stage keep computing through it.
+// `lookahead` (here, in interleaved1F1B and in zeroBubble; 0 is the schedule as published):
+// every rank that feeds a later stage runs that many more forwards ahead, and holds that many more
+// micro-batches' activations. With equal, steady costs it changes nothing. With real ones it
+// decouples the ranks: in plain 1F1B a rank's next forward waits for the gradient of its previous
+// micro-batch, so any delay on either rank (a slow action, a transfer, another process taking the
+// core) stalls both; one forward in reserve lets the next stage keep computing through it.
 Schedule oneFOneB(int ranks, int microbatches, int lookahead = 0);
 // Interleaved 1F1B (Megatron-LM): `chunks` stages per rank, stage s on rank s % ranks; micro-
 // batches move through the chunks in groups of `ranks`. Needs microbatches % ranks == 0.
 // Bubble (p - 1) / (v m + p - 1) with equal costs (p ranks, v chunks, m micro-batches).
 Schedule interleaved1F1B(int ranks, int chunks, int microbatches, int lookahead = 0);
+// V-shaped 1F1B ("v"): 2 ranks stages in vPlacement, so a micro-batch goes down the ranks and
+// back up, its loss and the start of its backward on the first rank, next to its first forward.
+// Any number of micro-batches. Built by list scheduling with unit costs (forward 1, backward 2):
+// each rank, when free, runs the action that can start soonest; at a tie a forward of its second
+// stage (the one nearer the loss), then of its first, then a backward of its first stage, then of
+// its second. A rank starts a forward of its first stage only while fewer than 2 ranks +
+// lookahead stages' activations are live on it (a V stage is half a 1F1B stage, so that is
+// 1F1B's first rank's memory); forwards of the second stage are never held back, so the peak is
+// at most 3 more. Every rank but the first waits at the start for one forward per rank before
+// it; the step ends with the first rank's backwards, where a split tail (splitTail) has the other
+// ranks' weight halves fill the wait. With unit costs its bubble never exceeds 1F1B's (p = 2,
+// m = 8: 1/13, against 1F1B's 1/9 and interleaved's 1/17). It is for stages of unequal cost
+// where the last is the dearest (a language model's head and loss): the rank holding it starts at
+// the step's first moment and ends it, and a micro-batch crosses between ranks twice each way
+// instead of 2 ranks - 1 times as in interleaved.
+Schedule vShape1F1B(int ranks, int microbatches, int lookahead = 0);
 // Zero bubble (ZB-H1 family): backward split into I and W; the in-flight forwards per rank are
 // bounded as in 1F1B (ranks - r between a forward and its input backward) and W runs whenever
 // no forward or input backward is ready, keeping at most ranks - 1 weight backwards postponed.
 // With unit F, I, W costs its bubble is (p - 1) / (3m + p - 1) for m >= p, a third of 1F1B's.
 Schedule zeroBubble(int ranks, int microbatches, int lookahead = 0);
-// By name: "gpipe", "1f1b", "interleaved" (uses `chunks`, default 2), "zb". ScheduleError for
-// another name, for chunks with a schedule other than interleaved, and for a lookahead with
-// gpipe (it runs every forward first already) or a negative one.
+// By name: "gpipe", "1f1b", "interleaved" (uses `chunks`, default 2), "v" (always 2 chunks),
+// "zb". ScheduleError for another name, for chunks with a schedule other than interleaved (and
+// other than 2 with "v"), and for a lookahead with gpipe (it runs every forward first already) or
+// a negative one.
 Schedule makeSchedule(const std::string& name, int ranks, int microbatches, int chunks = 0, int lookahead = 0);
 // The built-in names.
 std::vector<std::string> scheduleNames();

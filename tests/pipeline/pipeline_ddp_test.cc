@@ -106,7 +106,8 @@ void runOnFourRanks(Sharding how) {
                                                              {"zb", 5, 0, 0},
                                                              {"interleaved", 4, 2, 0},
                                                              {"1f1b", 5, 0, 2},
-                                                             {"interleaved", 4, 2, 2}}) {
+                                                             {"interleaved", 4, 2, 2},
+                                                             {"v", 5, 2, 1}}) {
       try {
         report += trainOnMesh(world, how, schedule, m, chunks, split);
         // Gradients accumulated over 2 pipeline steps, all-reduced once.

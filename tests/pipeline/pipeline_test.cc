@@ -45,6 +45,8 @@ std::vector<Config> configsFor(int p) {
     for (int m : {p - 1, p, p + 1, 2 * p + 1})
       if (m >= 1) out.push_back({s, m});
   for (int m : {p, 2 * p, 3 * p}) out.push_back({"interleaved", m, 2});  // below, at, above 2p stages
+  for (int m : {p - 1, 2 * p, 2 * p + 1})                                // the V takes any count
+    if (m >= 1) out.push_back({"v", m, 2});
   out.push_back({"1f1b", p + 1, 0, true});
   out.push_back({"zb", p + 1, 0, true});
   out.push_back({"1f1b", 2 * p + 1, 0, false, 1});
@@ -53,6 +55,7 @@ std::vector<Config> configsFor(int p) {
   out.push_back({"1f1b", 2 * p + 1, 0, false, 0, p - 1});
   out.push_back({"gpipe", p + 1, 0, false, 0, p + 1});
   out.push_back({"interleaved", 2 * p, 2, false, 0, p});
+  out.push_back({"v", 2 * p + 1, 2, false, 0, 1});
   out.push_back({"1f1b", p + 1, 0, true, 1, 2});
   return out;
 }

@@ -51,6 +51,68 @@ TEST(Schedule, InterleavedNeedsWholeGroupsOfMicrobatches) {
   EXPECT_THROW(oneFOneB(2, 0), ScheduleError);
 }
 
+TEST(Schedule, VShapeHoldsTwoStagesPerRankInAV) {
+  EXPECT_EQ(vPlacement(3), (std::vector<int>{0, 1, 2, 2, 1, 0}));
+  EXPECT_EQ(vPlacement(1), (std::vector<int>{0, 0}));
+  ActionCosts unit;  // forward 1, backward 2
+  for (int p = 1; p <= 5; ++p)
+    for (int m = 1; m <= 12; ++m)
+      for (int la = 0; la <= 2; ++la) {
+        const std::string what = fmt::format("v p={} m={} lookahead={}", p, m, la);
+        const Schedule v = vShape1F1B(p, m, la);
+        EXPECT_EQ(v.name, "v");
+        EXPECT_EQ(v.stages, 2 * p) << what;
+        EXPECT_EQ(v.placement, vPlacement(p)) << what;
+        EXPECT_FALSE(v.splitsBackward()) << what;
+        for (int r = 0; r < p; ++r) {
+          EXPECT_EQ(v.stagesOf(r), (std::vector<int>{r, 2 * p - 1 - r})) << what;
+          // Every stage's micro-batches in order, forwards and backwards.
+          std::vector<int> nextF(static_cast<size_t>(2 * p), 0), nextB(static_cast<size_t>(2 * p), 0);
+          for (const Action& a : v.actions[static_cast<size_t>(r)]) {
+            auto& next = a.kind == K::Forward ? nextF : nextB;
+            EXPECT_EQ(a.microbatch, next[static_cast<size_t>(a.stage)]++) << what << ": " << a.str();
+          }
+        }
+        Simulation sim;
+        ASSERT_NO_THROW(sim = simulate(v, unit)) << what;
+        // Never a bigger bubble than 1F1B's; live activations bounded by the forwards' gate.
+        EXPECT_LE(sim.bubble, simulate(oneFOneB(p, m), unit).bubble + 1e-12) << what;
+        for (int r = 0; r < p; ++r) {
+          EXPECT_LE(sim.peakActivations[static_cast<size_t>(r)], 2 * p + la + 3) << what << " rank " << r;
+        }
+        // The first rank holds the first stage and the last: it starts the step and never waits
+        // for the first activation.
+        EXPECT_DOUBLE_EQ(sim.timeline[0][0].start, 0.0) << what;
+      }
+  // p = 2, m = 8, unit costs: 1/13, between 1F1B's 1/9 and interleaved's 1/17.
+  EXPECT_NEAR(simulate(vShape1F1B(2, 8), unit).bubble, 1.0 / 13, 1e-12);
+  // A last stage half again as dear as the others (a language model's head and loss): its rank
+  // runs from the first moment to the last, and the V beats interleaved 1F1B.
+  for (int p = 2; p <= 4; ++p)
+    for (int m : {2 * p, 4 * p}) {
+      ActionCosts heavy;
+      heavy.forward.assign(static_cast<size_t>(2 * p), 1.0);
+      heavy.backward.assign(static_cast<size_t>(2 * p), 2.0);
+      heavy.forward.back() = 1.5;
+      heavy.backward.back() = 3.0;
+      EXPECT_LT(simulate(vShape1F1B(p, m), heavy).makespan, simulate(interleaved1F1B(p, 2, m), heavy).makespan)
+          << "p=" << p << " m=" << m;
+    }
+  EXPECT_EQ(makeSchedule("v", 3, 5).actions, vShape1F1B(3, 5).actions);
+  EXPECT_EQ(makeSchedule("v", 3, 5, 2, 1).actions, vShape1F1B(3, 5, 1).actions);
+  try {
+    makeSchedule("v", 2, 4, 3);
+    FAIL() << "no error";
+  } catch (const ScheduleError& e) {
+    EXPECT_NE(std::string(e.what()).find("schedule 'v' holds two stages per rank, not 3 chunks"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(vShape1F1B(0, 4), ScheduleError);
+  EXPECT_THROW(vShape1F1B(2, 0), ScheduleError);
+  EXPECT_THROW(vShape1F1B(2, 4, -1), ScheduleError);
+  EXPECT_EQ(scheduleNames(), (std::vector<std::string>{"gpipe", "1f1b", "interleaved", "v", "zb"}));
+}
+
 TEST(Schedule, CommunicationIsInsertedAroundComputeOnly) {
   Schedule s = withCommunication(oneFOneB(2, 2));
   // Rank 0: F0 SF0 F1 SF1 RB0 B0 RB1 B1 (stage 0 sends no gradient: it has no previous stage).
@@ -285,7 +347,7 @@ TEST(SplitTail, TheLastGradientLeavesAWeightBackwardEarlier) {
 }
 
 TEST(SplitTail, KeepsEveryScheduleValidInOrderAndNeverSlowerWithUnitCosts) {
-  for (const char* name : {"gpipe", "1f1b", "interleaved", "zb"})
+  for (const char* name : {"gpipe", "1f1b", "interleaved", "v", "zb"})
     for (int p = 1; p <= 4; ++p)
       for (int m = 1; m <= 9; ++m)
         for (int la = 0; la <= 1; ++la) {
