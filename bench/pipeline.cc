@@ -34,7 +34,7 @@
 //
 //   build/bench/pipeline [--steps 10] [--warmup 2] [--microbatches 8]
 //                        [--schedules gpipe,1f1b,1f1b+ahead1,1f1b+split1,interleaved,interleaved+split2,v,
-//                                     v+split1,zb,zb+ahead1,1f1b+ckpt]
+//                                     v+split1,v+split2,zb,zb+ahead1,1f1b+ckpt]
 //                        [--transport pg|rpc] [--rpc-shm] [--backend auto|shm|gloo] [--layers 4] [--embd 192]
 //                        [--block 64] [--batch 32] [--cpu-bind cores|none|cores,none] [--timeline]
 #include <algorithm>
@@ -302,7 +302,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Pipeline-parallel GPT training, every schedule, against one process"};
   Args a;
   std::string schedules =
-      "gpipe,1f1b,1f1b+ahead1,1f1b+split1,interleaved,interleaved+split2,v,v+split1,zb,zb+ahead1,1f1b+ckpt";
+      "gpipe,1f1b,1f1b+ahead1,1f1b+split1,interleaved,interleaved+split2,v,v+split1,v+split2,zb,zb+ahead1,1f1b+ckpt";
   bool showTimeline = false;
   app.add_flag("--timeline", showTimeline, "print each schedule's measured and simulated timelines (stderr)");
   app.add_option("--steps", a.steps)->check(CLI::PositiveNumber);

@@ -184,17 +184,29 @@ Schedule vShape1F1B(int ranks, int microbatches, int lookahead) {
   const int p = ranks, m = microbatches, S = 2 * ranks;
   Schedule s = blank("v", p, S, m);
   s.placement = vPlacement(p);
-  // List scheduling with unit costs (schedule.h): when each stage's forward and backward of each
-  // micro-batch ends, -1 until it has run.
-  const int limit = 2 * p + lookahead;
+  auto at = [m](int stage, int mb) { return static_cast<size_t>(stage * m + mb); };
+  // Each action's bottom level with unit costs (forward 1, backward 2): the longest chain of
+  // actions from its start to the end of the step. A forward is followed by the next stage's
+  // forward (the last stage: its own backward) and by its stage's next micro-batch; a backward by
+  // the previous stage's backward and its stage's next micro-batch.
+  std::vector<int> levelF(static_cast<size_t>(S * m)), levelB(static_cast<size_t>(S * m));
+  for (int i = m - 1; i >= 0; --i)
+    for (int st = 0; st < S; ++st)
+      levelB[at(st, i)] = 2 + std::max(st > 0 ? levelB[at(st - 1, i)] : 0, i + 1 < m ? levelB[at(st, i + 1)] : 0);
+  for (int i = m - 1; i >= 0; --i)
+    for (int st = S - 1; st >= 0; --st)
+      levelF[at(st, i)] =
+          1 + std::max(st + 1 < S ? levelF[at(st + 1, i)] : levelB[at(st, i)], i + 1 < m ? levelF[at(st, i + 1)] : 0);
+  // List scheduling (schedule.h): when each stage's forward and backward of each micro-batch
+  // ends, -1 until it has run.
+  const int limit = 2 * p + 1 + lookahead;
   std::vector<int> fEnd(static_cast<size_t>(S * m), -1), bEnd(static_cast<size_t>(S * m), -1);
   std::vector<int> nextF(static_cast<size_t>(S), 0), nextB(static_cast<size_t>(S), 0);
   std::vector<int> freeAt(static_cast<size_t>(p), 0), live(static_cast<size_t>(p), 0);
-  auto at = [m](int stage, int mb) { return static_cast<size_t>(stage * m + mb); };
   struct Pick {
     int rank = -1, stage = -1;
     bool backward = false;
-    int start = std::numeric_limits<int>::max(), priority = std::numeric_limits<int>::max();
+    int start = std::numeric_limits<int>::max(), level = -1;
   };
   for (int done = 0; done < 2 * S * m; ++done) {
     Pick best;
@@ -202,20 +214,17 @@ Schedule vShape1F1B(int ranks, int microbatches, int lookahead) {
       const auto ru = static_cast<size_t>(r);
       for (const int st : {r, S - 1 - r}) {
         const auto su = static_cast<size_t>(st);
-        const bool second = st >= p;
-        auto offer = [&](int ready, bool backward) {
+        auto offer = [&](int ready, bool backward, int level) {
           const int start = std::max(ready, freeAt[ru]);
-          const int priority = backward ? (second ? 3 : 2) : (second ? 0 : 1);
-          if (start < best.start || (start == best.start && priority < best.priority))
-            best = {r, st, backward, start, priority};
+          if (start < best.start || (start == best.start && level > best.level)) best = {r, st, backward, start, level};
         };
         if (const int i = nextB[su]; i < m) {
           const int f = fEnd[at(st, i)], g = st + 1 < S ? bEnd[at(st + 1, i)] : 0;
-          if (f >= 0 && g >= 0) offer(std::max(f, g), true);
+          if (f >= 0 && g >= 0) offer(std::max(f, g), true, levelB[at(st, i)]);
         }
-        if (const int i = nextF[su]; i < m && (second || live[ru] < limit)) {
+        if (const int i = nextF[su]; i < m && (st >= p || live[ru] < limit)) {
           const int e = st > 0 ? fEnd[at(st - 1, i)] : 0;
-          if (e >= 0) offer(e, false);
+          if (e >= 0) offer(e, false, levelF[at(st, i)]);
         }
       }
     }
