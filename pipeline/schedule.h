@@ -106,22 +106,22 @@ Schedule oneFOneB(int ranks, int microbatches, int lookahead = 0);
 // batches move through the chunks in groups of `ranks`. Needs microbatches % ranks == 0.
 // Bubble (p - 1) / (v m + p - 1) with equal costs (p ranks, v chunks, m micro-batches).
 Schedule interleaved1F1B(int ranks, int chunks, int microbatches, int lookahead = 0);
-// V-shaped 1F1B ("v"): 2 ranks stages in vPlacement, so a micro-batch goes down the ranks and
-// back up, its loss and the start of its backward on the first rank, next to its first forward.
-// Any number of micro-batches. Built by list scheduling with unit costs (forward 1, backward 2)
-// on the critical path: each rank, when free, runs the action that can start soonest, and of
-// those the one with the longest chain of actions after it to the end of the step (its bottom
-// level, which puts the backward chain and the earlier micro-batches first). A rank starts a
-// forward of its first stage only while fewer than 2 ranks + 1 + lookahead stages' activations
-// are live on it (a V stage is half a 1F1B stage, so that is about 1F1B's first rank's memory);
-// forwards of the second stage are never held back, so the peak is at most one more. Every rank
-// but the first waits at the start for one forward per rank before it; the step ends with the
-// first rank's backwards, where a split tail (splitTail) has the other ranks' weight halves fill
-// the wait. With unit costs its bubble never exceeds 1F1B's, and at p = 2 it is interleaved
-// 1F1B's (m = 8: 1/17, against 1F1B's 1/9). It is for stages of unequal cost where the last is
-// the dearest (a language model's head and loss): the rank holding it starts at the step's first
-// moment and ends it, and a micro-batch crosses between ranks twice each way instead of
-// 2 ranks - 1 times as in interleaved.
+// V-shaped 1F1B ("v"): 2 ranks stages in vPlacement, so a micro-batch goes down the ranks and back
+// up, its loss and the start of its backward on the first rank, next to its first forward. Any
+// number of micro-batches. Built by list scheduling with unit costs (forward 1, backward 2) on the
+// critical path: each rank, when free, runs the action that can start soonest, and of those the one
+// with the longest chain of actions after it to the end of the step (its bottom level, which puts
+// the backward chain and the earlier micro-batches first). A rank starts a forward of its first
+// stage only while fewer than 2 ranks + 1 + lookahead stages' activations are live on it (a V stage
+// is half a 1F1B stage, so that is about 1F1B's first rank's memory); forwards of the second stage
+// are never held back, so the peak can exceed it by a little (by at most two up to 8 ranks and 32
+// micro-batches, schedule tests). Every rank but the first waits at the start for one forward per
+// rank before it; the step ends with the first rank's backwards, where a split tail (splitTail) has
+// the other ranks' weight halves fill the wait. With unit costs its bubble never exceeds 1F1B's,
+// and at p = 2 it is interleaved 1F1B's (m = 8: 1/17, against 1F1B's 1/9). It is for stages of
+// unequal cost where the last is the dearest (a language model's head and loss): the rank holding
+// it starts at the step's first moment and ends it, and a micro-batch crosses between ranks twice
+// each way instead of 2 ranks - 1 times as in interleaved.
 Schedule vShape1F1B(int ranks, int microbatches, int lookahead = 0);
 // Zero bubble (ZB-H1 family): backward split into I and W; the in-flight forwards per rank are
 // bounded as in 1F1B (ranks - r between a forward and its input backward) and W runs whenever
