@@ -131,9 +131,8 @@ struct Variant {
   bool ckpt = false;
   int lookahead = 0;
   int split = 0;
-  int chunks() const { return base == "interleaved" || base == "v" ? 2 : 1; }
   pipeline::Schedule schedule(int ranks, int microbatches) const {
-    pipeline::Schedule s = pipeline::makeSchedule(base, ranks, microbatches, chunks() > 1 ? chunks() : 0, lookahead);
+    pipeline::Schedule s = pipeline::makeSchedule(base, ranks, microbatches, 0, lookahead);
     return split > 0 ? pipeline::splitTail(s, split) : s;
   }
 };
@@ -182,11 +181,10 @@ int runRank(const Args& a, const std::string& schedule, const std::string& dir, 
   }
   const Variant variant = parseVariant(schedule);
   const bool ckpt = variant.ckpt;
-  const int chunks = variant.chunks();
   pipeline::Schedule sched = variant.schedule(p, a.microbatches);
   manualSeed(0);
   auto gpt = std::make_shared<nn::GPT>(config(a));
-  pipeline::StageSplit split = pipeline::splitGPT(gpt, p * chunks);
+  pipeline::StageSplit split = pipeline::splitGPT(gpt, sched.stages);
   std::vector<nn::ModulePtr> mine;
   for (int s : sched.stagesOf(rank)) mine.push_back(split.stages[static_cast<size_t>(s)]);
   pipeline::PipelineOptions po{.tied = split.tied};
@@ -373,7 +371,8 @@ int main(int argc, char** argv) {
       std::vector<double> peakMib, actMib(8, 0.0);
       pipeline::ActionCosts costs;
       const Variant variant = parseVariant(name);
-      const int S = 2 * variant.chunks();
+      const pipeline::Schedule sched = variant.schedule(2, a.microbatches);
+      const int S = sched.stages;
       costs.forward.assign(S, 0.0);
       costs.backward.assign(S, 0.0);
       costs.backwardInput.assign(S, 0.0);
@@ -451,7 +450,6 @@ int main(int argc, char** argv) {
       if (a.batch % a.microbatches != 0)  // unequal micro-batches: each one's rows over the mean
         for (int64_t rows : pipeline::microbatchSizes(a.batch, a.microbatches))
           costs.microbatchScale.push_back(static_cast<double>(rows) * a.microbatches / static_cast<double>(a.batch));
-      pipeline::Schedule sched = variant.schedule(2, a.microbatches);
       pipeline::Simulation sim = pipeline::simulate(sched, costs);
       // Simulated peak bytes per rank: live micro-batches of each stage x that stage's bytes.
       std::vector<double> simPeak(2, 0.0);

@@ -176,9 +176,7 @@ int trainPipelined(const PipelineRun& run, nn::GPTConfig cfg, const std::string&
   // Every rank builds the whole GPT from one seed and keeps its stages (the tied embedding and LM
   // head start equal on the first and last stage).
   auto gpt = std::make_shared<nn::GPT>(cfg);
-  const int chunks = run.schedule == "interleaved" || run.schedule == "v" ? 2 : 1;
-  pipeline::Schedule schedule =
-      pipeline::makeSchedule(run.schedule, N, run.microbatches, chunks > 1 ? chunks : 0, run.lookahead);
+  pipeline::Schedule schedule = pipeline::makeSchedule(run.schedule, N, run.microbatches, 0, run.lookahead);
   pipeline::StageSplit parts = pipeline::splitGPT(gpt, schedule.stages);
   std::vector<nn::ModulePtr> mine, plain;
   const std::vector<int> ids = schedule.stagesOf(pipeRank);
